@@ -1,0 +1,7 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+urlpatterns = [
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+]

@@ -1,0 +1,1 @@
+// Flywheel UI behaviour (no inline script: the CSP forbids it).

@@ -15,4 +15,5 @@ urlpatterns = [
     path("api/v1/", include("flywheel.api_urls")),
     path("", include("flywheel.accounts.urls")),
     path("p/<slug:project_slug>/", include("flywheel.trajectories.urls")),
+    path("p/<slug:project_slug>/", include("flywheel.trajectories.upload_urls")),
 ]

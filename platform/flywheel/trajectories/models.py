@@ -95,3 +95,47 @@ class Comment(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+
+
+class UploadStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    PROCESSING = "processing", "Processing"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class Upload(models.Model):
+    """A JSONL file uploaded in the UI, ingested line by line through the one ingest service.
+
+    The file is kept in the database (not on a volume) so that a worker on another host can read it,
+    and so that a failed or interrupted run can be retried: ingestion is an upsert, so a rerun of the
+    whole file is safe."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="uploads")
+    uploaded_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    filename = models.CharField(max_length=255)
+    content = models.BinaryField()
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=UploadStatus.choices, default=UploadStatus.QUEUED)
+    attempts = models.PositiveIntegerField(default=0)
+    lines_total = models.PositiveIntegerField(default=0)
+    lines_done = models.PositiveIntegerField(default=0)
+    accepted = models.PositiveIntegerField(default=0)
+    created = models.PositiveIntegerField(default=0)
+    updated = models.PositiveIntegerField(default=0)
+    rejected_count = models.PositiveIntegerField(default=0)
+    # Per-line errors, [{"line", "external_id", "errors": [{"field", "message"}]}], the first few hundred.
+    rejected = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True, default="")  # why a run failed, shown in the UI
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["project", "-id"], name="upload_project_id")]
+
+    def __str__(self) -> str:
+        return f"{self.project.slug}/{self.filename} ({self.status})"

@@ -1,0 +1,79 @@
+"""Environments the trainer rolls out in: single-turn tool calling and the stateful workplace.
+
+`make_env(task)` takes one task row (`{id, messages, tools, verifier, env?: {type, initial_state,
+max_turns}, origin}`) and returns an `Env`: `reset()` gives the opening messages, `step(completion)` the
+messages to append and whether the episode is over, `score()` the verifier's `Score` for the episode.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from trainer.envs.base import Env, StepResult, assistant_message, parse_turn
+from trainer.verifiers import Score
+from trainer.verifiers import score as verify
+
+__all__ = ["Env", "SingleTurnEnv", "StepResult", "assistant_message", "make_env", "replay", "ENV_TYPES"]
+
+
+class SingleTurnEnv:
+    """One assistant turn, scored by the task's verifier: the shape of an eval case from a production failure."""
+
+    def __init__(self, task: dict[str, Any]):
+        self.task = task
+        self.tools: list[dict] = task.get("tools") or []
+        self._completion: str | dict | None = None
+        self._done = False
+
+    def reset(self) -> list[dict]:
+        self._completion = None
+        self._done = False
+        return copy.deepcopy(self.task.get("messages") or [])
+
+    def step(self, completion: str | dict) -> StepResult:
+        if self._done:
+            raise RuntimeError(f"task {self.task.get('id')}: step() after the episode ended; call reset()")
+        self._completion = completion
+        self._done = True
+        _, message = parse_turn(completion, 0)
+        return StepResult([message], True)
+
+    def score(self) -> Score:
+        if not self._done:
+            raise RuntimeError(f"task {self.task.get('id')}: score() before step()")
+        return verify(self.task["verifier"], self._completion, tools=self.tools)
+
+
+def make_env(task: dict[str, Any]) -> Env:
+    """The environment a task row asks for (no `env` block: single-turn)."""
+    env_spec = task.get("env")
+    kind = env_spec.get("type", "single_turn") if isinstance(env_spec, dict) else "single_turn"
+    factory = ENV_TYPES.get(kind)
+    if factory is None:
+        raise ValueError(f"task {task.get('id')}: unknown env type {kind!r} (expected one of {sorted(ENV_TYPES)})")
+    return factory(task)
+
+
+def replay(task: dict[str, Any], completions: list[str | dict]) -> tuple[list[dict], Score]:
+    """Run an episode from given assistant turns; returns the full transcript and its score.
+
+    With `task["solution"]` this yields the solved conversation, tool observations included (SFT data).
+    """
+    env = make_env(task)
+    messages = env.reset()
+    for completion in completions:
+        result = env.step(completion)
+        messages.extend(result.messages)
+        if result.done:
+            break
+    return messages, env.score()
+
+
+def _workplace(task: dict[str, Any]) -> Env:
+    from trainer.envs.workplace.env import WorkplaceEnv  # deferred: the workplace is only loaded when used
+
+    return WorkplaceEnv(task)
+
+
+ENV_TYPES = {"single_turn": SingleTurnEnv, "workplace": _workplace}

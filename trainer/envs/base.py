@@ -1,0 +1,70 @@
+"""What every environment shares: the Env protocol, a step's result, and assistant-message normalisation."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from trainer.verifiers import ParsedCompletion, Score, parse_completion
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Messages to append to the conversation (the assistant turn, then one tool message per call)."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+
+
+@runtime_checkable
+class Env(Protocol):
+    tools: list[dict]
+
+    def reset(self) -> list[dict]:
+        """Start an episode; returns its opening messages (system/user)."""
+        ...
+
+    def step(self, completion: str | dict) -> StepResult:
+        """Apply one assistant turn (a message dict or raw text)."""
+        ...
+
+    def score(self) -> Score:
+        """The episode's final score."""
+        ...
+
+
+def assistant_message(parsed: ParsedCompletion, raw: str | dict, turn: int) -> dict[str, Any]:
+    """The OpenAI-format assistant message for a parsed turn: calls with ids and JSON-string arguments.
+
+    Whatever shape the model wrote its calls in, the transcript holds them one way, so a chat template and
+    a later parse read them back identically. Unparseable output is kept as text, as the model wrote it.
+    """
+    if parsed.error is not None:
+        text = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False, default=str)
+        if isinstance(raw, dict) and isinstance(raw.get("content"), str) and not raw.get("tool_calls"):
+            text = raw["content"]
+        return {"role": "assistant", "content": text}
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.calls:
+        ids = _given_ids(raw)
+        message["tool_calls"] = [
+            {
+                "id": ids[k] if k < len(ids) and ids[k] else f"call_{turn}_{k}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)},
+            }
+            for k, call in enumerate(parsed.calls)
+        ]
+    return message
+
+
+def _given_ids(raw: str | dict) -> list[str | None]:
+    if isinstance(raw, dict) and isinstance(raw.get("tool_calls"), list):
+        return [c.get("id") if isinstance(c, dict) and isinstance(c.get("id"), str) else None for c in raw["tool_calls"]]
+    return []
+
+
+def parse_turn(completion: str | dict, turn: int) -> tuple[ParsedCompletion, dict[str, Any]]:
+    parsed = parse_completion(completion)
+    return parsed, assistant_message(parsed, completion, turn)

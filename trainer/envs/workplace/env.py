@@ -1,0 +1,110 @@
+"""The workplace episode: tool calls change a simulated company's state until a final answer or max_turns."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from trainer.envs.base import StepResult, parse_turn
+from trainer.envs.workplace.tools import HANDLERS, ToolError
+from trainer.verifiers import Score
+from trainer.verifiers import score as verify
+from trainer.verifiers.schemas import tool_index
+
+DEFAULT_MAX_TURNS = 6
+
+
+class WorkplaceEnv:
+    """One task's episode. The task's `tools` are the only ones callable; anything else is an unknown tool."""
+
+    def __init__(self, task: dict[str, Any]):
+        self.task = task
+        self.tools: list[dict] = task.get("tools") or []
+        env = task.get("env") or {}
+        if not isinstance(env.get("initial_state"), dict):
+            raise ValueError(f"task {task.get('id')}: a workplace task needs env.initial_state")
+        self.max_turns: int = int(env.get("max_turns") or DEFAULT_MAX_TURNS)
+        self._index = tool_index(self.tools) or {}
+        self.reset()
+
+    def reset(self) -> list[dict]:
+        self.state: dict[str, Any] = copy.deepcopy(self.task["env"]["initial_state"])
+        self.turn = 0
+        self.done = False
+        self.calls: list[dict[str, Any]] = []  # every call attempted, in order (the verifier sees them all)
+        self.call_errors: list[dict[str, Any]] = []
+        self.final_content = ""
+        self.format_error: str | None = None
+        return copy.deepcopy(self.task.get("messages") or [])
+
+    def step(self, completion: str | dict) -> StepResult:
+        if self.done:
+            raise RuntimeError(f"task {self.task.get('id')}: step() after the episode ended; call reset()")
+        parsed, message = parse_turn(completion, self.turn)
+        self.turn += 1
+        if parsed.error is not None:
+            # Nothing can be executed and there is no call id to answer: the episode ends on garbage.
+            self.format_error = parsed.error
+            self.done = True
+            return StepResult([message], True)
+        if not parsed.calls:
+            self.final_content = parsed.content
+            self.done = True
+            return StepResult([message], True)
+        out = [message]
+        for call, wire in zip(parsed.calls, message["tool_calls"], strict=True):
+            observation = self._execute(call)
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": wire["id"],
+                    "name": call["name"],
+                    "content": json.dumps(observation, ensure_ascii=False, separators=(",", ":")),
+                }
+            )
+        self.done = self.turn >= self.max_turns
+        return StepResult(out, self.done)
+
+    def _execute(self, call: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(call)
+        name, args = call["name"], call["arguments"]
+        info = self._index.get(name)
+        if info is None or name not in HANDLERS:
+            return self._error(call, "hallucinated_api", f"unknown tool {name!r}")
+        errors = info.errors(args, name)
+        if errors:
+            return self._error(call, "wrong_arguments", "invalid arguments: " + "; ".join(errors))
+        try:
+            return HANDLERS[name](self.state, **args)
+        except ToolError as exc:
+            return self._error(call, "wrong_arguments", str(exc))
+
+    def _error(self, call: dict[str, Any], kind: str, message: str) -> dict[str, Any]:
+        self.call_errors.append({"turn": self.turn, "name": call["name"], "kind": kind, "error": message})
+        return {"error": message}
+
+    def transcript_message(self) -> dict[str, Any]:
+        """The whole episode as one assistant message: every call made, then the final answer's text."""
+        return {
+            "role": "assistant",
+            "content": self.final_content,
+            "tool_calls": [
+                {"type": "function", "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
+                for c in self.calls
+            ],
+        }
+
+    def score(self) -> Score:
+        if self.format_error is not None:
+            return Score(0.0, False, {"format": {"ok": False, "turn": self.turn, "reason": self.format_error}}, "invalid_format")
+        result = verify(self.task["verifier"], self.transcript_message(), tools=self.tools, state=self.state)
+        checks = dict(result.checks)
+        checks["episode"] = {"turns": self.turn, "finished": bool(self.done and self.final_content), "errors": self.call_errors}
+        failure = result.failure
+        if failure == "wrong_state" and self.call_errors:
+            # The state is wrong and a call failed on the way: the failed call is the more useful diagnosis
+            # (an invented tool, or arguments the tool refused).
+            kinds = {e["kind"] for e in self.call_errors}
+            failure = "hallucinated_api" if "hallucinated_api" in kinds else "wrong_arguments"
+        return Score(result.reward, result.passed, checks, failure)

@@ -1,0 +1,102 @@
+"""The optional `llm_judge` verifier: an OpenAI-compatible endpoint grades an answer against a rubric.
+
+Off by default. It runs only once enabled, by `configure_llm_judge(endpoint=..., model=...)` or the
+environment variables FLYWHEEL_LLM_JUDGE_ENDPOINT and FLYWHEEL_LLM_JUDGE_MODEL (FLYWHEEL_LLM_JUDGE_API_KEY
+optional). Rewards from a judge are not reproducible the way the other verifiers' are; prefer those.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.verifiers.base import Score, short
+
+_config: dict[str, Any] = {}
+
+
+class LLMJudgeDisabled(RuntimeError):
+    """Raised when an llm_judge spec is scored while no judge endpoint is configured."""
+
+
+@dataclass(frozen=True)
+class JudgeSpec:
+    rubric: str
+    threshold: float
+    model: str | None
+
+
+def configure_llm_judge(*, endpoint: str | None, model: str | None = None, api_key: str | None = None, timeout: float = 30.0) -> None:
+    """Enable (endpoint set) or disable (endpoint None) the llm_judge verifier for this process."""
+    _config.clear()
+    if endpoint:
+        _config.update(endpoint=endpoint.rstrip("/"), model=model, api_key=api_key, timeout=timeout)
+
+
+def _settings() -> dict[str, Any]:
+    if _config:
+        return _config
+    endpoint = os.environ.get("FLYWHEEL_LLM_JUDGE_ENDPOINT")
+    if not endpoint:
+        raise LLMJudgeDisabled(
+            "llm_judge verifiers are off by default: set FLYWHEEL_LLM_JUDGE_ENDPOINT (an OpenAI-compatible base "
+            "URL) and FLYWHEEL_LLM_JUDGE_MODEL, or call trainer.verifiers.configure_llm_judge(endpoint=..., model=...)"
+        )
+    return {
+        "endpoint": endpoint.rstrip("/"),
+        "model": os.environ.get("FLYWHEEL_LLM_JUDGE_MODEL"),
+        "api_key": os.environ.get("FLYWHEEL_LLM_JUDGE_API_KEY"),
+        "timeout": float(os.environ.get("FLYWHEEL_LLM_JUDGE_TIMEOUT", "30")),
+    }
+
+
+def compile_judge(spec: dict, problems: list[str]) -> JudgeSpec:
+    for key in sorted(set(spec) - {"type", "rubric", "threshold", "model"}):
+        problems.append(f"unknown key {key!r} (expected rubric, threshold, model)")
+    rubric = spec.get("rubric")
+    if not isinstance(rubric, str) or not rubric.strip():
+        problems.append("llm_judge needs \"rubric\": what a good answer does")
+        rubric = ""
+    threshold = spec.get("threshold", 0.5)
+    if not isinstance(threshold, int | float) or isinstance(threshold, bool) or not 0 <= threshold <= 1:
+        problems.append("threshold must be a number in [0, 1]")
+        threshold = 0.5
+    model = spec.get("model")
+    if model is not None and not isinstance(model, str):
+        problems.append("model must be a string")
+        model = None
+    return JudgeSpec(rubric, float(threshold), model)
+
+
+def score_judge(spec: JudgeSpec, answer: str, calls: list[dict]) -> Score:
+    settings = _settings()  # raises LLMJudgeDisabled before anything touches a network
+    prompt = (
+        f"Rubric:\n{spec.rubric}\n\nAnswer:\n{answer}\n\nTool calls:\n{json.dumps(calls)}\n\n"
+        'Grade the answer against the rubric. Reply with JSON only: {"score": <0..1>, "reason": "<one sentence>"}'
+    )
+    body = {
+        "model": spec.model or settings.get("model"),
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+    }
+    headers = {"Content-Type": "application/json"}
+    if settings.get("api_key"):
+        headers["Authorization"] = f"Bearer {settings['api_key']}"
+    request = urllib.request.Request(
+        settings["endpoint"] + "/chat/completions", data=json.dumps(body).encode(), headers=headers, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=settings["timeout"]) as response:  # noqa: S310 (configured URL)
+        reply = json.load(response)
+    text = reply["choices"][0]["message"]["content"] or ""
+    try:
+        verdict = json.loads(text.strip().strip("`").removeprefix("json").strip())
+        value = float(verdict["score"])
+    except (ValueError, KeyError, TypeError):
+        return Score(0.0, False, {"judge": {"ok": False, "reason": f"unreadable verdict {short(text)}"}}, "wrong_answer")
+    value = min(max(value, 0.0), 1.0)
+    passed = value >= spec.threshold
+    checks = {"judge": {"ok": passed, "score": value, "reason": short(verdict.get("reason", ""), 200)}}
+    return Score(value, passed, checks, None if passed else "wrong_answer")

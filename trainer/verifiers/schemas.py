@@ -1,0 +1,124 @@
+"""Declared tools and their argument validators, compiled once and cached.
+
+Building a jsonschema validator (and checking the schema itself) costs far more than validating one small
+call with it, so validators are cached: first by the identity of the tools list (the same eval case or
+task scored again and again), then by the schema's content (the same tools read afresh from JSONL).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import SchemaError
+
+from trainer.verifiers.base import short
+
+_MAX_CACHED = 4096
+_MAX_ERRORS = 5
+
+
+@dataclass(frozen=True)
+class ToolInfo:
+    """One declared tool: its name and how to check a call's arguments against its parameters."""
+
+    name: str
+    validator: Any | None  # a jsonschema validator, None when the tool declares no usable schema
+    properties: frozenset[str] | None  # known argument names when unknown ones are not allowed, else None
+    schema_problem: str | None = None
+
+    def errors(self, arguments: dict[str, Any], label: str) -> list[str]:
+        """Why `arguments` do not fit this tool (schema violations, missing required, unknown), [] if they do."""
+        errors: list[str] = []
+        if self.validator is not None and not self.validator.is_valid(arguments):
+            # is_valid first: the common passing case never builds error objects.
+            for i, err in enumerate(sorted(self.validator.iter_errors(arguments), key=lambda e: list(e.path))):
+                if i == _MAX_ERRORS:
+                    errors.append(f"{label}: ...")
+                    break
+                where = "/".join(str(p) for p in err.path)
+                errors.append(f"{label}: {short(err.message, 120)}" + (f" (at {where})" if where else ""))
+        if self.properties is not None:
+            unknown = [k for k in arguments if k not in self.properties]
+            if unknown:
+                errors.append(f"{label}: unexpected argument(s) {short(unknown)} (not in the tool's schema)")
+        return errors
+
+
+ToolIndex = dict[str, ToolInfo]
+
+_by_identity: dict[int, tuple[Any, ToolIndex]] = {}
+_by_content: dict[str, ToolInfo] = {}
+_validators_enabled = True
+
+
+def tool_index(tools: list[dict] | None) -> ToolIndex | None:
+    """name -> ToolInfo for a list of OpenAI function schemas (or flat {"name", "parameters"}); None for None."""
+    if tools is None:
+        return None
+    hit = _by_identity.get(id(tools))
+    # The cache holds a reference to the list, so its id cannot be reused by another object while cached.
+    if hit is not None and hit[0] is tools and _validators_enabled:
+        return hit[1]
+    index: ToolIndex = {}
+    for tool in tools:
+        if not isinstance(tool, dict):
+            continue
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        name = fn.get("name")
+        if isinstance(name, str) and name:
+            index[name] = tool_info(name, fn.get("parameters"))
+    if _validators_enabled:
+        if len(_by_identity) >= _MAX_CACHED:
+            _by_identity.clear()
+        _by_identity[id(tools)] = (tools, index)
+    return index
+
+
+def tool_info(name: str, parameters: Any) -> ToolInfo:
+    """A ToolInfo for one tool's parameters schema, built once per distinct (name, schema)."""
+    key = name + "\0" + json.dumps(parameters, sort_keys=True, default=str)
+    hit = _by_content.get(key) if _validators_enabled else None
+    if hit is not None:
+        return hit
+    info = _build(name, parameters)
+    if _validators_enabled:
+        if len(_by_content) >= _MAX_CACHED:
+            _by_content.clear()
+        _by_content[key] = info
+    return info
+
+
+def _build(name: str, parameters: Any) -> ToolInfo:
+    if parameters is None:
+        return ToolInfo(name, None, None)
+    if not isinstance(parameters, dict):
+        return ToolInfo(name, None, None, f"tool {name!r}: parameters must be a JSON schema object")
+    cls = jsonschema.validators.validator_for(parameters, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(parameters)
+    except SchemaError as exc:
+        # Not the model's fault: the output is still judged on everything else, and checks say why.
+        return ToolInfo(name, None, None, f"tool {name!r} has an invalid parameters schema: {short(exc.message, 120)}")
+    # OpenAI tool schemas rarely say additionalProperties; an argument the tool does not declare would still
+    # be a TypeError in the real function, so unknown arguments fail unless the schema explicitly allows them.
+    extra = parameters.get("additionalProperties")
+    open_schema = extra not in (None, False) or "patternProperties" in parameters
+    properties = None
+    if extra is None and not open_schema and isinstance(parameters.get("properties"), dict):
+        properties = frozenset(parameters["properties"])
+    return ToolInfo(name, cls(parameters), properties)
+
+
+class caches_disabled:
+    """Context manager that turns validator caching off (for the benchmark's uncached baseline)."""
+
+    def __enter__(self) -> None:
+        global _validators_enabled
+        _validators_enabled = False
+
+    def __exit__(self, *exc: object) -> None:
+        global _validators_enabled
+        _validators_enabled = True

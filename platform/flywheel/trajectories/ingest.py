@@ -1,0 +1,298 @@
+"""The one service that ingests trajectories: the REST API, JSONL uploads, OTLP, the `ingest` command and
+the demo seeding all call `ingest_trajectories`.
+
+Each record is validated on its own, so one bad record never costs the others; the valid ones are written
+with a single upsert per chunk (INSERT ... ON CONFLICT (project_id, external_id) DO UPDATE), so a replay
+updates and never duplicates, even when the same batch arrives twice at the same moment: the unique
+constraint decides, not a check-then-insert. What reviewers added (reviewed outcome, tags, comments) lives
+in columns and tables the upsert never touches, so it survives a replay."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from flywheel.accounts.models import Project
+from flywheel.trajectories.models import Trajectory
+from flywheel.trajectories.schemas import TrajectoryIn, validate_record
+
+TITLE_MAX = 200
+SEARCH_TEXT_MAX = 32_000  # characters; enough for `contains` search, small enough to keep rows lean
+UPSERT_CHUNK = 500  # rows per INSERT statement (PostgreSQL allows 65,535 parameters per statement)
+
+# Columns the agent owns: set on insert and overwritten by a replay. The review columns are not here.
+_REPLACED = (
+    "agent",
+    "model_version",
+    "messages",
+    "tools",
+    "outcome",
+    "feedback",
+    "human_intervention",
+    "latency_ms",
+    "usage",
+    "metadata",
+    "started_at",
+    "source",
+    "message_count",
+    "tool_call_count",
+    "has_tool_error",
+    "title",
+    "search_text",
+    "updated_at",
+)
+_JSON_COLUMNS = frozenset({"messages", "tools", "feedback", "human_intervention", "usage", "metadata"})
+_INSERTED = ("project_id", "external_id", *_REPLACED, "reviewed_outcome", "created_at")
+
+
+@dataclass
+class IngestResult:
+    accepted: int = 0
+    created: int = 0
+    updated: int = 0
+    # [{"index": i, "external_id": ..., "errors": [{"field": ..., "message": ...}]}]
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted,
+            "created": self.created,
+            "updated": self.updated,
+            "rejected": self.rejected,
+        }
+
+    def merge(self, other: IngestResult, *, index_offset: int = 0) -> None:
+        self.accepted += other.accepted
+        self.created += other.created
+        self.updated += other.updated
+        for item in other.rejected:
+            self.rejected.append({**item, "index": item["index"] + index_offset})
+
+
+def rejection(index: int, record: Any, errors: list[dict[str, str]]) -> dict[str, Any]:
+    external_id = record.get("external_id") if isinstance(record, dict) else None
+    if not isinstance(external_id, str | int | None):
+        external_id = None
+    return {"index": index, "external_id": external_id, "errors": errors}
+
+
+# --- derived fields --------------------------------------------------------------------------------------
+
+_ERROR_PREFIXES = ("error", "exception", "traceback", "failed", "fatal")
+
+
+def content_text(content: Any) -> str:
+    """The text of a message's content: the string itself, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            text = part.get("text") if isinstance(part, dict) else None
+            if isinstance(text, str):
+                texts.append(text)
+        return "\n".join(texts)
+    return ""
+
+
+def is_tool_error(message: dict[str, Any]) -> bool:
+    """Whether a tool message reports an error: an explicit flag, a JSON object with an `error`, or text
+    that starts like one ("Error: ...", "Traceback ...")."""
+    if message.get("is_error") is True or message.get("status") == "error" or message.get("error"):
+        return True
+    text = content_text(message.get("content")).lstrip()
+    if not text:
+        return False
+    if text[0] == "{":
+        try:
+            payload = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(payload, dict) and bool(
+            payload.get("error") or payload.get("is_error") is True or payload.get("status") == "error"
+        )
+    return text[:16].lower().startswith(_ERROR_PREFIXES)
+
+
+def derive(messages: list[dict[str, Any]], metadata: dict[str, Any]) -> dict[str, Any]:
+    """message_count, tool_call_count, has_tool_error, title and search_text, in one pass over the messages."""
+    tool_calls = 0
+    tool_error = bool(metadata.get("has_tool_error") or metadata.get("tool_error"))
+    title = ""
+    texts: list[str] = []
+    size = 0
+    for message in messages:
+        role = message.get("role")
+        text = content_text(message.get("content"))
+        calls = message.get("tool_calls") or ()
+        tool_calls += len(calls)
+        if role == "tool" and not tool_error:
+            tool_error = is_tool_error(message)
+        if role == "user" and not title and text.strip():
+            title = " ".join(text.split())[:TITLE_MAX]
+        if size < SEARCH_TEXT_MAX:
+            if text:
+                texts.append(text)
+                size += len(text) + 1
+            for call in calls:
+                function = call.get("function") or {}
+                arguments = function.get("arguments")
+                piece = f"{function.get('name', '')} {arguments if isinstance(arguments, str) else json.dumps(arguments)}"
+                texts.append(piece)
+                size += len(piece) + 1
+    search_text = "\n".join(texts)[:SEARCH_TEXT_MAX].lower()
+    return {
+        "message_count": len(messages),
+        "tool_call_count": tool_calls,
+        "has_tool_error": tool_error,
+        "title": title.replace("\x00", "\ufffd"),
+        "search_text": search_text.replace("\x00", "\ufffd"),
+    }
+
+
+# --- rows ------------------------------------------------------------------------------------------------
+
+
+def _strip_nul(value: Any) -> Any:
+    """PostgreSQL cannot store U+0000 in text or jsonb; agents do emit it. Replace it, keep the rest."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_strip_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {_strip_nul(k): _strip_nul(v) for k, v in value.items()}
+    return value
+
+
+def _dumps(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if "\\u0000" in text:  # rare: re-dump without NUL (a text replace could split an escaped backslash)
+        text = json.dumps(_strip_nul(value), separators=(",", ":"), ensure_ascii=False)
+    return text
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    if value is not None and timezone.is_naive(value):
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def _row(
+    project: Project, record: dict[str, Any], parsed: TrajectoryIn, source: str, now: datetime
+) -> dict[str, Any]:
+    # The messages and tools are stored as sent (validated, not re-serialised from the models).
+    messages = record["messages"]
+    metadata = parsed.metadata
+    row = {
+        "project_id": project.pk,
+        "external_id": parsed.external_id,
+        "agent": parsed.agent.replace("\x00", "\ufffd"),
+        "model_version": parsed.model_version.replace("\x00", "\ufffd"),
+        "messages": messages,
+        "tools": record.get("tools") or [],
+        "outcome": parsed.outcome,
+        "feedback": parsed.feedback,
+        "human_intervention": parsed.human_intervention,
+        "latency_ms": parsed.latency_ms,
+        "usage": parsed.usage,
+        "metadata": metadata,
+        "started_at": _aware(parsed.started_at),
+        "source": source,
+        "reviewed_outcome": "",
+        "created_at": now,
+        "updated_at": now,
+    }
+    row.update(derive(messages, metadata))
+    return row
+
+
+# --- the service -----------------------------------------------------------------------------------------
+
+
+def ingest_trajectories(*, project: Project, records: list[Any], source: str = "api") -> IngestResult:
+    """Validate each record and upsert the valid ones into `project`; say what became of every record.
+
+    `rejected[i].index` is the record's position in `records`. A record whose external_id appears again
+    later in the same batch is superseded by the later one (counted as an update)."""
+    result = IngestResult()
+    now = timezone.now()
+    rows: dict[str, dict[str, Any]] = {}  # external_id -> row; the last record with an id wins
+    for index, record in enumerate(records):
+        parsed, errors = validate_record(record)
+        if errors:
+            result.rejected.append(rejection(index, record, errors))
+            continue
+        result.accepted += 1
+        if parsed.external_id in rows:
+            result.updated += 1
+        rows[parsed.external_id] = _row(project, record, parsed, source, now)
+    if not rows:
+        return result
+
+    # One lock order for every writer (sorted keys), so two batches with the same ids never deadlock.
+    ordered = [rows[key] for key in sorted(rows)]
+    if connection.vendor == "postgresql":
+        created = _upsert_postgresql(ordered)
+    else:
+        created = _upsert_portable(project, ordered)
+    result.created += created
+    result.updated += len(ordered) - created
+    return result
+
+
+def _upsert_postgresql(rows: list[dict[str, Any]]) -> int:
+    """INSERT ... ON CONFLICT DO UPDATE ... RETURNING (xmax = 0): one statement per chunk, and the count of
+    rows that were inserted rather than updated (xmax is 0 only on a freshly inserted tuple)."""
+    table = connection.ops.quote_name(Trajectory._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(c) for c in _INSERTED)
+    one = "(" + ", ".join("%s::jsonb" if c in _JSON_COLUMNS else "%s" for c in _INSERTED) + ")"
+    updates = ", ".join(
+        f"{connection.ops.quote_name(c)} = EXCLUDED.{connection.ops.quote_name(c)}" for c in _REPLACED
+    )
+    created = 0
+    with transaction.atomic(), connection.cursor() as cursor:
+        for start in range(0, len(rows), UPSERT_CHUNK):
+            chunk = rows[start : start + UPSERT_CHUNK]
+            params: list[Any] = []
+            for row in chunk:
+                for column in _INSERTED:
+                    value = row[column]
+                    params.append(_dumps(value) if column in _JSON_COLUMNS else value)
+            sql = (
+                f"INSERT INTO {table} ({columns}) VALUES {', '.join([one] * len(chunk))} "
+                f"ON CONFLICT (project_id, external_id) DO UPDATE SET {updates} "
+                "RETURNING (xmax = 0)"
+            )
+            cursor.execute(sql, params)
+            created += sum(1 for (inserted,) in cursor.fetchall() if inserted)
+    return created
+
+
+def _upsert_portable(project: Project, rows: list[dict[str, Any]]) -> int:
+    """SQLite (`make run`): Django's bulk upsert. SQLite runs one writer at a time, so counting the ids that
+    exist inside the same write transaction is exact."""
+    objects = [Trajectory(**{k: v for k, v in row.items()}) for row in rows]
+    for obj, row in zip(objects, rows, strict=True):
+        obj.messages = _strip_nul(row["messages"])
+        obj.metadata = _strip_nul(row["metadata"])
+    with transaction.atomic():
+        existing = set(
+            Trajectory.objects.filter(
+                project=project, external_id__in=[r["external_id"] for r in rows]
+            ).values_list("external_id", flat=True)
+        )
+        Trajectory.objects.bulk_create(
+            objects,
+            batch_size=UPSERT_CHUNK,
+            update_conflicts=True,
+            unique_fields=["project", "external_id"],
+            update_fields=list(_REPLACED),
+        )
+    return len(rows) - len(existing)

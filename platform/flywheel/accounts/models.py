@@ -75,3 +75,19 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class WorkerHeartbeat(models.Model):
+    """The last time each Celery worker ran a heartbeat task: proof that queued work gets done.
+
+    `make run` queues one at start-up and waits for it; the project list shows when a worker was last seen."""
+
+    hostname = models.CharField(max_length=255, unique=True)
+    seen_at = models.DateTimeField()
+    tasks_seen = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-seen_at"]
+
+    def __str__(self) -> str:
+        return f"{self.hostname} @ {self.seen_at:%Y-%m-%d %H:%M:%S}"

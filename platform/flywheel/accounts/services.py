@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
-from flywheel.accounts.models import ApiKey, Membership, Project, Role, Scope
+from flywheel.accounts.models import ApiKey, Membership, Project, Role, Scope, WorkerHeartbeat
 
 KEY_PREFIX = "fw"
 
@@ -59,3 +60,20 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
     return api_key
+
+
+def worker_heartbeat_request() -> None:
+    """Queue a heartbeat task once the current transaction commits (a worker never sees a missing row)."""
+    from flywheel.accounts.tasks import worker_heartbeat  # tasks import this module
+
+    transaction.on_commit(lambda: worker_heartbeat.delay())
+
+
+def worker_heartbeat_record(*, hostname: str) -> WorkerHeartbeat:
+    heartbeat, created = WorkerHeartbeat.objects.get_or_create(
+        hostname=hostname, defaults={"seen_at": timezone.now(), "tasks_seen": 1}
+    )
+    if not created:
+        WorkerHeartbeat.objects.filter(pk=heartbeat.pk).update(seen_at=timezone.now(), tasks_seen=F("tasks_seen") + 1)
+        heartbeat.refresh_from_db()
+    return heartbeat

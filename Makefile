@@ -1,0 +1,39 @@
+# Flywheel: `make run` sets everything up and starts the platform; `make test` runs the whole suite.
+# Setup is idempotent: a stamp file remembers the last install and is renewed when pyproject.toml changes.
+
+PYTHON_SYSTEM ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.flywheel-installed
+TORCH := torch==2.13.0
+# pytest-xdist processes; `make test N=0` runs in one process.
+N ?= 2
+PYTEST_ARGS ?=
+
+.PHONY: setup run test bench lint
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON_SYSTEM) -m venv $(VENV)
+	@# torch first and pinned, so that pip takes the CPU wheel on disk instead of a CUDA build.
+	$(PY) -m pip install --quiet $(TORCH)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+run: setup
+	$(PY) manage.py runlocal
+
+test: setup
+	@# Exit status 5 is pytest's "no tests collected": not a failure for an empty tree.
+	@$(PY) -m pytest -n $(N) $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make test: no tests collected"; exit 0; fi; exit $$rc
+
+bench: setup
+	@set -e; found=0; for script in bench/*.py; do \
+	  [ -e "$$script" ] || continue; found=1; \
+	  echo "== $$script"; $(PY) "$$script"; \
+	done; [ $$found -eq 1 ] || echo "make bench: no benchmarks in bench/"
+
+lint: setup
+	$(PY) -m ruff check .

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from trainer.verifiers import schemas as _schemas
 from trainer.verifiers import text as _text
 from trainer.verifiers.base import FAILURE_PRECEDENCE, FAILURES, Score, SpecError, first_failure
 from trainer.verifiers.llm_judge import LLMJudgeDisabled, compile_judge, configure_llm_judge, score_judge
@@ -112,6 +113,8 @@ def compile(spec: dict) -> Compiled:  # noqa: A001 (mirrors re.compile)
     compiled = _compile(spec, problems)
     if problems:
         raise SpecError(problems)
+    if not _schemas.caching_enabled():
+        return compiled
     if len(_cache) >= _MAX_CACHED:
         _cache.clear()
     _cache[id(spec)] = (spec, compiled)

@@ -87,7 +87,7 @@ def _normalise_call(raw: Any, index: int) -> tuple[dict[str, Any], str | None]:
         else:
             try:
                 args = json.loads(args)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 return {}, f"tool call {index} ({name}): arguments are not valid JSON: {exc}"
     if args is None:
         args = {}
@@ -134,7 +134,7 @@ def _parse_text(text: str) -> ParsedCompletion:
     if stripped[:1] in ("{", "["):
         try:
             value = json.loads(stripped)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             if stripped.startswith("[") or _EMBEDDED_CALL.match(stripped) or stripped.startswith('{"function"'):
                 return ParsedCompletion(content=text.strip(), error=f"tool call is not valid JSON: {exc}")
             value = None
@@ -166,7 +166,7 @@ def _parse_tagged(text: str) -> ParsedCompletion:
         body = _strip_fence(body.strip())
         try:
             value = json.loads(body)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             return ParsedCompletion(content=text.strip(), error=f"tool call {len(calls)} is not valid JSON: {exc}")
         found = _calls_from_json(value, len(calls))
         if found is None:
@@ -192,7 +192,7 @@ def _parse_embedded(text: str) -> ParsedCompletion:
             break
         try:
             value, end = _DECODER.raw_decode(text, m.start())
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             return ParsedCompletion(content=text.strip(), error=f"tool call {len(calls)} is not valid JSON: {exc}")
         call, error = _normalise_call(value, len(calls))
         if error:

@@ -15,6 +15,7 @@ import jsonschema
 from jsonschema.exceptions import SchemaError
 
 from trainer.verifiers.base import short
+from trainer.verifiers.fastschema import FastCheck, compile_fast
 
 _MAX_CACHED = 4096
 _MAX_ERRORS = 5
@@ -28,12 +29,13 @@ class ToolInfo:
     validator: Any | None  # a jsonschema validator, None when the tool declares no usable schema
     properties: frozenset[str] | None  # known argument names when unknown ones are not allowed, else None
     schema_problem: str | None = None
+    fast: FastCheck | None = None  # jsonschema-equivalent validity check for simple schemas (see fastschema)
 
     def errors(self, arguments: dict[str, Any], label: str) -> list[str]:
         """Why `arguments` do not fit this tool (schema violations, missing required, unknown), [] if they do."""
         errors: list[str] = []
-        if self.validator is not None and not self.validator.is_valid(arguments):
-            # is_valid first: the common passing case never builds error objects.
+        if self.validator is not None and not (self.fast(arguments) if self.fast is not None else self.validator.is_valid(arguments)):
+            # The validity check first: the common passing case never builds error objects.
             for i, err in enumerate(sorted(self.validator.iter_errors(arguments), key=lambda e: list(e.path))):
                 if i == _MAX_ERRORS:
                     errors.append(f"{label}: ...")
@@ -52,6 +54,13 @@ ToolIndex = dict[str, ToolInfo]
 _by_identity: dict[int, tuple[Any, ToolIndex]] = {}
 _by_content: dict[str, ToolInfo] = {}
 _validators_enabled = True
+# Drafts whose semantics the fast path implements (Draft 4 differs: 1.0 is not an integer there).
+_FAST_DRAFTS = (
+    jsonschema.Draft6Validator,
+    jsonschema.Draft7Validator,
+    jsonschema.Draft201909Validator,
+    jsonschema.Draft202012Validator,
+)
 
 
 def tool_index(tools: list[dict] | None) -> ToolIndex | None:
@@ -109,11 +118,16 @@ def _build(name: str, parameters: Any) -> ToolInfo:
     properties = None
     if extra is None and not open_schema and isinstance(parameters.get("properties"), dict):
         properties = frozenset(parameters["properties"])
-    return ToolInfo(name, cls(parameters), properties)
+    fast = compile_fast(parameters) if cls in _FAST_DRAFTS and _validators_enabled else None
+    return ToolInfo(name, cls(parameters), properties, None, fast)
+
+
+def caching_enabled() -> bool:
+    return _validators_enabled
 
 
 class caches_disabled:
-    """Context manager that turns validator caching off (for the benchmark's uncached baseline)."""
+    """Context manager that turns spec and validator caching off (the benchmark's uncached baseline)."""
 
     def __enter__(self) -> None:
         global _validators_enabled
@@ -122,3 +136,10 @@ class caches_disabled:
     def __exit__(self, *exc: object) -> None:
         global _validators_enabled
         _validators_enabled = True
+# Drafts whose semantics the fast path implements (Draft 4 differs: 1.0 is not an integer there).
+_FAST_DRAFTS = (
+    jsonschema.Draft6Validator,
+    jsonschema.Draft7Validator,
+    jsonschema.Draft201909Validator,
+    jsonschema.Draft202012Validator,
+)

@@ -57,7 +57,7 @@ def score_json_schema(spec: JsonSchemaSpec, text: str) -> Score:
     # Structured output that is not JSON, or JSON that breaks the schema, is an invalid output either way.
     try:
         value = json.loads(_strip_fence(text))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         return Score(0.0, False, {"json": {"ok": False, "reason": f"not valid JSON: {exc}"}}, "invalid_format")
     errors = [
         f"{e.message}" + (f" (at {'/'.join(map(str, e.path))})" if e.path else "")
@@ -97,7 +97,7 @@ def score_exact(spec: ExactSpec, text: str) -> Score:
     else:
         try:
             value = json.loads(_strip_fence(text))
-        except ValueError:
+        except (ValueError, RecursionError):
             value = text
     reason = spec.check(value)
     if reason:
@@ -122,7 +122,7 @@ def compile_regex_spec(spec: dict, problems: list[str]) -> RegexSpec:
     source = ("(?i)" if spec.get("ignore_case") else "") + pattern
     try:
         compiled = compile_regex(source)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         problems.append(f"pattern: {exc}")
         compiled = None
     return RegexSpec(compiled, pattern, spec.get("full_match") is True)

@@ -186,6 +186,12 @@ def assign(weight: list[list[float]]) -> list[tuple[int, int]]:
     m = len(weight[0]) if n else 0
     if n == 0 or m == 0:
         return []
+    # One row or one column (the common single-call case): the best single pair is the optimum.
+    if n == 1:
+        row = weight[0]
+        return [(0, max(range(m), key=row.__getitem__))]
+    if m == 1:
+        return [(max(range(n), key=lambda i: weight[i][0]), 0)]
     transpose = n > m
     if transpose:
         weight = [list(col) for col in zip(*weight, strict=True)]

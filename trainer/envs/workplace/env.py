@@ -102,8 +102,8 @@ class WorkplaceEnv:
         checks = dict(result.checks)
         checks["episode"] = {"turns": self.turn, "finished": bool(self.done and self.final_content), "errors": self.call_errors}
         failure = result.failure
-        if failure == "wrong_state" and self.call_errors:
-            # The state is wrong and a call failed on the way: the failed call is the more useful diagnosis
+        if failure in ("wrong_state", "wrong_answer") and self.call_errors:
+            # The episode failed and a call failed on the way: the failed call is the more useful diagnosis
             # (an invented tool, or arguments the tool refused).
             kinds = {e["kind"] for e in self.call_errors}
             failure = "hallucinated_api" if "hallucinated_api" in kinds else "wrong_arguments"

@@ -271,6 +271,12 @@ class TestFailures:
         r = check(ISSUE_SPEC, msg(("create_task", {"title": "Fix login", "assignee": "alice"})), tools=None)
         assert r.passed and r.checks["declared"]["skipped"]
 
+    def test_a_broken_tool_schema_is_not_the_models_fault(self):
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}, {"name": "g"}]
+        spec = tc([{"name": "f", "arguments": {"x": 1}}, {"name": "g", "arguments": {"y": 2}}])
+        r = check(spec, msg(("f", {"x": 1}), ("g", {"y": 2})), tools=tools)  # flat tools, no parameters: fine
+        assert r.passed and "invalid parameters schema" in r.checks["schema"]["skipped"][0]
+
     def test_wrong_tool(self):
         r = check(ISSUE_SPEC, msg(("list_tasks", {})))
         assert r.failure == "wrong_tool" and r.checks["missing"] == ["create_task"]

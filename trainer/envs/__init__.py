@@ -42,7 +42,8 @@ class SingleTurnEnv:
     def score(self) -> Score:
         if not self._done:
             raise RuntimeError(f"task {self.task.get('id')}: score() before step()")
-        return verify(self.task["verifier"], self._completion, tools=self.tools)
+        # A row without "tools" skips the declared-tool check; an empty list declares that there are none.
+        return verify(self.task["verifier"], self._completion, tools=self.task.get("tools"))
 
 
 def make_env(task: dict[str, Any]) -> Env:

@@ -29,7 +29,7 @@ __all__ = [
     "SpecError",
     "VERIFIER_TYPES",
     "caches_disabled",
-    "compile",
+    "compile_spec",
     "configure_llm_judge",
     "first_failure",
     "normalize_text",
@@ -103,8 +103,12 @@ def validate_spec(spec: dict) -> list[str]:
 _cache: dict[int, tuple[Any, Compiled]] = {}
 
 
-def compile(spec: dict) -> Compiled:  # noqa: A001 (mirrors re.compile)
-    """Compile a spec once; raises SpecError listing every problem. Cached by the spec object's identity."""
+def compile_spec(spec: dict) -> Compiled:
+    """Compile a spec once; raises SpecError listing every problem.
+
+    Cached by the spec object's identity (the cache holds a reference, so an id is never reused while
+    cached): a spec is treated as immutable once scored. Build a new dict rather than editing one in place.
+    """
     hit = _cache.get(id(spec))
     # The cache keeps the spec alive, so its id is not reused while cached. Specs are treated as immutable.
     if hit is not None and hit[0] is spec:
@@ -148,9 +152,10 @@ def score(spec: dict, completion: str | dict, *, tools: list[dict] | None = None
 
     `completion` is an OpenAI assistant message or plain text; `tools` the declared OpenAI function schemas
     (None skips the declared-tool and schema checks); `state` the environment's final state (state specs).
+    Specs and tools lists are cached by identity, so neither should be edited in place after use.
     Raises SpecError for a malformed spec, LLMJudgeDisabled for an llm_judge spec with no judge configured.
     """
-    compiled = compile(spec)
+    compiled = compile_spec(spec)
     return _run(compiled, completion, parse_completion(completion), tools, state)
 
 

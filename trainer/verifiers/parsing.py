@@ -42,7 +42,7 @@ def parse_completion(completion: str | dict | None) -> ParsedCompletion:
     return ParsedCompletion(error=f"completion must be a string or an assistant message, got {type(completion).__name__}")
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     # OpenAI allows content as a list of parts; only the text parts matter here.
     if content is None:
         return ""
@@ -54,7 +54,7 @@ def _content_text(content: Any) -> str:
 
 
 def _parse_message(message: dict) -> ParsedCompletion:
-    content = _content_text(message.get("content"))
+    content = content_text(message.get("content"))
     raw_calls = message.get("tool_calls")
     if raw_calls is None and isinstance(message.get("function_call"), dict):
         raw_calls = [{"function": message["function_call"]}]  # the legacy single-call field
@@ -96,7 +96,7 @@ def _normalise_call(raw: Any, index: int) -> tuple[dict[str, Any], str | None]:
     return {"name": name, "arguments": args}, None
 
 
-def _strip_fence(text: str) -> str:
+def strip_fence(text: str) -> str:
     # ```json ... ``` around a call is common from chat models; the fence is not part of the JSON.
     if text.startswith("```"):
         newline = text.find("\n")
@@ -130,7 +130,7 @@ def _calls_from_json(value: Any, start: int) -> tuple[list[dict[str, Any]], str 
 def _parse_text(text: str) -> ParsedCompletion:
     if OPEN_TAG in text:
         return _parse_tagged(text)
-    stripped = _strip_fence(text.strip())
+    stripped = strip_fence(text.strip())
     if stripped[:1] in ("{", "["):
         try:
             value = json.loads(stripped)
@@ -163,7 +163,7 @@ def _parse_tagged(text: str) -> ParsedCompletion:
         end = text.find(CLOSE_TAG, body_start)
         body = text[body_start:end] if end != -1 else text[body_start:]
         pos = end + len(CLOSE_TAG) if end != -1 else len(text)
-        body = _strip_fence(body.strip())
+        body = strip_fence(body.strip())
         try:
             value = json.loads(body)
         except (ValueError, RecursionError) as exc:

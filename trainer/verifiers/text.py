@@ -12,7 +12,7 @@ from jsonschema.exceptions import SchemaError
 
 from trainer.verifiers.base import Score, first_failure, short
 from trainer.verifiers.matchers import Compiler, compile_regex, normalize_text
-from trainer.verifiers.parsing import OPEN_TAG, ParsedCompletion, _content_text, _strip_fence
+from trainer.verifiers.parsing import OPEN_TAG, ParsedCompletion, content_text, strip_fence
 from trainer.verifiers.tool_call import UnsafeRule, compile_unsafe
 
 _MAX_DIFFS = 10
@@ -21,7 +21,7 @@ _MAX_DIFFS = 10
 def answer_text(completion: str | dict | None, parsed: ParsedCompletion) -> str:
     """The text an answer verifier reads: the message content, or the text outside any tool-call blocks."""
     if isinstance(completion, dict):
-        return _content_text(completion.get("content")).strip()
+        return content_text(completion.get("content")).strip()
     if isinstance(completion, str):
         return parsed.content if OPEN_TAG in completion else completion.strip()
     return ""
@@ -56,7 +56,7 @@ def compile_json_schema(spec: dict, problems: list[str]) -> JsonSchemaSpec:
 def score_json_schema(spec: JsonSchemaSpec, text: str) -> Score:
     # Structured output that is not JSON, or JSON that breaks the schema, is an invalid output either way.
     try:
-        value = json.loads(_strip_fence(text))
+        value = json.loads(strip_fence(text))
     except (ValueError, RecursionError) as exc:
         return Score(0.0, False, {"json": {"ok": False, "reason": f"not valid JSON: {exc}"}}, "invalid_format")
     errors = [
@@ -96,7 +96,7 @@ def score_exact(spec: ExactSpec, text: str) -> Score:
         value: Any = text
     else:
         try:
-            value = json.loads(_strip_fence(text))
+            value = json.loads(strip_fence(text))
         except (ValueError, RecursionError):
             value = text
     reason = spec.check(value)

@@ -278,27 +278,29 @@ def score_tool_call(spec: ToolCallSpec, parsed: ParsedCompletion, tools: ToolInd
     else:
         unknown = []
         schema_errors: list[str] = []
+        skipped: list[str] = []
         for j, call in enumerate(calls):
             info = tools.get(call["name"])
             if info is None:
                 unknown.append(call["name"])
-                schema_ok[j] = False
+                schema_ok[j] = False  # an undeclared tool can match nothing
                 continue
             if info.schema_problem:
-                schema_errors.append(info.schema_problem)
+                skipped.append(info.schema_problem)
                 continue
             errs = info.errors(call["arguments"], f"call {j} ({call['name']})")
             if errs:
                 schema_ok[j] = False
                 schema_errors.extend(errs)
-        checks["declared"] = {"ok": not unknown, "unknown": unknown} if unknown else {"ok": True}
-        checks["schema"] = {"ok": not any(not ok for j, ok in enumerate(schema_ok) if calls[j]["name"] in tools)}
+        checks["declared"] = {"ok": False, "unknown": unknown} if unknown else {"ok": True}
+        checks["schema"] = {"ok": not schema_errors}
         if schema_errors:
             checks["schema"]["errors"] = schema_errors
+            failures.append("wrong_arguments")
+        if skipped:
+            checks["schema"]["skipped"] = skipped
         if unknown:
             failures.append("hallucinated_api")
-        if not checks["schema"]["ok"]:
-            failures.append("wrong_arguments")
 
     # Pair expected and actual calls.
     expected = spec.expected

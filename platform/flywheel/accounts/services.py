@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -20,8 +21,15 @@ def hash_api_key(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode()).hexdigest()
 
 
+SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
+
+
 @transaction.atomic
 def project_create(*, slug: str, name: str = "", owner: AbstractBaseUser | None = None, description: str = "") -> Project:
+    if not SLUG_RE.fullmatch(slug):
+        raise ValueError(
+            f"invalid project slug {slug!r}: use 1-64 lower-case letters, digits and inner hyphens (e.g. support-agent)"
+        )
     project = Project.objects.create(slug=slug, name=name or slug, description=description)
     if owner is not None:
         Membership.objects.create(user=owner, project=project, role=Role.MAINTAINER)

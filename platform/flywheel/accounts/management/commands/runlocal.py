@@ -1,0 +1,117 @@
+"""`manage.py runlocal` (what `make run` calls): migrate, seed the demo, then run the web server and a
+Celery worker side by side in the foreground. Ctrl-C stops both; if either dies, the other is stopped too.
+
+One machine, no services: SQLite, kombu's filesystem broker and MLflow's SQLite store, all under `var/`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+from django.utils import timezone
+
+from flywheel.accounts.models import WorkerHeartbeat
+from flywheel.accounts.services import worker_heartbeat_request
+
+STOP_GRACE_S = 10
+
+
+class Command(BaseCommand):
+    help = "Set up and run Flywheel on this machine: web server and Celery worker, stopped together by Ctrl-C."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default=os.environ.get("FLYWHEEL_HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("FLYWHEEL_PORT", "8000")))
+        parser.add_argument("--no-seed", action="store_true", help="skip the demo project and trajectories")
+
+    def handle(self, *args, host: str, port: int, no_seed: bool, **options) -> None:
+        _check_port_free(host, port)
+        call_command("migrate", interactive=False, verbosity=0)
+        if not no_seed:
+            call_command("seed_demo", stdout=self.stdout)
+
+        base_dir = Path(settings.BASE_DIR)
+        python = sys.executable
+        web = [python, "manage.py", "runserver", f"{host}:{port}", "--noreload"]
+        worker = [
+            python, "-m", "celery", "-A", "flywheel", "worker", "-Q", "default,gpu",
+            "-P", "solo", "-n", "local@%h", "-l", "INFO", "--without-gossip", "--without-mingle",
+        ]  # fmt: skip
+        # Both children stay in our process group, so the terminal's Ctrl-C reaches all three of us.
+        children = {
+            "web": subprocess.Popen(web, cwd=base_dir),
+            "worker": subprocess.Popen(worker, cwd=base_dir),
+        }
+
+        def on_term(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, on_term)
+        # A shell starting us in the background may have set SIGINT to "ignore"; Ctrl-C must still stop us.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        url = f"http://{'localhost' if host in {'127.0.0.1', '0.0.0.0'} else host}:{port}/"
+        try:
+            self._announce_worker(children)
+            self.stdout.write(self.style.SUCCESS(f"Flywheel is running at {url}  (Ctrl-C stops the web server and the worker)"))
+            while True:
+                for name, child in children.items():
+                    if child.poll() is not None:
+                        raise CommandError(f"the {name} process exited with status {child.returncode}; stopping")
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            self.stdout.write("\nStopping the web server and the worker...")
+        finally:
+            _stop_all(children.values())
+        self.stdout.write("Stopped.")
+
+    def _announce_worker(self, children: dict[str, subprocess.Popen]) -> None:
+        """Queue a heartbeat and wait for the worker to run it: proof the broker and the worker work."""
+        asked_at = timezone.now()
+        with transaction.atomic():
+            worker_heartbeat_request()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if WorkerHeartbeat.objects.filter(seen_at__gte=asked_at).exists():
+                took = (timezone.now() - asked_at).total_seconds()
+                self.stdout.write(f"Celery worker is consuming tasks (heartbeat answered in {took:.1f}s).")
+                return
+            if any(child.poll() is not None for child in children.values()):
+                return  # the main loop reports which one died
+            time.sleep(0.25)
+        self.stderr.write("The Celery worker has not answered a heartbeat in 90s; see its log above.")
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise CommandError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); is Flywheel already running? "
+                "Set FLYWHEEL_PORT to use another port."
+            ) from exc
+
+
+def _stop_all(children) -> None:
+    # SIGTERM is a warm shutdown for Celery (the task in hand finishes) and a clean stop for runserver; it is
+    # sent even after a terminal's Ctrl-C, for the case where only this process was signalled.
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()

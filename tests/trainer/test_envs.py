@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -254,6 +258,25 @@ def test_determinism_by_seed():
     assert generate_tasks(40, seed=3) == generate_tasks(40, seed=3)
     assert [t["id"] for t in generate_tasks(40, seed=3)] != [t["id"] for t in generate_tasks(40, seed=4)]
     assert generate_tasks(10, seed=3, split="holdout") == generate_tasks(10, seed=3, split="holdout")
+
+
+def test_determinism_across_processes():
+    # Nothing may depend on Python's per-process hash seed: a task set is frozen by content hash.
+    code = "import json; from trainer.envs.workplace import generate_tasks; print(json.dumps(generate_tasks(20, seed=9)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"}, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert json.loads(out.stdout) == generate_tasks(20, seed=9)
+
+
+def test_edited_tool_schemas_never_crash_an_episode(train):
+    task = by_template(train, "set_status")
+    tools = [dict(TOOLS["update_task"], function={**TOOLS["update_task"]["function"], "parameters": {"type": "object"}})]
+    env = WorkplaceEnv({**task, "tools": tools})
+    env.reset()
+    result = env.step(call("update_task", task_id="T1", colour="red"))
+    assert "update_task failed" in json.loads(result.messages[1]["content"])["error"]
 
 
 def test_splits_never_share_a_task(train, holdout):

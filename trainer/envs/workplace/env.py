@@ -79,6 +79,10 @@ class WorkplaceEnv:
             return HANDLERS[name](self.state, **args)
         except ToolError as exc:
             return self._error(call, "wrong_arguments", str(exc))
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            # A task row whose tool schema was edited away from the handler's signature: the model's call
+            # still gets an observation, and the episode goes on rather than crashing the rollout.
+            return self._error(call, "wrong_arguments", f"{name} failed: {exc}")
 
     def _error(self, call: dict[str, Any], kind: str, message: str) -> dict[str, Any]:
         self.call_errors.append({"turn": self.turn, "name": call["name"], "kind": kind, "error": message})

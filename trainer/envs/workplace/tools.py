@@ -193,7 +193,15 @@ def create_task(
     return {"ok": True, "task_id": record["id"]}
 
 
-def update_task(state: State, task_id: str, **changes: Any) -> dict:
+def update_task(
+    state: State,
+    task_id: str,
+    status: str | None = None,
+    assignee: str | None = None,
+    due: str | None = None,
+    priority: str | None = None,
+) -> dict:
+    changes = {k: v for k, v in (("status", status), ("assignee", assignee), ("due", due), ("priority", priority)) if v is not None}
     if not changes:
         raise ToolError("nothing to change: give status, assignee, due or priority")
     record = lookup_task(state, task_id)
@@ -257,7 +265,8 @@ def send_email(state: State, to: str, subject: str, body: str = "") -> dict:
     return {"ok": True, "email_id": record["id"], "recipients": len(recipients)}
 
 
-def update_project(state: State, project_id: str, **changes: Any) -> dict:
+def update_project(state: State, project_id: str, status: str | None = None, owner: str | None = None) -> dict:
+    changes = {k: v for k, v in (("status", status), ("owner", owner)) if v is not None}
     if not changes:
         raise ToolError("nothing to change: give status or owner")
     record = lookup_project(state, project_id)

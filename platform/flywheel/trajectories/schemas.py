@@ -32,7 +32,7 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
-class Message(BaseModel):
+class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -78,7 +78,7 @@ class TrajectoryIn(BaseModel):
     external_id: str = Field(min_length=1, max_length=255)
     agent: str = Field("", max_length=200)
     model_version: str = Field("", max_length=200)
-    messages: list[Message] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolSchema] = Field(default_factory=list)
     outcome: Literal["success", "failure", "unknown"] = "unknown"
     feedback: Any = None
@@ -140,8 +140,19 @@ def _contract_errors(record: dict[str, Any]) -> list[dict[str, str]]:
     return errors
 
 
+class UnparsableRecord:
+    """Stands in a batch for a line that was not JSON, so that it keeps its index and is rejected alone."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
 def validate_record(record: Any) -> tuple[TrajectoryIn | None, list[dict[str, str]]]:
     """The validated trajectory and no errors, or None and every error found, each with its field path."""
+    if isinstance(record, UnparsableRecord):
+        return None, [{"field": "", "message": record.message}]
     if not isinstance(record, dict):
         return None, [
             {"field": "", "message": f"a trajectory must be a JSON object, not {type(record).__name__}"}

@@ -6,17 +6,16 @@ import threading
 
 import pytest
 from django.db import connection
-from ingest_factories import trajectory_record
 
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Comment, Tag, Trajectory
 
 
 @pytest.mark.django_db
-def test_valid_records_are_stored_and_invalid_ones_named(project):
-    bad = trajectory_record("t-bad")
+def test_valid_records_are_stored_and_invalid_ones_named(project, make_record):
+    bad = make_record("t-bad")
     bad["messages"][2]["tool_calls"][0]["function"]["name"] = ""
-    records = [trajectory_record("t-1"), bad, trajectory_record("t-2")]
+    records = [make_record("t-1"), bad, make_record("t-2")]
 
     result = ingest_trajectories(project=project, records=records)
 
@@ -53,8 +52,8 @@ def test_valid_records_are_stored_and_invalid_ones_named(project):
         (lambda r: r.update(external_id="x" * 256), "external_id"),
     ],
 )
-def test_errors_name_the_field_path(project, change, field):
-    record = trajectory_record("t-1")
+def test_errors_name_the_field_path(project, change, field, make_record):
+    record = make_record("t-1")
     change(record)
     result = ingest_trajectories(project=project, records=[record])
     assert result.accepted == 0
@@ -64,8 +63,8 @@ def test_errors_name_the_field_path(project, change, field):
 
 
 @pytest.mark.django_db
-def test_a_record_that_is_not_an_object_is_rejected_alone(project):
-    result = ingest_trajectories(project=project, records=["nope", trajectory_record("t-1")])
+def test_a_record_that_is_not_an_object_is_rejected_alone(project, make_record):
+    result = ingest_trajectories(project=project, records=["nope", make_record("t-1")])
     assert result.accepted == 1
     assert result.rejected == [
         {
@@ -77,9 +76,9 @@ def test_a_record_that_is_not_an_object_is_rejected_alone(project):
 
 
 @pytest.mark.django_db
-def test_invalid_json_in_tool_arguments_is_kept_not_rejected(project):
+def test_invalid_json_in_tool_arguments_is_kept_not_rejected(project, make_record):
     # A malformed tool call is exactly the failure reviewers need to see.
-    record = trajectory_record("t-1")
+    record = make_record("t-1")
     record["messages"][2]["tool_calls"][0]["function"]["arguments"] = '{"order_id": '
     result = ingest_trajectories(project=project, records=[record])
     assert result.accepted == 1
@@ -88,8 +87,8 @@ def test_invalid_json_in_tool_arguments_is_kept_not_rejected(project):
 
 
 @pytest.mark.django_db
-def test_derived_fields(project):
-    record = trajectory_record("t-1")
+def test_derived_fields(project, make_record):
+    record = make_record("t-1")
     record["messages"][1]["content"] = "  Where   is my ORDER 1234?  " + "x" * 300
     record["messages"][3]["content"] = "Error: order service timed out"
     ingest_trajectories(project=project, records=[record])
@@ -118,27 +117,27 @@ def test_derived_fields(project):
         ({"content": "ok"}, {"has_tool_error": True}, True),
     ],
 )
-def test_tool_error_detection(project, tool_message, metadata, expected):
-    record = trajectory_record("t-1", metadata=metadata)
+def test_tool_error_detection(project, tool_message, metadata, expected, make_record):
+    record = make_record("t-1", metadata=metadata)
     record["messages"][3] = {"role": "tool", "tool_call_id": "call_1", **tool_message}
     ingest_trajectories(project=project, records=[record])
     assert Trajectory.objects.get(external_id="t-1").has_tool_error is expected
 
 
 @pytest.mark.django_db
-def test_search_text_is_capped(project):
-    record = trajectory_record("t-1")
+def test_search_text_is_capped(project, make_record):
+    record = make_record("t-1")
     record["messages"][1]["content"] = "a" * 100_000
     ingest_trajectories(project=project, records=[record])
     assert len(Trajectory.objects.get(external_id="t-1").search_text) <= 32_000
 
 
 @pytest.mark.django_db
-def test_nul_characters_do_not_break_the_batch(project):
-    record = trajectory_record("t-1")
+def test_nul_characters_do_not_break_the_batch(project, make_record):
+    record = make_record("t-1")
     record["messages"][1]["content"] = "bad \x00 byte"
     record["metadata"] = {"note": "also \x00 here"}
-    result = ingest_trajectories(project=project, records=[record, trajectory_record("t-2")])
+    result = ingest_trajectories(project=project, records=[record, make_record("t-2")])
     assert result.accepted == 2
     t = Trajectory.objects.get(external_id="t-1")
     assert "\x00" not in t.messages[1]["content"]
@@ -146,8 +145,8 @@ def test_nul_characters_do_not_break_the_batch(project):
 
 
 @pytest.mark.django_db
-def test_replay_updates_and_keeps_the_review(project, user):
-    ingest_trajectories(project=project, records=[trajectory_record("t-1", outcome="unknown")])
+def test_replay_updates_and_keeps_the_review(project, user, make_record):
+    ingest_trajectories(project=project, records=[make_record("t-1", outcome="unknown")])
     t = Trajectory.objects.get(project=project, external_id="t-1")
     t.reviewed_outcome = "failure"
     t.reviewed_by = user
@@ -156,7 +155,7 @@ def test_replay_updates_and_keeps_the_review(project, user):
     t.tags.add(tag)
     Comment.objects.create(trajectory=t, message_index=2, author=user, body="wrong tool")
 
-    replay = trajectory_record("t-1", outcome="success", agent="support-bot-2")
+    replay = make_record("t-1", outcome="success", agent="support-bot-2")
     result = ingest_trajectories(project=project, records=[replay])
 
     assert (result.accepted, result.created, result.updated) == (1, 0, 1)
@@ -171,27 +170,27 @@ def test_replay_updates_and_keeps_the_review(project, user):
 
 
 @pytest.mark.django_db
-def test_same_external_id_twice_in_one_batch_keeps_the_last(project):
+def test_same_external_id_twice_in_one_batch_keeps_the_last(project, make_record):
     result = ingest_trajectories(
         project=project,
-        records=[trajectory_record("t-1", agent="first"), trajectory_record("t-1", agent="second")],
+        records=[make_record("t-1", agent="first"), make_record("t-1", agent="second")],
     )
     assert (result.accepted, result.created, result.updated) == (2, 1, 1)
     assert Trajectory.objects.get(project=project, external_id="t-1").agent == "second"
 
 
 @pytest.mark.django_db
-def test_external_ids_are_per_project(project, make_project):
+def test_external_ids_are_per_project(project, make_project, make_record):
     other = make_project()
-    ingest_trajectories(project=project, records=[trajectory_record("t-1")])
-    result = ingest_trajectories(project=other, records=[trajectory_record("t-1")])
+    ingest_trajectories(project=project, records=[make_record("t-1")])
+    result = ingest_trajectories(project=other, records=[make_record("t-1")])
     assert result.created == 1
     assert Trajectory.objects.filter(external_id="t-1").count() == 2
 
 
 @pytest.mark.django_db
-def test_large_batch_spans_several_statements(project):
-    records = [trajectory_record(f"t-{i}") for i in range(1_203)]
+def test_large_batch_spans_several_statements(project, make_record):
+    records = [make_record(f"t-{i}") for i in range(1_203)]
     assert ingest_trajectories(project=project, records=records).created == 1_203
     again = ingest_trajectories(project=project, records=records)
     assert (again.created, again.updated) == (0, 1_203)
@@ -199,8 +198,8 @@ def test_large_batch_spans_several_statements(project):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_same_batch_twice_at_once_never_duplicates(needs_postgres, project):
-    records = [trajectory_record(f"t-{i}") for i in range(300)]
+def test_the_same_batch_twice_at_once_never_duplicates(needs_postgres, project, make_record):
+    records = [make_record(f"t-{i}") for i in range(300)]
     barrier = threading.Barrier(2)
     results, errors = [], []
 

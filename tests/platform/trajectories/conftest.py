@@ -1,9 +1,13 @@
-"""Trajectory records as an agent sends them (the contract in ARCHITECTURE.md), for the ingestion tests."""
+"""Fixtures of the trajectory tests: `make_record`, a trajectory record as an agent sends it (the contract
+in ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 
 def trajectory_record(external_id: str = "t-1", **overrides: Any) -> dict[str, Any]:
@@ -47,3 +51,9 @@ def trajectory_record(external_id: str = "t-1", **overrides: Any) -> dict[str, A
     }
     record.update(overrides)
     return record
+
+
+@pytest.fixture
+def make_record() -> Callable[..., dict[str, Any]]:
+    """`make_record(external_id="t-1", **overrides) -> dict`: a fresh valid record each call."""
+    return trajectory_record

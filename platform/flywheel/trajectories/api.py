@@ -1,0 +1,450 @@
+"""The trajectory endpoints of the JSON API: ingest (REST and OTLP/HTTP), list and read.
+
+Authentication is a project API key sent as `Authorization: Bearer KEY`. A key belongs to exactly one
+project, so the project is never in the URL: it comes from the key. A client may name the project it
+means (`?project=SLUG`) as a safety check; naming another project than the key's is refused with 403.
+Handlers stay thin: parsing lives here, the writes in `ingest.ingest_trajectories`."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from datetime import datetime
+from typing import Any, Literal
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from ninja import Field, Query, Router, Schema
+from ninja.errors import AuthenticationError, HttpError
+from ninja.security import HttpBearer
+
+from flywheel.accounts.models import ApiKey, Scope
+from flywheel.accounts.selectors import api_key_authenticate
+from flywheel.api import api
+from flywheel.trajectories import otlp
+from flywheel.trajectories.ingest import ingest_trajectories
+from flywheel.trajectories.models import Trajectory
+from flywheel.trajectories.schemas import TrajectoryIn, UnparsableRecord
+
+NDJSON_TYPES = frozenset(
+    {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
+)
+LIST_MAX_LIMIT = 500
+
+
+# --- authentication --------------------------------------------------------------------------------------
+
+
+class ApiKeyAuth(HttpBearer):
+    """A project API key with the scope the endpoint needs."""
+
+    openapi_description = (
+        "A project API key: `Authorization: Bearer KEY`. The key decides the project; keys carry the scopes "
+        "`ingest` (POST) and `read` (GET). No or an unknown key: 401. A key without the scope, or a "
+        "`?project=SLUG` that is not the key's project: 403."
+    )
+
+    def __init__(self, scope: str) -> None:
+        self.scope = Scope(scope).value
+        super().__init__()
+
+    def __call__(self, request: HttpRequest) -> ApiKey | None:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise AuthenticationError(401, "Send a project API key: Authorization: Bearer KEY")
+        return self.authenticate(request, token.strip())
+
+    def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
+        api_key = api_key_authenticate(raw_key=token)
+        if api_key is None:
+            raise AuthenticationError(401, "Unknown or revoked API key.")
+        if self.scope not in (api_key.scopes or []):
+            raise HttpError(403, f"This API key lacks the '{self.scope}' scope.")
+        named = request.GET.get("project")
+        if named and named != api_key.project.slug:
+            raise HttpError(403, f"This API key belongs to project '{api_key.project.slug}', not '{named}'.")
+        return api_key
+
+
+ingest_auth = ApiKeyAuth(Scope.INGEST)
+read_auth = ApiKeyAuth(Scope.READ)
+
+
+# --- request bodies --------------------------------------------------------------------------------------
+
+
+def _too_large(size: int | str) -> HttpError:
+    limit = settings.FLYWHEEL_MAX_REQUEST_BYTES
+    return HttpError(
+        413, f"The request body is {size} bytes; the limit is {limit} bytes (FLYWHEEL_MAX_REQUEST_BYTES)."
+    )
+
+
+def read_body(request: HttpRequest) -> bytes:
+    """The request body, decompressed, refused with 413 over FLYWHEEL_MAX_REQUEST_BYTES: by its declared
+    Content-Length before reading anything, then by its real size (after decompression too)."""
+    limit = settings.FLYWHEEL_MAX_REQUEST_BYTES
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError as exc:
+        raise HttpError(400, "Content-Length is not a number.") from exc
+    if declared > limit:
+        raise _too_large(declared)
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        raise _too_large(f"more than {limit}")
+    encoding = (request.headers.get("Content-Encoding") or "identity").strip().lower()
+    if encoding in ("gzip", "deflate"):
+        # Decompress at most limit + 1 bytes: a small gzip bomb must not fill the memory.
+        wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+        try:
+            decompressor = zlib.decompressobj(wbits)
+            body = decompressor.decompress(body, limit + 1)
+        except zlib.error as exc:
+            raise HttpError(400, f"The body is not valid {encoding}: {exc}") from exc
+        if len(body) > limit or decompressor.unconsumed_tail:
+            raise _too_large(f"more than {limit} (decompressed)")
+    elif encoding != "identity":
+        raise HttpError(415, f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or none.")
+    return body
+
+
+def media_type(request: HttpRequest) -> str:
+    return (request.content_type or "").split(";")[0].strip().lower()
+
+
+def parse_records(body: bytes, content_type: str) -> list[Any]:
+    """One object, a JSON array, or NDJSON (one object a line; a line that is not JSON is rejected alone)."""
+    if content_type in NDJSON_TYPES:
+        return parse_ndjson(body)
+    try:
+        payload = json.loads(body)
+    except UnicodeDecodeError as exc:
+        raise HttpError(400, f"The body is not UTF-8: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        hint = " (for one object a line, send Content-Type: application/x-ndjson)" if b"}\n{" in body else ""
+        raise HttpError(400, f"The body is not valid JSON: {exc}{hint}") from exc
+    if isinstance(payload, dict):
+        return [payload]
+    if isinstance(payload, list):
+        return payload
+    raise HttpError(400, "The body must be a trajectory object or an array of them.")
+
+
+def parse_ndjson(body: bytes) -> list[Any]:
+    """NDJSON lines as records; blank lines are skipped, an unparsable line becomes an `UnparsableRecord`."""
+    records: list[Any] = []
+    for number, line in enumerate(body.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            records.append(UnparsableRecord(f"line {number} is not valid JSON: {exc}"))
+    return records
+
+
+def json_response(payload: Any, status: int = 200) -> HttpResponse:
+    # Built by hand: the ingest answer is already plain data, and skipping the response model saves a
+    # validation pass per request.
+    return HttpResponse(
+        json.dumps(payload, separators=(",", ":")), status=status, content_type="application/json"
+    )
+
+
+# --- response shapes (for the OpenAPI schema) ------------------------------------------------------------
+
+
+class FieldError(Schema):
+    field: str = Field(description="Path of the field, e.g. messages[2].tool_calls[0].function.name")
+    message: str
+
+
+class Rejection(Schema):
+    index: int = Field(description="Position of the record in the batch (the line, from 0, for NDJSON)")
+    external_id: str | int | None
+    errors: list[FieldError]
+
+
+class IngestOut(Schema):
+    accepted: int
+    created: int
+    updated: int
+    rejected: list[Rejection]
+
+
+class ErrorOut(Schema):
+    detail: str
+
+
+class TrajectorySummary(Schema):
+    id: int
+    external_id: str
+    agent: str
+    model_version: str
+    outcome: str
+    reviewed_outcome: str
+    source: str
+    title: str
+    message_count: int
+    tool_call_count: int
+    has_tool_error: bool
+    latency_ms: int | None
+    usage: dict[str, Any] | None
+    started_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class CommentOut(Schema):
+    id: int
+    message_index: int | None
+    author: str | None
+    body: str
+    created_at: datetime
+
+
+class TrajectoryDetail(TrajectorySummary):
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    feedback: Any
+    human_intervention: Any
+    metadata: dict[str, Any]
+    tags: list[str]
+    comments: list[CommentOut]
+
+
+class TrajectoryPage(Schema):
+    items: list[TrajectorySummary]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page")
+
+
+class TrajectoryFilters(Schema):
+    outcome: Literal["success", "failure", "unknown"] | None = Field(
+        None, description="The agent's own outcome"
+    )
+    reviewed_outcome: Literal["success", "failure", "unknown", "none"] | None = Field(
+        None, description="The reviewer's outcome; `none`: not reviewed yet"
+    )
+    agent: str | None = None
+    model_version: str | None = None
+    source: str | None = Field(None, description="api, upload, otlp, cli or demo")
+    external_id: str | None = None
+    has_tool_error: bool | None = None
+    q: str | None = Field(None, description="Text the messages contain (case-insensitive)")
+    started_after: datetime | None = None
+    started_before: datetime | None = None
+    cursor: str | None = Field(None, description="From `next_cursor` of the previous page")
+    limit: int = Field(50, ge=1, le=LIST_MAX_LIMIT)
+
+
+# --- routes ----------------------------------------------------------------------------------------------
+
+router = Router(tags=["trajectories"])
+
+_INGEST_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": (
+            "One trajectory, a JSON array of them, or NDJSON (Content-Type: application/x-ndjson, one "
+            "trajectory a line). Content-Encoding gzip is accepted. At most FLYWHEEL_MAX_REQUEST_BYTES "
+            "bytes and FLYWHEEL_MAX_BATCH_RECORDS records."
+        ),
+        "content": {
+            "application/json": {
+                "schema": {
+                    "oneOf": [
+                        {"$ref": "#/components/schemas/TrajectoryIn"},
+                        {"type": "array", "items": {"$ref": "#/components/schemas/TrajectoryIn"}},
+                    ]
+                }
+            },
+            "application/x-ndjson": {"schema": {"type": "string", "description": "one TrajectoryIn a line"}},
+        },
+    }
+}
+
+
+@router.post(
+    "/trajectories",
+    auth=ingest_auth,
+    response={200: IngestOut, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 413: ErrorOut, 422: IngestOut},
+    openapi_extra=_INGEST_BODY,
+    summary="Ingest trajectories",
+    description=(
+        "Stores each valid record in the key's project and names the fate of every record. A replayed "
+        "`external_id` updates its trajectory (never a duplicate, also when the same batch arrives twice at "
+        "once); the reviewer's outcome, tags and comments are kept. Valid records are stored even when others "
+        "are rejected. 200 when at least one record was accepted (or none was sent), 422 when every record "
+        "was rejected; both carry the same body."
+    ),
+)
+def trajectories_ingest(request: HttpRequest) -> HttpResponse:
+    body = read_body(request)
+    records = parse_records(body, media_type(request))
+    limit = settings.FLYWHEEL_MAX_BATCH_RECORDS
+    if len(records) > limit:
+        raise HttpError(
+            413, f"The batch has {len(records)} records; the limit is {limit} (FLYWHEEL_MAX_BATCH_RECORDS)."
+        )
+    result = ingest_trajectories(project=request.auth.project, records=records, source="api")
+    status = 422 if records and not result.accepted else 200
+    return json_response(result.to_dict(), status=status)
+
+
+_SUMMARY_FIELDS = [name for name in TrajectorySummary.model_fields]
+
+
+@router.get(
+    "/trajectories",
+    auth=read_auth,
+    response={200: TrajectoryPage, 401: ErrorOut, 403: ErrorOut},
+    summary="List trajectories",
+    description=(
+        "Trajectories of the key's project, newest first, `limit` at a time. Keyset pagination: pass "
+        "`next_cursor` back as `cursor`; pages stay consistent while trajectories arrive."
+    ),
+)
+def trajectories_list(request: HttpRequest, filters: Query[TrajectoryFilters]) -> dict[str, Any]:
+    qs = Trajectory.objects.filter(project=request.auth.project)
+    for name in ("outcome", "agent", "model_version", "source", "external_id", "has_tool_error"):
+        value = getattr(filters, name)
+        if value is not None:
+            qs = qs.filter(**{name: value})
+    if filters.reviewed_outcome is not None:
+        qs = qs.filter(
+            reviewed_outcome="" if filters.reviewed_outcome == "none" else filters.reviewed_outcome
+        )
+    if filters.q:
+        qs = qs.filter(search_text__contains=filters.q.lower())
+    if filters.started_after is not None:
+        qs = qs.filter(started_at__gte=filters.started_after)
+    if filters.started_before is not None:
+        qs = qs.filter(started_at__lt=filters.started_before)
+    if filters.cursor:
+        try:
+            qs = qs.filter(id__lt=int(filters.cursor))
+        except ValueError as exc:
+            raise HttpError(400, "cursor is not one this API gave out.") from exc
+    rows = list(qs.order_by("-id").values(*_SUMMARY_FIELDS)[: filters.limit + 1])
+    more = len(rows) > filters.limit
+    rows = rows[: filters.limit]
+    return {"items": rows, "next_cursor": str(rows[-1]["id"]) if more else None}
+
+
+@router.get(
+    "/trajectories/{trajectory_id}",
+    auth=read_auth,
+    response={200: TrajectoryDetail, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
+    summary="Read one trajectory",
+    description="A trajectory of the key's project, messages included; 404 when the key's project has no such id.",
+)
+def trajectory_detail(request: HttpRequest, trajectory_id: int) -> dict[str, Any]:
+    trajectory = (
+        Trajectory.objects.filter(project=request.auth.project, pk=trajectory_id)
+        .prefetch_related("tags", "comments__author")
+        .first()
+    )
+    if trajectory is None:
+        raise HttpError(404, f"No trajectory {trajectory_id} in project '{request.auth.project.slug}'.")
+    out = {name: getattr(trajectory, name) for name in _SUMMARY_FIELDS}
+    out.update(
+        messages=trajectory.messages,
+        tools=trajectory.tools,
+        feedback=trajectory.feedback,
+        human_intervention=trajectory.human_intervention,
+        metadata=trajectory.metadata,
+        tags=[tag.name for tag in trajectory.tags.all()],
+        comments=[
+            {
+                "id": c.id,
+                "message_index": c.message_index,
+                "author": c.author.get_username() if c.author else None,
+                "body": c.body,
+                "created_at": c.created_at,
+            }
+            for c in trajectory.comments.all()
+        ],
+    )
+    return out
+
+
+# --- OTLP/HTTP -------------------------------------------------------------------------------------------
+
+otlp_router = Router(tags=["otlp"])
+
+
+@otlp_router.post(
+    "/otlp/v1/traces",
+    auth=ingest_auth,
+    response={200: None, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 413: ErrorOut, 415: ErrorOut},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "An OTLP ExportTraceServiceRequest, as application/x-protobuf or application/json.",
+            "content": {
+                "application/x-protobuf": {"schema": {"type": "string", "format": "binary"}},
+                "application/json": {},
+            },
+        }
+    },
+    summary="Ingest OpenTelemetry traces (OTLP/HTTP)",
+    description=(
+        "Point an OTLP exporter here: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=<base>/api/v1/otlp/v1/traces and "
+        "OTEL_EXPORTER_OTLP_HEADERS='Authorization=Bearer KEY'. Each trace becomes one trajectory (external_id: "
+        "the trace id); LLM spans (OpenInference `llm.*`, OTel GenAI `gen_ai.*`) and tool spans (`execute_tool`, "
+        "OpenInference TOOL) become one conversation in time order, without repeating the history each LLM "
+        "call re-sends. Spans of a trace sent in a later request are merged into its trajectory. The answer is "
+        "an ExportTraceServiceResponse in the request's encoding; traces that could not be stored are counted "
+        "in partial_success.rejected_spans, with the reason in error_message."
+    ),
+)
+def otlp_traces(request: HttpRequest) -> HttpResponse:
+    body = read_body(request)
+    kind = media_type(request)
+    if kind == "application/x-protobuf" or kind == "application/protobuf":
+        try:
+            spans = otlp.spans_from_protobuf(body)
+        except otlp.OtlpError as exc:
+            raise HttpError(400, str(exc)) from exc
+        as_json = False
+    elif kind == "application/json" or not kind:
+        try:
+            spans = otlp.spans_from_json(body)
+        except otlp.OtlpError as exc:
+            raise HttpError(400, str(exc)) from exc
+        as_json = True
+    else:
+        raise HttpError(415, f"Content-Type {kind!r}: send application/x-protobuf or application/json.")
+    outcome = otlp.otlp_ingest(project=request.auth.project, spans=spans)
+    if as_json:
+        payload: dict[str, Any] = {}
+        if outcome.rejected_spans:
+            payload["partialSuccess"] = {
+                "rejectedSpans": str(outcome.rejected_spans),
+                "errorMessage": outcome.error_message,
+            }
+        return json_response(payload)
+    return HttpResponse(otlp.export_response(outcome), content_type="application/x-protobuf")
+
+
+api.add_router("", router)
+api.add_router("", otlp_router)
+# The request schema of POST /trajectories is written by hand (the body may be NDJSON); make sure the
+# TrajectoryIn model it points at is in the published components.
+_original_get_openapi_schema = api.get_openapi_schema
+
+
+def _openapi_with_trajectory_in(*args: Any, **kwargs: Any) -> Any:
+    schema = _original_get_openapi_schema(*args, **kwargs)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    if "TrajectoryIn" not in components:
+        generated = TrajectoryIn.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in generated.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components["TrajectoryIn"] = generated
+    return schema
+
+
+api.get_openapi_schema = _openapi_with_trajectory_in

@@ -1,0 +1,202 @@
+"""The REST API: body shapes, per-record answers, auth and scopes, limits, listing and reading."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from django.test import override_settings
+
+from flywheel.accounts.services import api_key_revoke
+from flywheel.trajectories.models import Trajectory
+
+URL = "/api/v1/trajectories"
+
+
+@pytest.fixture
+def client(api_client, api_key):
+    return api_client.with_key(api_key)
+
+
+def test_one_object(client, project, make_record):
+    response = client.post(URL, make_record("t-1"))
+    assert response.status_code == 200, response.content
+    assert response.json() == {"accepted": 1, "created": 1, "updated": 0, "rejected": []}
+    assert Trajectory.objects.get(project=project, external_id="t-1").source == "api"
+
+
+def test_array_with_a_bad_record(client, project, make_record):
+    bad = make_record("t-bad")
+    bad["messages"][2]["tool_calls"][0]["function"]["name"] = 7
+    response = client.post(URL, [make_record("t-1"), bad, make_record("t-2")])
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["accepted"], body["created"], body["updated"]) == (2, 2, 0)
+    assert body["rejected"][0]["index"] == 1
+    assert body["rejected"][0]["external_id"] == "t-bad"
+    assert body["rejected"][0]["errors"][0]["field"] == "messages[2].tool_calls[0].function.name"
+    assert Trajectory.objects.filter(project=project).count() == 2
+
+
+def test_ndjson_with_a_broken_line(client, project, make_record):
+    lines = [json.dumps(make_record("t-1")), "{not json", "", json.dumps(make_record("t-2"))]
+    response = client.post(URL, body="\n".join(lines) + "\n", content_type="application/x-ndjson")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["accepted"] == 2
+    assert body["rejected"][0]["index"] == 1
+    assert "line 2 is not valid JSON" in body["rejected"][0]["errors"][0]["message"]
+
+
+def test_replay_updates(client, project, make_record):
+    client.post(URL, [make_record("t-1"), make_record("t-2")])
+    response = client.post(URL, [make_record("t-1", outcome="failure"), make_record("t-3")])
+    assert response.json() == {"accepted": 2, "created": 1, "updated": 1, "rejected": []}
+    assert Trajectory.objects.filter(project=project).count() == 3
+
+
+def test_every_record_rejected_is_422_with_the_same_shape(client):
+    response = client.post(URL, [{"external_id": "x"}])
+    assert response.status_code == 422
+    assert response.json()["rejected"][0]["errors"][0]["field"] == "messages"
+
+
+def test_invalid_json_is_400(client):
+    response = client.post(URL, body="{oops", content_type="application/json")
+    assert response.status_code == 400
+    assert "not valid JSON" in response.json()["detail"]
+
+
+def test_gzip_body(client, make_record):
+    body = gzip.compress(json.dumps([make_record("t-1")]).encode())
+    response = client.post(
+        URL, body=body, content_type="application/json", headers={"Content-Encoding": "gzip"}
+    )
+    assert response.status_code == 200
+    assert response.json()["created"] == 1
+
+
+@override_settings(FLYWHEEL_MAX_REQUEST_BYTES=2_000)
+def test_too_large_by_content_length_is_413_with_the_limit(client, make_record):
+    response = client.post(URL, [make_record(f"t-{i}") for i in range(5)])
+    assert response.status_code == 413
+    assert "2000 bytes" in response.json()["detail"]
+    assert not Trajectory.objects.exists()
+
+
+@override_settings(FLYWHEEL_MAX_REQUEST_BYTES=2_000)
+def test_too_large_after_decompression_is_413(client, make_record):
+    body = gzip.compress(json.dumps([make_record(f"t-{i}") for i in range(50)]).encode())
+    assert len(body) < 2_000
+    response = client.post(
+        URL, body=body, content_type="application/json", headers={"Content-Encoding": "gzip"}
+    )
+    assert response.status_code == 413
+    assert "2000" in response.json()["detail"]
+
+
+@override_settings(FLYWHEEL_MAX_BATCH_RECORDS=3)
+def test_too_many_records_is_413(client, make_record):
+    response = client.post(URL, [make_record(f"t-{i}") for i in range(4)])
+    assert response.status_code == 413
+    assert "limit is 3" in response.json()["detail"]
+
+
+def test_no_key_is_401(api_client, make_record):
+    response = api_client.post(URL, make_record("t-1"))
+    assert response.status_code == 401
+    assert "Bearer" in response.json()["detail"]
+    assert api_client.get(URL).status_code == 401
+
+
+def test_unknown_or_revoked_key_is_401(api_client, api_key, make_record):
+    assert api_client.post(URL, make_record("t-1"), key="fw_nope_nope").status_code == 401
+    api_key_revoke(api_key=api_key.api_key)
+    assert api_client.post(URL, make_record("t-1"), key=api_key).status_code == 401
+
+
+def test_missing_scope_is_403(api_client, project, make_api_key, make_record):
+    read_only = make_api_key(project, scopes=["read"])
+    ingest_only = make_api_key(project, scopes=["ingest"])
+    response = api_client.post(URL, make_record("t-1"), key=read_only)
+    assert response.status_code == 403
+    assert "ingest" in response.json()["detail"]
+    assert api_client.post(URL, make_record("t-1"), key=ingest_only).status_code == 200
+    assert api_client.get(URL, key=ingest_only).status_code == 403
+    assert api_client.get(URL, key=read_only).status_code == 200
+
+
+def test_another_projects_key_is_403_and_sees_nothing(
+    api_client, project, api_key, make_project, make_api_key, make_record
+):
+    other = make_project()
+    other_key = make_api_key(other)
+    api_client.post(URL, make_record("t-1"), key=api_key)
+    mine = Trajectory.objects.get(project=project)
+    # Naming a project that is not the key's.
+    response = api_client.post(f"{URL}?project={project.slug}", make_record("t-2"), key=other_key)
+    assert response.status_code == 403
+    assert other.slug in response.json()["detail"]
+    assert api_client.get(URL, {"project": project.slug}, key=other_key).status_code == 403
+    # The other key lists its own (empty) project, and cannot read this project's trajectory.
+    assert api_client.get(URL, key=other_key).json()["items"] == []
+    assert api_client.get(f"{URL}/{mine.pk}", key=other_key).status_code == 404
+    # Ingesting with the other key writes into the other project only.
+    api_client.post(URL, make_record("t-1", agent="other"), key=other_key)
+    assert Trajectory.objects.get(project=project).agent == "support-bot"
+    assert api_client.get(f"{URL}?project={project.slug}", key=api_key).status_code == 200
+
+
+def test_list_filters_and_keyset_pagination(client, project, make_record):
+    records = [make_record(f"t-{i}", outcome="failure" if i % 2 else "success") for i in range(7)]
+    records[3]["messages"][3]["content"] = "Error: boom"
+    client.post(URL, records)
+
+    seen, cursor = [], None
+    while True:
+        params = {"limit": 3, **({"cursor": cursor} if cursor else {})}
+        page = client.get(URL, params).json()
+        seen += [item["external_id"] for item in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(r["external_id"] for r in records)
+    assert len(seen) == len(set(seen))
+    ids = [item["id"] for item in client.get(URL, {"limit": 10}).json()["items"]]
+    assert ids == sorted(ids, reverse=True)
+
+    failures = client.get(URL, {"outcome": "failure"}).json()["items"]
+    assert {i["external_id"] for i in failures} == {"t-1", "t-3", "t-5"}
+    errors = client.get(URL, {"has_tool_error": "true"}).json()["items"]
+    assert [i["external_id"] for i in errors] == ["t-3"]
+    assert client.get(URL, {"q": "ORDER 1234"}).json()["items"]
+    assert client.get(URL, {"q": "nothing like this"}).json()["items"] == []
+    assert client.get(URL, {"external_id": "t-4"}).json()["items"][0]["external_id"] == "t-4"
+    assert client.get(URL, {"reviewed_outcome": "none"}).json()["items"]
+    assert client.get(URL, {"started_after": "2027-01-01T00:00:00Z"}).json()["items"] == []
+    assert client.get(URL, {"limit": 0}).status_code == 422
+    assert client.get(URL, {"cursor": "abc"}).status_code == 400
+
+
+def test_detail(client, project, make_record):
+    client.post(URL, make_record("t-1"))
+    trajectory = Trajectory.objects.get(project=project)
+    body = client.get(f"{URL}/{trajectory.pk}").json()
+    assert body["external_id"] == "t-1"
+    assert body["messages"][2]["tool_calls"][0]["function"]["name"] == "get_order"
+    assert body["tools"][0]["function"]["name"] == "get_order"
+    assert body["tool_call_count"] == 1
+    assert body["tags"] == [] and body["comments"] == []
+    assert client.get(f"{URL}/999999").status_code == 404
+
+
+def test_openapi_is_published(client):
+    response = client.client.get("/api/v1/openapi.json")
+    assert response.status_code == 200
+    schema = response.json()
+    assert {"/api/v1/trajectories", "/api/v1/trajectories/{trajectory_id}", "/api/v1/otlp/v1/traces"} <= set(
+        schema["paths"]
+    )
+    assert "TrajectoryIn" in schema["components"]["schemas"]
+    assert "project" in schema["components"]["securitySchemes"]["ApiKeyAuth"]["description"]

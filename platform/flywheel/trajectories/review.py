@@ -1,0 +1,59 @@
+"""What reviewers write on a trajectory: its outcome, comments on messages, tags. One function per action;
+the htmx endpoints, the API and the tests all call these. Permission checks live in the views
+(`access.project_view`), these functions trust their caller."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from flywheel.trajectories.models import Comment, Outcome, Tag, Trajectory
+
+MAX_COMMENT_CHARS = 10_000
+MAX_TAG_CHARS = Tag._meta.get_field("name").max_length
+
+
+def trajectory_outcome_set(*, trajectory: Trajectory, outcome: str, user: AbstractBaseUser) -> Trajectory:
+    """Record a reviewer's outcome; it wins over the agent's own. An empty outcome clears the review."""
+    if outcome and outcome not in Outcome.values:
+        raise ValidationError({"outcome": f"Unknown outcome {outcome!r}; one of {', '.join(Outcome.values)}."})
+    trajectory.reviewed_outcome = outcome
+    trajectory.reviewed_by = user if outcome else None
+    trajectory.reviewed_at = timezone.now() if outcome else None
+    trajectory.save(update_fields=["reviewed_outcome", "reviewed_by", "reviewed_at", "updated_at"])
+    return trajectory
+
+
+def trajectory_comment_add(
+    *, trajectory: Trajectory, author: AbstractBaseUser, body: str, message_index: int | None = None
+) -> Comment:
+    """Comment on one message (by index) or, with no index, on the whole trajectory."""
+    body = body.strip()
+    if not body:
+        raise ValidationError({"body": "A comment needs some text."})
+    if len(body) > MAX_COMMENT_CHARS:
+        raise ValidationError({"body": f"A comment is at most {MAX_COMMENT_CHARS:,} characters."})
+    n_messages = len(trajectory.messages) if isinstance(trajectory.messages, list) else 0
+    if message_index is not None and not 0 <= message_index < n_messages:
+        raise ValidationError({"message_index": f"No message {message_index}; this trajectory has {n_messages}."})
+    return Comment.objects.create(trajectory=trajectory, author=author, body=body, message_index=message_index)
+
+
+def trajectory_tag_add(*, trajectory: Trajectory, name: str) -> Tag:
+    """Tag the trajectory, creating the project's tag on first use."""
+    name = " ".join(name.split())
+    if not name:
+        raise ValidationError({"name": "A tag needs a name."})
+    if len(name) > MAX_TAG_CHARS:
+        raise ValidationError({"name": f"A tag name is at most {MAX_TAG_CHARS} characters."})
+    with transaction.atomic():
+        tag, _ = Tag.objects.get_or_create(project_id=trajectory.project_id, name=name)
+        trajectory.tags.add(tag)
+    return tag
+
+
+def trajectory_tag_remove(*, trajectory: Trajectory, tag: Tag) -> None:
+    """Untag the trajectory. The tag itself stays in the project for other trajectories."""
+    trajectory.tags.remove(tag)

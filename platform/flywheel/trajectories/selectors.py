@@ -1,0 +1,414 @@
+"""Reads for the review pages: filtering, keyset pagination, capped counts, neighbours, the conversation.
+
+Every query here is shaped to be answered from an index at a million rows (see migration 0003 and
+`bench/pages.py`): lists page by id (`id < cursor ORDER BY id DESC`), never by OFFSET, and counts stop
+at `COUNT_CAP` instead of scanning every matching row on each page load."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import urlencode
+
+from django.db import connection
+from django.db.models import F, QuerySet, Value
+from django.db.models.functions import Coalesce, NullIf
+
+from flywheel.accounts.models import Project
+from flywheel.trajectories.ingest import is_tool_error
+from flywheel.trajectories.models import Comment, Outcome, Trajectory
+
+PAGE_SIZE = 50
+# Counting stops here: past it the page says "10,000+". A count is then at most COUNT_CAP index entries
+# per outcome, whatever the table holds. Exact counts at a million rows would read a million rows.
+COUNT_CAP = 10_000
+OPTION_LIMIT = 200  # distinct agents / model versions offered in the filter form
+
+# The outcome a reviewer set wins over the agent's own. Migration 0003 indexes exactly this expression
+# (with project and id) on PostgreSQL and SQLite; keep the two in step.
+EFFECTIVE_OUTCOME = Coalesce(NullIf(F("reviewed_outcome"), Value("")), F("outcome"))
+
+# What a list row needs; the messages JSON (kilobytes, TOASTed) is never read for the list.
+LIST_FIELDS = (
+    "id",
+    "external_id",
+    "agent",
+    "model_version",
+    "outcome",
+    "reviewed_outcome",
+    "title",
+    "message_count",
+    "tool_call_count",
+    "has_tool_error",
+    "latency_ms",
+    "started_at",
+    "created_at",
+)
+
+
+@dataclass(frozen=True)
+class TrajectoryFilters:
+    """What the list page filters on, parsed from a query string. Invalid values are dropped and reported."""
+
+    outcome: str = ""
+    agent: str = ""
+    model_version: str = ""
+    date_from: dt.date | None = None
+    date_to: dt.date | None = None
+    tool_error: bool | None = None
+    q: str = ""
+    errors: tuple[str, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> TrajectoryFilters:
+        errors: list[str] = []
+        outcome = (params.get("outcome") or "").strip()
+        if outcome and outcome not in Outcome.values:
+            errors.append(f"Unknown outcome {outcome!r}.")
+            outcome = ""
+        dates: dict[str, dt.date | None] = {}
+        for key, label in (("date_from", "From"), ("date_to", "To")):
+            raw = (params.get(key) or "").strip()
+            dates[key] = None
+            if raw:
+                try:
+                    dates[key] = dt.date.fromisoformat(raw)
+                except ValueError:
+                    errors.append(f"{label} date {raw!r} is not a date (YYYY-MM-DD).")
+        tool_error = {"yes": True, "no": False}.get((params.get("tool_error") or "").strip())
+        return cls(
+            outcome=outcome,
+            agent=(params.get("agent") or "").strip()[:200],
+            model_version=(params.get("model_version") or "").strip()[:200],
+            date_from=dates["date_from"],
+            date_to=dates["date_to"],
+            tool_error=tool_error,
+            q=(params.get("q") or "").strip()[:200],
+            errors=tuple(errors),
+        )
+
+    def params(self) -> dict[str, str]:
+        """The non-empty filters as query parameters (what links carry to keep the filter)."""
+        raw = {
+            "outcome": self.outcome,
+            "agent": self.agent,
+            "model_version": self.model_version,
+            "date_from": self.date_from.isoformat() if self.date_from else "",
+            "date_to": self.date_to.isoformat() if self.date_to else "",
+            "tool_error": {True: "yes", False: "no", None: ""}[self.tool_error],
+            "q": self.q,
+        }
+        return {k: v for k, v in raw.items() if v}
+
+    def querystring(self, **extra: str | int | None) -> str:
+        params: dict[str, Any] = self.params()
+        params.update({k: v for k, v in extra.items() if v not in (None, "")})
+        return urlencode(params)
+
+    def without_outcome(self) -> TrajectoryFilters:
+        return replace(self, outcome="")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.params())
+
+
+def trajectory_queryset(*, project: Project, filters: TrajectoryFilters) -> QuerySet[Trajectory]:
+    """The project's trajectories matching `filters`, unordered."""
+    qs = Trajectory.objects.filter(project=project)
+    if filters.outcome:
+        qs = qs.alias(effective=EFFECTIVE_OUTCOME).filter(effective=filters.outcome)
+    if filters.agent:
+        qs = qs.filter(agent=filters.agent)
+    if filters.model_version:
+        qs = qs.filter(model_version=filters.model_version)
+    if filters.date_from:
+        qs = qs.filter(started_at__gte=_day_start(filters.date_from))
+    if filters.date_to:
+        qs = qs.filter(started_at__lt=_day_start(filters.date_to + dt.timedelta(days=1)))
+    if filters.tool_error is not None:
+        qs = qs.filter(has_tool_error=filters.tool_error)
+    if filters.q:
+        # search_text is stored lower-cased, so a case-sensitive LIKE on a lower-cased needle is a
+        # case-insensitive search that the pg_trgm GIN index answers (icontains would wrap UPPER()).
+        qs = qs.filter(search_text__contains=filters.q.lower())
+    return qs
+
+
+def _day_start(day: dt.date) -> dt.datetime:
+    return dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class TrajectoryPage:
+    rows: list[Trajectory]
+    next_cursor: int | None  # pass as ?after= for older rows
+    prev_cursor: int | None  # pass as ?before= for newer rows
+
+
+def trajectory_page(
+    *,
+    project: Project,
+    filters: TrajectoryFilters,
+    after: int | None = None,
+    before: int | None = None,
+    size: int = PAGE_SIZE,
+) -> TrajectoryPage:
+    """One page of matching trajectories, newest first, by keyset on id.
+
+    `after`: rows older than that id (the "next" page); `before`: rows newer than it (the "previous"
+    page). One extra row is read to know whether another page follows."""
+    base = trajectory_queryset(project=project, filters=filters).only(*LIST_FIELDS)
+    if before is not None:
+        rows = list(base.filter(id__gt=before).order_by("id")[: size + 1])
+        has_newer = len(rows) > size
+        rows = rows[:size][::-1]
+        prev_cursor = rows[0].id if rows and has_newer else None
+        next_cursor = rows[-1].id if rows else None  # `before` itself is older, so there is a next page
+    else:
+        qs = base.filter(id__lt=after) if after is not None else base
+        rows = list(qs.order_by("-id")[: size + 1])
+        next_cursor = rows[size - 1].id if len(rows) > size else None
+        rows = rows[:size]
+        prev_cursor = None
+        if after is not None and rows and base.filter(id__gt=rows[0].id).exists():
+            prev_cursor = rows[0].id
+    _attach_tags(rows)
+    return TrajectoryPage(rows=rows, next_cursor=next_cursor, prev_cursor=prev_cursor)
+
+
+def _attach_tags(rows: list[Trajectory]) -> None:
+    """Tags for a page of rows in one query (prefetch_related would re-read the rows' ids)."""
+    through = Trajectory.tags.through
+    by_id: dict[int, list[str]] = {row.id: [] for row in rows}
+    if by_id:
+        links = (
+            through.objects.filter(trajectory_id__in=by_id)
+            .order_by("tag__name")
+            .values_list("trajectory_id", "tag__name")
+        )
+        for trajectory_id, name in links:
+            by_id[trajectory_id].append(name)
+    for row in rows:
+        row.tag_names = by_id[row.id]
+
+
+@dataclass(frozen=True)
+class OutcomeCount:
+    outcome: str
+    label: str
+    count: int
+    capped: bool  # the true count is above `count`
+
+    @property
+    def display(self) -> str:
+        return f"{self.count:,}+" if self.capped else f"{self.count:,}"
+
+
+def trajectory_outcome_counts(
+    *, project: Project, filters: TrajectoryFilters, cap: int = COUNT_CAP
+) -> list[OutcomeCount]:
+    """Matching trajectories per effective outcome (ignoring the outcome filter), each counted up to `cap`,
+    then "All" first. Each count is `SELECT count(*) FROM (… LIMIT cap+1)`: an index-only scan that
+    stops after `cap + 1` entries."""
+    base = trajectory_queryset(project=project, filters=filters.without_outcome()).alias(effective=EFFECTIVE_OUTCOME)
+    counts = []
+    for value, label in Outcome.choices:
+        n = base.filter(effective=value).values("id")[: cap + 1].count()
+        counts.append(OutcomeCount(outcome=value, label=label, count=min(n, cap), capped=n > cap))
+    total = OutcomeCount(
+        outcome="",
+        label="All",
+        count=sum(c.count for c in counts),
+        capped=any(c.capped for c in counts),
+    )
+    return [total, *counts]
+
+
+def trajectory_neighbours(
+    *, project: Project, filters: TrajectoryFilters, trajectory_id: int
+) -> tuple[int | None, int | None]:
+    """(newer id, older id) next to `trajectory_id` within `filters`: what k and j open."""
+    qs = trajectory_queryset(project=project, filters=filters).values_list("id", flat=True)
+    newer = qs.filter(id__gt=trajectory_id).order_by("id").first()
+    older = qs.filter(id__lt=trajectory_id).order_by("-id").first()
+    return newer, older
+
+
+def trajectory_filter_options(*, project: Project, column: str, limit: int = OPTION_LIMIT) -> list[str]:
+    """Distinct non-empty values of `column` ("agent" or "model_version") in the project.
+
+    A loose index scan (a recursive CTE hopping from one value to the next on the (project, column, id)
+    index) reads one index entry per distinct value instead of every row, which SELECT DISTINCT would."""
+    if column not in ("agent", "model_version"):
+        raise ValueError(f"not a filter column: {column}")
+    table = connection.ops.quote_name(Trajectory._meta.db_table)
+    col = connection.ops.quote_name(column)
+    sql = f"""
+        WITH RECURSIVE vals(v) AS (
+            SELECT (SELECT MIN({col}) FROM {table} WHERE project_id = %s AND {col} > '')
+            UNION ALL
+            SELECT (SELECT MIN({col}) FROM {table} WHERE project_id = %s AND {col} > vals.v)
+            FROM vals WHERE vals.v IS NOT NULL
+        )
+        SELECT v FROM vals WHERE v IS NOT NULL LIMIT %s
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [project.id, project.id, limit])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def trajectory_get(*, project: Project, trajectory_id: int) -> Trajectory | None:
+    return (
+        Trajectory.objects.select_related("reviewed_by")
+        .prefetch_related("tags")
+        .filter(project=project, pk=trajectory_id)
+        .first()
+    )
+
+
+def project_tag_names(*, project: Project) -> list[str]:
+    return list(project.tags.order_by("name").values_list("name", flat=True)[:OPTION_LIMIT])
+
+
+# --- The conversation as a reviewer reads it ------------------------------------------------------------
+
+@dataclass
+class ToolCallView:
+    anchor: str  # our own id for the element, never the agent's tool_call_id
+    call_id: str
+    name: str
+    arguments: str  # pretty JSON when it parses, the raw string otherwise
+    arguments_valid: bool
+    known_tool: bool
+    result_anchor: str | None = None
+
+
+@dataclass
+class MessageView:
+    index: int
+    role: str
+    name: str
+    text: str
+    extra_parts: list[str]  # non-text content parts, as pretty JSON
+    tool_calls: list[ToolCallView]
+    tool_call_id: str = ""
+    call_anchor: str | None = None  # the call this tool result answers
+    call_name: str = ""
+    is_error: bool = False
+    details: str = ""  # latency, usage or other per-message fields, as pretty JSON
+    comments: list[Comment] = field(default_factory=list)
+
+
+KNOWN_MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name"}
+
+
+def pretty_json(value: Any) -> str:
+    """JSON indented for reading. Returns a plain str: templates escape it like any agent text."""
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+
+
+def _arguments(raw: Any) -> tuple[str, bool]:
+    if isinstance(raw, str):
+        try:
+            return pretty_json(json.loads(raw)), True
+        except ValueError:
+            return raw, False
+    if raw is None:
+        return "", True
+    return pretty_json(raw), True
+
+
+def _content(content: Any) -> tuple[str, list[str]]:
+    if content is None:
+        return "", []
+    if isinstance(content, str):
+        return content, []
+    if isinstance(content, list):
+        texts, others = [], []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                others.append(pretty_json(part))
+        return "\n".join(texts), others
+    return "", [pretty_json(content)]
+
+
+def conversation_build(*, trajectory: Trajectory, comments: list[Comment] | None = None) -> list[MessageView]:
+    """The messages as views: tool calls with pretty arguments, each tool result linked to its call."""
+    declared = {
+        (tool.get("function") or {}).get("name") if isinstance(tool, dict) else None
+        for tool in (trajectory.tools or [])
+    }
+    declared.discard(None)
+    calls_by_id: dict[str, ToolCallView] = {}
+    views: list[MessageView] = []
+    n_calls = 0
+    messages = trajectory.messages if isinstance(trajectory.messages, list) else []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            views.append(MessageView(index, "invalid", "", "", [pretty_json(message)], []))
+            continue
+        text, extra = _content(message.get("content"))
+        tool_calls = []
+        for call in message.get("tool_calls") or []:
+            if not isinstance(call, dict):
+                continue
+            n_calls += 1
+            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            arguments, valid = _arguments(function.get("arguments"))
+            name = str(function.get("name") or "")
+            view = ToolCallView(
+                anchor=f"tc-{n_calls}",
+                call_id=str(call.get("id") or ""),
+                name=name,
+                arguments=arguments,
+                arguments_valid=valid,
+                known_tool=not declared or name in declared,
+            )
+            if view.call_id:
+                calls_by_id.setdefault(view.call_id, view)
+            tool_calls.append(view)
+        role = str(message.get("role") or "unknown")
+        view = MessageView(
+            index=index,
+            role=role,
+            name=str(message.get("name") or ""),
+            text=text,
+            extra_parts=extra,
+            tool_calls=tool_calls,
+            tool_call_id=str(message.get("tool_call_id") or ""),
+        )
+        if role == "tool":
+            view.is_error = is_tool_error(message)  # the rule ingestion derives has_tool_error with
+            call = calls_by_id.get(view.tool_call_id)
+            if call is not None:
+                view.call_anchor = call.anchor
+                view.call_name = call.name
+                call.result_anchor = f"m{index}"
+        details = {k: v for k, v in message.items() if k not in KNOWN_MESSAGE_KEYS}
+        if details:
+            view.details = pretty_json(details)
+        views.append(view)
+    for comment in comments or []:
+        if comment.message_index is not None and 0 <= comment.message_index < len(views):
+            views[comment.message_index].comments.append(comment)
+    return views
+
+
+def usage_summary(usage: Any) -> list[tuple[str, Any]]:
+    """Token usage as (label, value) pairs, for the common OpenAI and OTel field names."""
+    if not isinstance(usage, dict):
+        return []
+    labels = (
+        ("prompt_tokens", "prompt"),
+        ("input_tokens", "input"),
+        ("completion_tokens", "completion"),
+        ("output_tokens", "output"),
+        ("total_tokens", "total"),
+    )
+    return [(label, usage[key]) for key, label in labels if key in usage]

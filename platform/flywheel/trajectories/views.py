@@ -1,0 +1,175 @@
+"""Review pages: the trajectory list and the trajectory page, plus the htmx endpoints reviewers write with.
+
+Views stay thin: reads come from `selectors`, writes go through `review`. Every view is wrapped in
+`access.project_view`, so anonymous users go to login, non-members get 404 and viewers get 403 on writes.
+An htmx request gets the fragment it swaps; a plain form post is redirected back to the page."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from flywheel.accounts.access import project_view
+from flywheel.accounts.models import Project, Role
+from flywheel.trajectories import review, selectors
+from flywheel.trajectories.models import Outcome, Tag, Trajectory
+
+
+def _int_param(request: HttpRequest, name: str) -> int | None:
+    raw = request.GET.get(name, "")
+    return int(raw) if raw.isdigit() else None
+
+
+def _can_review(request: HttpRequest) -> bool:
+    return request.membership.grants(Role.REVIEWER)
+
+
+@require_GET
+@project_view()
+def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
+    filters = selectors.TrajectoryFilters.from_params(request.GET)
+    page = selectors.trajectory_page(
+        project=project, filters=filters, after=_int_param(request, "after"), before=_int_param(request, "before")
+    )
+    context = {
+        "project": project,
+        "filters": filters,
+        "page": page,
+        "counts": selectors.trajectory_outcome_counts(project=project, filters=filters),
+        "count_cap": selectors.COUNT_CAP,
+        "carry_qs": filters.querystring(),
+    }
+    if request.htmx and request.htmx.target == "results":
+        return render(request, "trajectories/_trajectory_results.html", context)
+    context |= {
+        "outcomes": Outcome.choices,
+        "agents": selectors.trajectory_filter_options(project=project, column="agent"),
+        "model_versions": selectors.trajectory_filter_options(project=project, column="model_version"),
+    }
+    return render(request, "trajectories/trajectory_list.html", context)
+
+
+def _detail_context(request: HttpRequest, project: Project, trajectory: Trajectory) -> dict:
+    filters = selectors.TrajectoryFilters.from_params(request.GET)
+    comments = list(trajectory.comments.select_related("author"))
+    newer, older = selectors.trajectory_neighbours(project=project, filters=filters, trajectory_id=trajectory.id)
+    return {
+        "project": project,
+        "trajectory": trajectory,
+        "filters": filters,
+        "carry_qs": filters.querystring(),
+        "newer_id": newer,
+        "older_id": older,
+        "conversation": selectors.conversation_build(trajectory=trajectory, comments=comments),
+        "trajectory_comments": [c for c in comments if c.message_index is None],
+        "usage": selectors.usage_summary(trajectory.usage),
+        "outcomes": Outcome.choices,
+        "can_review": _can_review(request),
+        "tag_suggestions": selectors.project_tag_names(project=project),
+    }
+
+
+@require_GET
+@project_view()
+def trajectory_detail(request: HttpRequest, project: Project, trajectory_id: int) -> HttpResponse:
+    trajectory = selectors.trajectory_get(project=project, trajectory_id=trajectory_id)
+    if trajectory is None:
+        raise Http404("No such trajectory in this project.")
+    return render(request, "trajectories/trajectory_detail.html", _detail_context(request, project, trajectory))
+
+
+def _trajectory_or_404(project: Project, trajectory_id: int) -> Trajectory:
+    return get_object_or_404(Trajectory, project=project, pk=trajectory_id)
+
+
+def _back(project: Project, trajectory: Trajectory, anchor: str = "") -> HttpResponse:
+    url = reverse("trajectory_detail", args=[project.slug, trajectory.id])
+    return redirect(f"{url}#{anchor}" if anchor else url)
+
+
+def _first_error(exc: ValidationError) -> str:
+    return next(iter(exc.messages), "Invalid input.")
+
+
+@require_POST
+@project_view(Role.REVIEWER)
+def trajectory_outcome_set(request: HttpRequest, project: Project, trajectory_id: int) -> HttpResponse:
+    trajectory = _trajectory_or_404(project, trajectory_id)
+    error = ""
+    try:
+        review.trajectory_outcome_set(trajectory=trajectory, outcome=request.POST.get("outcome", ""), user=request.user)
+    except ValidationError as exc:
+        error = _first_error(exc)
+    if not request.htmx:
+        return _back(project, trajectory)
+    trajectory.refresh_from_db()
+    context = {"project": project, "trajectory": trajectory, "outcomes": Outcome.choices, "can_review": True, "oob": True}
+    return render(request, "trajectories/_outcome.html", context | {"error": error}, status=422 if error else 200)
+
+
+@require_POST
+@project_view(Role.REVIEWER)
+def trajectory_comment_add(request: HttpRequest, project: Project, trajectory_id: int) -> HttpResponse:
+    trajectory = _trajectory_or_404(project, trajectory_id)
+    raw_index = request.POST.get("message_index", "")
+    message_index = int(raw_index) if raw_index.lstrip("-").isdigit() else None
+    error = ""
+    try:
+        review.trajectory_comment_add(
+            trajectory=trajectory, author=request.user, body=request.POST.get("body", ""), message_index=message_index
+        )
+    except ValidationError as exc:
+        error = _first_error(exc)
+    anchor = f"m{message_index}" if message_index is not None else "comments"
+    if not request.htmx:
+        return _back(project, trajectory, anchor)
+    comments = trajectory.comments.select_related("author").filter(message_index=message_index)
+    context = {
+        "project": project,
+        "trajectory": trajectory,
+        "comments": comments,
+        "message_index": message_index,
+        "can_review": True,
+        "error": error,
+        "body": request.POST.get("body", "") if error else "",
+    }
+    return render(request, "trajectories/_comments.html", context, status=422 if error else 200)
+
+
+def _tags_response(request: HttpRequest, project: Project, trajectory: Trajectory, error: str = "") -> HttpResponse:
+    context = {
+        "project": project,
+        "trajectory": trajectory,
+        "can_review": True,
+        "tag_suggestions": selectors.project_tag_names(project=project),
+        "error": error,
+    }
+    return render(request, "trajectories/_tags.html", context, status=422 if error else 200)
+
+
+@require_POST
+@project_view(Role.REVIEWER)
+def trajectory_tag_add(request: HttpRequest, project: Project, trajectory_id: int) -> HttpResponse:
+    trajectory = _trajectory_or_404(project, trajectory_id)
+    error = ""
+    try:
+        review.trajectory_tag_add(trajectory=trajectory, name=request.POST.get("name", ""))
+    except ValidationError as exc:
+        error = _first_error(exc)
+    if not request.htmx:
+        return _back(project, trajectory)
+    return _tags_response(request, project, trajectory, error)
+
+
+@require_POST
+@project_view(Role.REVIEWER)
+def trajectory_tag_remove(request: HttpRequest, project: Project, trajectory_id: int, tag_id: int) -> HttpResponse:
+    trajectory = _trajectory_or_404(project, trajectory_id)
+    tag = get_object_or_404(Tag, project=project, pk=tag_id)
+    review.trajectory_tag_remove(trajectory=trajectory, tag=tag)
+    if not request.htmx:
+        return _back(project, trajectory)
+    return _tags_response(request, project, trajectory)

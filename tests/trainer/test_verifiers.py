@@ -142,6 +142,12 @@ class TestParse:
         p = parse_completion("The meeting is on Monday.")
         assert p.calls == [] and p.error is None and p.content == "The meeting is on Monday."
         assert parse_completion('{"city": "Paris"}').calls == []  # JSON content, not a call
+        for prose in ["[citation needed] It is Monday.", "{braces} in prose", "[1, 2"]:
+            assert parse_completion(prose) == parse_completion(prose) and parse_completion(prose).error is None
+
+    def test_calls_one_after_another_without_tags(self):
+        p = parse_completion('{"name": "a", "arguments": {"x": 1}}\n{"name": "b", "arguments": {}}')
+        assert [c["name"] for c in p.calls] == ["a", "b"] and p.error is None
 
     @pytest.mark.parametrize(
         "bad",
@@ -153,6 +159,7 @@ class TestParse:
             'call {"name": "a", "arguments": {oops}}',
             '{"name": "a", "arguments": [1, 2]}',
             '{"name": "", "arguments": {}}',
+            "{'name': 'a', 'arguments': {}}",
         ],
     )
     def test_unparseable_calls_set_error(self, bad):
@@ -469,7 +476,8 @@ class TestHostile:
         assert parse_completion('{"name": ' * 20000).error
         assert parse_completion('{"name"' * 20000) == parse_completion('{"name"' * 20000)  # deterministic, no crash
         # Nesting deeper than Python's recursion limit is an unparseable output, not a crash.
-        assert parse_completion("[" * 100000).error
+        assert parse_completion("[" * 100000).calls == []
+        assert parse_completion('{"name": "a", "arguments": ' + "[" * 100000).error
         assert parse_completion('<tool_call>{"name": "a", "arguments": ' + "[" * 100000).error
         assert score({"type": "json_schema", "schema": {}}, "[" * 100000).failure == "invalid_format"
 

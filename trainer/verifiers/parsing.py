@@ -14,7 +14,8 @@ from typing import Any
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 # Where a call object embedded in prose may start. Bounded (`\s{0,20}`) so the scan stays linear.
-_EMBEDDED_CALL = re.compile(r'\{\s{0,20}"name"\s{0,20}:')
+# Single quotes are matched too: a Python-style dict is a broken call (invalid_format), not prose.
+_EMBEDDED_CALL = re.compile(r"""\{\s{0,20}["']name["']\s{0,20}:""")
 _DECODER = json.JSONDecoder()
 
 
@@ -134,16 +135,15 @@ def _parse_text(text: str) -> ParsedCompletion:
     if stripped[:1] in ("{", "["):
         try:
             value = json.loads(stripped)
-        except (ValueError, RecursionError) as exc:
-            if stripped.startswith("[") or _EMBEDDED_CALL.match(stripped) or stripped.startswith('{"function"'):
-                return ParsedCompletion(content=text.strip(), error=f"tool call is not valid JSON: {exc}")
-            value = None
-        if value is not None:
-            found = _calls_from_json(value, 0)
-            if found is None:
-                return ParsedCompletion(content=text.strip())
-            calls, error = found
-            return ParsedCompletion(calls=calls, content="", error=error)
+        except (ValueError, RecursionError):
+            # Not one JSON document: maybe several calls one after the other, maybe prose that starts
+            # with a bracket. The embedded scan tells them apart (and fails on a broken call).
+            return _parse_embedded(stripped)
+        found = _calls_from_json(value, 0)
+        if found is None:
+            return ParsedCompletion(content=text.strip())
+        calls, error = found
+        return ParsedCompletion(calls=calls, content="", error=error)
     return _parse_embedded(text)
 
 

@@ -3,6 +3,16 @@
 A spec is data (`{"type": "tool_call", ...}`), never code: nothing in a spec is evaluated, executed or
 imported. `score()` compiles a spec once (cached) and returns a `Score`; `validate_spec()` lists what is
 wrong with a spec without scoring anything; `summarize()` turns scores into the gate's suite metrics.
+
+Spec types (details in each module):
+    tool_call    expected_calls, order, allow_extra_calls, allow_extra_arguments, string_match, unsafe, weights
+    json_schema  {"schema": {...}}: the answer text is JSON that validates
+    exact        {"expected": "Paris" | <JSON value>, "string_match": "exact" | "normalized"}
+    regex        {"pattern": "...", "ignore_case"?: bool, "full_match"?: bool} on the answer text (RE2)
+    state        {"expected": {key: value}, "ignore_keys"?: [...], "unsafe"?: [...], "weights"?: {...}}
+                 against `state=` (lists compare as multisets, only the keys named are compared)
+    all          {"verifiers": [spec, ...]}: every one must pass; the reward is the lowest
+    llm_judge    {"rubric": "...", "threshold"?: 0.5}: off unless configured (see llm_judge.py)
 """
 
 from __future__ import annotations

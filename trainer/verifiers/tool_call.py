@@ -10,6 +10,9 @@ Spec (data, never code):
 Expected and actual calls are paired by a maximum-weight assignment (order "any") or a maximum-weight
 order-preserving alignment (order "strict"), so one wrong call never steals the partner of another.
 A call that matches an expected call was asked for; any other call matching an `unsafe` rule is unsafe.
+An expected call without "arguments" expects none (extra ones fail unless allow_extra_arguments).
+`checks` holds one entry per check: format, declared, schema, calls (pairing and argument mismatches),
+missing, extra, order (strict only, when the calls were right but out of order) and unsafe.
 """
 
 from __future__ import annotations

@@ -660,3 +660,45 @@ def test_fast_schema_declines_what_it_does_not_implement():
     assert compile_fast({"type": "object", "oneOf": [{"required": ["a"]}]}) is None
     assert compile_fast({"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}}) is None
     assert compile_fast({"enum": [1, True]}) is None
+
+
+def test_fast_schema_agrees_on_the_workplace_tools():
+    from trainer.envs.workplace import TOOLS as WORKPLACE
+
+    rng = random.Random(1)
+    values = [*VALUES, "2026-03-05", "10:00", "9:00", "done", "in_progress", "high", ["alice"], ["alice", 3]]
+    for tool in WORKPLACE.values():
+        schema = tool["function"]["parameters"]
+        fast = compile_fast(schema)
+        assert fast is not None, tool["function"]["name"]
+        validator = jsonschema.Draft202012Validator(schema)
+        keys = [*schema["properties"], "extra"]
+        for _ in range(200):
+            instance = {k: rng.choice(values) for k in rng.sample(keys, rng.randint(0, len(keys)))}
+            assert fast(instance) == validator.is_valid(instance), (tool["function"]["name"], instance)
+
+
+def test_assignment_is_optimal():
+    from itertools import combinations, permutations
+
+    from trainer.verifiers.tool_call import align, assign
+
+    rng = random.Random(2)
+    for _ in range(300):
+        n, m = rng.randint(1, 5), rng.randint(1, 5)
+        w = [[rng.choice([0.0, 1.0, 1.3, 1001.0]) for _ in range(m)] for _ in range(n)]
+        got = sum(w[i][j] for i, j in assign(w))
+        if n <= m:
+            best = max(sum(w[i][p[i]] for i in range(n)) for p in permutations(range(m), n))
+        else:
+            best = max(sum(w[p[j]][j] for j in range(m)) for p in permutations(range(n), m))
+        assert got == pytest.approx(best)
+        pairs = align(w)
+        assert all(a[0] < b[0] and a[1] < b[1] for a, b in zip(pairs, pairs[1:], strict=False))
+        best_aligned = max(
+            sum(w[i][j] for i, j in zip(rows, cols, strict=True))
+            for k in range(min(n, m) + 1)
+            for rows in combinations(range(n), k)
+            for cols in combinations(range(m), k)
+        )
+        assert sum(w[i][j] for i, j in pairs) == pytest.approx(best_aligned)

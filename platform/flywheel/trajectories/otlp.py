@@ -552,8 +552,12 @@ def trace_record(trace_id: str, spans: list[Span], existing: Trajectory | None) 
     }
     span_meta: dict[str, list[int]] = dict(previous.get("spans", {}))
     model = existing.model_version if existing is not None else ""
+    merged = set(span_meta)  # spans of an earlier export, already in the stored conversation
     found = False
     for span in spans:
+        if span.span_id in merged:
+            found = True
+            continue
         call = llm_call(span)
         if call is not None:
             found = True

@@ -1,0 +1,370 @@
+"""OTLP/HTTP ingestion: real ExportTraceServiceRequest payloads (built with the opentelemetry-proto classes, as
+an exporter sends them) and OTLP/JSON, in the OpenInference and the OTel GenAI conventions."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from typing import Any
+
+import pytest
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import (
+    AnyValue,
+    ArrayValue,
+    InstrumentationScope,
+    KeyValue,
+    KeyValueList,
+)
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+
+from flywheel.trajectories.models import Trajectory
+
+URL = "/api/v1/otlp/v1/traces"
+T0 = 1_764_000_000_000_000_000  # ns
+MS = 1_000_000
+
+
+def any_value(value: Any) -> AnyValue:
+    if isinstance(value, bool):
+        return AnyValue(bool_value=value)
+    if isinstance(value, int):
+        return AnyValue(int_value=value)
+    if isinstance(value, float):
+        return AnyValue(double_value=value)
+    if isinstance(value, list):
+        return AnyValue(array_value=ArrayValue(values=[any_value(v) for v in value]))
+    if isinstance(value, dict):
+        return AnyValue(
+            kvlist_value=KeyValueList(values=[KeyValue(key=k, value=any_value(v)) for k, v in value.items()])
+        )
+    return AnyValue(string_value=str(value))
+
+
+def span(
+    trace: bytes,
+    sid: int,
+    name: str,
+    start_ms: int,
+    end_ms: int,
+    attrs: dict[str, Any],
+    *,
+    parent: int | None = 1,
+    error: bool = False,
+) -> Span:
+    return Span(
+        trace_id=trace,
+        span_id=sid.to_bytes(8, "big"),
+        parent_span_id=parent.to_bytes(8, "big") if parent else b"",
+        name=name,
+        kind=Span.SPAN_KIND_INTERNAL,
+        start_time_unix_nano=T0 + start_ms * MS,
+        end_time_unix_nano=T0 + end_ms * MS,
+        attributes=[KeyValue(key=k, value=any_value(v)) for k, v in attrs.items()],
+        status=Status(
+            code=Status.STATUS_CODE_ERROR if error else Status.STATUS_CODE_UNSET,
+            message="boom" if error else "",
+        ),
+    )
+
+
+def export(spans: list[Span], service: str = "support-bot") -> ExportTraceServiceRequest:
+    return ExportTraceServiceRequest(
+        resource_spans=[
+            ResourceSpans(
+                resource=Resource(attributes=[KeyValue(key="service.name", value=any_value(service))]),
+                scope_spans=[ScopeSpans(scope=InstrumentationScope(name="test"), spans=spans)],
+            )
+        ]
+    )
+
+
+def as_otlp_json(request: ExportTraceServiceRequest) -> str:
+    """OTLP/JSON: protobuf's JSON mapping, but ids in hex and enums as integers (the OTLP spec's rules)."""
+    payload = MessageToDict(request, use_integers_for_enums=True)
+    for rs in payload["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for s in ss["spans"]:
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if key in s:
+                        s[key] = base64.b64decode(s[key]).hex()
+    return json.dumps(payload)
+
+
+TOOL_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "get_order",
+        "description": "Look an order up.",
+        "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}},
+    },
+}
+
+
+def oi_message(prefix: str, i: int, role: str, content: str | None = None, **extra: Any) -> dict[str, Any]:
+    attrs: dict[str, Any] = {f"{prefix}.{i}.message.role": role}
+    if content is not None:
+        attrs[f"{prefix}.{i}.message.content"] = content
+    for j, call in enumerate(extra.get("tool_calls", [])):
+        base = f"{prefix}.{i}.message.tool_calls.{j}.tool_call"
+        attrs[f"{base}.id"] = call["id"]
+        attrs[f"{base}.function.name"] = call["name"]
+        attrs[f"{base}.function.arguments"] = call["arguments"]
+    if "tool_call_id" in extra:
+        attrs[f"{prefix}.{i}.message.tool_call_id"] = extra["tool_call_id"]
+    return attrs
+
+
+CALL = {"id": "call_1", "name": "get_order", "arguments": '{"order_id": "1234"}'}
+
+
+def openinference_agent(trace: bytes, *, tool_error: bool = False) -> list[Span]:
+    """An agent run: root CHAIN span, LLM (asks for a tool), TOOL, LLM (answers, re-sending the history)."""
+    history = [("system", "You are a support agent.", {}), ("user", "Where is my order 1234?", {})]
+    llm1 = {
+        "openinference.span.kind": "LLM",
+        "llm.model_name": "qwen-0.5b-v3",
+        "llm.token_count.prompt": 100,
+        "llm.token_count.completion": 20,
+    }
+    for i, (role, content, extra) in enumerate(history):
+        llm1.update(oi_message("llm.input_messages", i, role, content, **extra))
+    llm1.update(oi_message("llm.output_messages", 0, "assistant", None, tool_calls=[CALL]))
+    llm1["llm.tools.0.tool.json_schema"] = json.dumps(TOOL_SCHEMA)
+    tool = {"openinference.span.kind": "TOOL", "tool.name": "get_order", "input.value": CALL["arguments"]}
+    if not tool_error:
+        tool["output.value"] = '{"status": "shipped"}'
+    llm2 = {
+        "openinference.span.kind": "LLM",
+        "llm.model_name": "qwen-0.5b-v3",
+        "llm.token_count.prompt": 150,
+        "llm.token_count.completion": 10,
+    }
+    history2 = [
+        *history,
+        ("assistant", None, {"tool_calls": [CALL]}),
+        ("tool", '{"status": "shipped"}', {"tool_call_id": "call_1"}),
+    ]
+    for i, (role, content, extra) in enumerate(history2):
+        llm2.update(oi_message("llm.input_messages", i, role, content, **extra))
+    llm2.update(oi_message("llm.output_messages", 0, "assistant", "Your order has shipped."))
+    return [
+        span(trace, 1, "agent", 0, 400, {"openinference.span.kind": "AGENT"}, parent=None),
+        span(trace, 2, "ChatCompletion", 10, 100, llm1),
+        span(trace, 3, "get_order", 110, 150, tool, error=tool_error),
+        span(trace, 4, "ChatCompletion", 160, 390, llm2),
+    ]
+
+
+def genai_parts(role: str, *parts: dict[str, Any]) -> dict[str, Any]:
+    return {"role": role, "parts": list(parts)}
+
+
+def genai_agent(trace: bytes, *, structured: bool = False) -> list[Span]:
+    """The same run in the OTel GenAI convention: chat spans with gen_ai.*.messages and an execute_tool span."""
+    encode = (lambda v: v) if structured else json.dumps
+    user = genai_parts("user", {"type": "text", "content": "Where is my order 1234?"})
+    ask = genai_parts(
+        "assistant",
+        {"type": "tool_call", "id": "call_1", "name": "get_order", "arguments": {"order_id": "1234"}},
+    )
+    result = genai_parts(
+        "tool", {"type": "tool_call_response", "id": "call_1", "response": '{"status": "shipped"}'}
+    )
+    answer = genai_parts("assistant", {"type": "text", "content": "Your order has shipped."})
+    common = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "qwen-0.5b-v3",
+        "gen_ai.system_instructions": encode([{"type": "text", "content": "You are a support agent."}]),
+        "gen_ai.tool.definitions": encode(
+            [
+                {
+                    "type": "function",
+                    "name": "get_order",
+                    "description": "Look an order up.",
+                    "parameters": {"type": "object"},
+                }
+            ]
+        ),
+        "gen_ai.agent.name": "support-bot",
+    }
+    chat1 = {
+        **common,
+        "gen_ai.input.messages": encode([user]),
+        "gen_ai.output.messages": encode([ask]),
+        "gen_ai.usage.input_tokens": 100,
+        "gen_ai.usage.output_tokens": 20,
+    }
+    tool = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "get_order",
+        "gen_ai.tool.call.id": "call_1",
+        "gen_ai.tool.call.arguments": '{"order_id": "1234"}',
+        "gen_ai.tool.call.result": '{"status": "shipped"}',
+    }
+    chat2 = {
+        **common,
+        "gen_ai.input.messages": encode([user, ask, result]),
+        "gen_ai.output.messages": encode([answer]),
+        "gen_ai.usage.input_tokens": 150,
+        "gen_ai.usage.output_tokens": 10,
+    }
+    return [
+        span(
+            trace,
+            1,
+            "invoke_agent support-bot",
+            0,
+            400,
+            {"gen_ai.operation.name": "invoke_agent"},
+            parent=None,
+        ),
+        span(trace, 2, "chat qwen-0.5b-v3", 10, 100, chat1),
+        span(trace, 3, "execute_tool get_order", 110, 150, tool),
+        span(trace, 4, "chat qwen-0.5b-v3", 160, 390, chat2),
+    ]
+
+
+EXPECTED_ROLES = ["system", "user", "assistant", "tool", "assistant"]
+
+
+@pytest.fixture
+def client(api_client, api_key):
+    return api_client.with_key(api_key)
+
+
+def post_protobuf(client, request: ExportTraceServiceRequest, **kwargs: Any):
+    return client.post(URL, body=request.SerializeToString(), content_type="application/x-protobuf", **kwargs)
+
+
+def test_openinference_protobuf_multi_step_agent(client, project):
+    trace = os.urandom(16)
+    response = post_protobuf(client, export(openinference_agent(trace)))
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"] == "application/x-protobuf"
+    parsed = ExportTraceServiceResponse.FromString(response.content)
+    assert parsed.partial_success.rejected_spans == 0
+
+    t = Trajectory.objects.get(project=project)
+    assert t.external_id == trace.hex()
+    assert t.source == "otlp"
+    assert [m["role"] for m in t.messages] == EXPECTED_ROLES
+    assert t.messages[2]["tool_calls"][0]["function"] == {
+        "name": "get_order",
+        "arguments": '{"order_id": "1234"}',
+    }
+    assert t.messages[3]["tool_call_id"] == "call_1"
+    assert t.messages[3]["content"] == '{"status": "shipped"}'
+    assert t.messages[4]["content"] == "Your order has shipped."
+    assert t.tools == [TOOL_SCHEMA]
+    assert t.agent == "support-bot"
+    assert t.model_version == "qwen-0.5b-v3"
+    assert t.usage == {"prompt_tokens": 250, "completion_tokens": 30, "total_tokens": 280}
+    assert t.latency_ms == 400
+    assert t.tool_call_count == 1 and t.has_tool_error is False
+    assert t.title == "Where is my order 1234?"
+
+
+@pytest.mark.parametrize("structured", [False, True])
+def test_genai_json_multi_step_agent(client, project, structured):
+    trace = os.urandom(16)
+    body = as_otlp_json(export(genai_agent(trace, structured=structured), service="svc"))
+    response = client.post(URL, body=body, content_type="application/json")
+    assert response.status_code == 200, response.content
+    assert response.json() == {}
+
+    t = Trajectory.objects.get(project=project, external_id=trace.hex())
+    assert [m["role"] for m in t.messages] == EXPECTED_ROLES
+    assert t.messages[0]["content"] == "You are a support agent."
+    call = t.messages[2]["tool_calls"][0]
+    assert call["id"] == "call_1" and call["function"]["name"] == "get_order"
+    assert json.loads(call["function"]["arguments"]) == {"order_id": "1234"}
+    assert t.messages[3] == {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "name": "get_order",
+        "content": '{"status": "shipped"}',
+    }
+    assert t.tools[0]["function"]["name"] == "get_order"
+    assert t.agent == "support-bot"  # gen_ai.agent.name wins over service.name
+    assert t.usage["prompt_tokens"] == 250
+
+
+def test_genai_protobuf_too(client, project):
+    trace = os.urandom(16)
+    assert post_protobuf(client, export(genai_agent(trace))).status_code == 200
+    assert [m["role"] for m in Trajectory.objects.get(project=project).messages] == EXPECTED_ROLES
+
+
+def test_a_failed_tool_span_is_a_tool_error(client, project):
+    trace = os.urandom(16)
+    post_protobuf(client, export(openinference_agent(trace, tool_error=True)))
+    t = Trajectory.objects.get(project=project)
+    assert t.has_tool_error is True
+    tool = next(m for m in t.messages if m["role"] == "tool")
+    assert tool["is_error"] is True
+
+
+def test_one_trajectory_per_trace(client, project):
+    a, b = os.urandom(16), os.urandom(16)
+    post_protobuf(client, export(openinference_agent(a) + genai_agent(b)))
+    assert set(Trajectory.objects.filter(project=project).values_list("external_id", flat=True)) == {
+        a.hex(),
+        b.hex(),
+    }
+
+
+def test_a_trace_split_over_exports_is_merged_and_a_replay_changes_nothing(client, project):
+    trace = os.urandom(16)
+    spans = openinference_agent(trace)
+    post_protobuf(client, export(spans[1:3]))  # first LLM call and the tool, as a batch processor sends them
+    first = Trajectory.objects.get(project=project)
+    assert [m["role"] for m in first.messages] == ["system", "user", "assistant", "tool"]
+    post_protobuf(client, export([spans[3], spans[0]]))  # the second LLM call, then the root ending last
+    post_protobuf(client, export(spans))  # a replay of the whole trace
+    t = Trajectory.objects.get(project=project)
+    assert [m["role"] for m in t.messages] == EXPECTED_ROLES
+    assert t.usage["prompt_tokens"] == 250  # counted once per span, whatever the replays
+    assert t.latency_ms == 400
+
+
+def test_a_trace_without_llm_spans_is_skipped_with_a_message(client, project):
+    trace = os.urandom(16)
+    response = post_protobuf(
+        client, export([span(trace, 1, "GET /health", 0, 5, {"http.method": "GET"}, parent=None)])
+    )
+    assert response.status_code == 200
+    parsed = ExportTraceServiceResponse.FromString(response.content)
+    assert "no LLM or tool span" in parsed.partial_success.error_message
+    assert not Trajectory.objects.exists()
+
+
+def test_a_root_span_error_is_a_failure(client, project):
+    trace = os.urandom(16)
+    spans = openinference_agent(trace)
+    spans[0].status.code = Status.STATUS_CODE_ERROR
+    post_protobuf(client, export(spans))
+    assert Trajectory.objects.get(project=project).outcome == "failure"
+
+
+def test_bad_payloads(client):
+    assert client.post(URL, body=b"\xff\xff\xff", content_type="application/x-protobuf").status_code == 400
+    assert client.post(URL, body="{nope", content_type="application/json").status_code == 400
+    assert client.post(URL, body="x", content_type="text/plain").status_code == 415
+
+
+def test_auth(api_client, project, make_api_key):
+    body = export(openinference_agent(os.urandom(16))).SerializeToString()
+    assert api_client.post(URL, body=body, content_type="application/x-protobuf").status_code == 401
+    read_only = make_api_key(project, scopes=["read"])
+    assert (
+        api_client.post(URL, body=body, content_type="application/x-protobuf", key=read_only).status_code
+        == 403
+    )
+    assert not Trajectory.objects.exists()

@@ -88,7 +88,7 @@ def score_judge(spec: JudgeSpec, answer: str, calls: list[dict]) -> Score:
     request = urllib.request.Request(
         settings["endpoint"] + "/chat/completions", data=json.dumps(body).encode(), headers=headers, method="POST"
     )
-    with urllib.request.urlopen(request, timeout=settings["timeout"]) as response:  # noqa: S310 (configured URL)
+    with urllib.request.urlopen(request, timeout=settings["timeout"]) as response:
         reply = json.load(response)
     text = reply["choices"][0]["message"]["content"] or ""
     try:

@@ -87,7 +87,9 @@ def compile_unsafe(rules: Any, compiler: Compiler, where: str = "unsafe") -> tup
                 compiler.problems.append(f"{where}[{i}].arguments: must be an object of matchers")
             else:
                 # Extra arguments never save a call from an unsafe rule: the rule names what makes it unsafe.
-                sub = Compiler(normalized=compiler.normalized, allow_extra=True)
+                # Strings always match normalised here, whatever string_match says: "All" must not slip
+                # past a rule written for "all".
+                sub = Compiler(normalized=True, allow_extra=True)
                 check = sub._fields(args, f"{where}[{i}].arguments", allow_extra=True)
                 compiler.problems.extend(sub.problems)
         out.append(UnsafeRule(rule["name"], check))

@@ -111,6 +111,9 @@ def _isolate_session(config: pytest.Config) -> TestSession:
         settings.MLFLOW_TRACKING_URI = f"sqlite:///{var_dir / 'mlflow.db'}"
         settings.MLFLOW_ARTIFACT_ROOT = str(var_dir / "mlartifacts")
 
+    # PBKDF2's deliberate slowness costs about a second a user on two busy cores; tests need no such defence.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
     broker_url = settings.CELERY_BROKER_URL
     if broker_url.startswith("filesystem://"):
         queue = var_dir / "broker" / "queue"

@@ -7,6 +7,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import F
@@ -25,7 +26,9 @@ SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
 
 
 @transaction.atomic
-def project_create(*, slug: str, name: str = "", owner: AbstractBaseUser | None = None, description: str = "") -> Project:
+def project_create(
+    *, slug: str, name: str = "", owner: AbstractBaseUser | None = None, description: str = ""
+) -> Project:
     if not SLUG_RE.fullmatch(slug):
         raise ValueError(
             f"invalid project slug {slug!r}: use 1-64 lower-case letters, digits and inner hyphens (e.g. support-agent)"
@@ -36,12 +39,48 @@ def project_create(*, slug: str, name: str = "", owner: AbstractBaseUser | None 
     return project
 
 
+class MembershipError(ValueError):
+    """A membership change that is refused, with a message a maintainer can act on."""
+
+
+def _check_keeps_a_maintainer(*, project: Project, user: AbstractBaseUser, new_role: str | None) -> None:
+    """A project always keeps one maintainer, or nobody could manage it from the UI again."""
+    if new_role == Role.MAINTAINER:
+        return
+    maintainers = Membership.objects.select_for_update().filter(project=project, role=Role.MAINTAINER)
+    ids = list(maintainers.values_list("user_id", flat=True))
+    if ids == [user.pk]:
+        raise MembershipError(
+            f"{user.get_username()} is the last maintainer of {project.slug}; make someone else maintainer first."
+        )
+
+
+@transaction.atomic
 def membership_set(*, project: Project, user: AbstractBaseUser, role: str) -> Membership:
-    membership, _ = Membership.objects.update_or_create(project=project, user=user, defaults={"role": Role(role)})
+    """Add `user` to `project` with `role`, or change their role."""
+    role = Role(role)
+    _check_keeps_a_maintainer(project=project, user=user, new_role=role)
+    membership, _ = Membership.objects.update_or_create(project=project, user=user, defaults={"role": role})
     return membership
 
 
+@transaction.atomic
+def membership_add(*, project: Project, username: str, role: str) -> Membership:
+    """Add an existing user, named by username, to `project`. Accounts themselves are made by an admin."""
+    User = get_user_model()
+    user = User.objects.filter(**{User.USERNAME_FIELD: username.strip()}).first()
+    if user is None:
+        raise MembershipError(f"there is no user named {username.strip()!r}; an admin creates accounts.")
+    if Membership.objects.filter(project=project, user=user).exists():
+        raise MembershipError(
+            f"{user.get_username()} is already a member of {project.slug}; change their role instead."
+        )
+    return membership_set(project=project, user=user, role=role)
+
+
+@transaction.atomic
 def membership_remove(*, project: Project, user: AbstractBaseUser) -> None:
+    _check_keeps_a_maintainer(project=project, user=user, new_role=None)
     Membership.objects.filter(project=project, user=user).delete()
 
 
@@ -52,13 +91,22 @@ class IssuedKey:
 
 
 def api_key_create(
-    *, project: Project, name: str, scopes: list[str] | None = None, created_by: AbstractBaseUser | None = None
+    *,
+    project: Project,
+    name: str,
+    scopes: list[str] | None = None,
+    created_by: AbstractBaseUser | None = None,
 ) -> IssuedKey:
     scopes = sorted({Scope(s).value for s in (scopes or [Scope.INGEST, Scope.READ])})
     prefix = secrets.token_hex(4)
     raw_key = f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
     api_key = ApiKey.objects.create(
-        project=project, name=name, prefix=prefix, digest=hash_api_key(raw_key), scopes=scopes, created_by=created_by
+        project=project,
+        name=name,
+        prefix=prefix,
+        digest=hash_api_key(raw_key),
+        scopes=scopes,
+        created_by=created_by,
     )
     return IssuedKey(api_key=api_key, raw_key=raw_key)
 
@@ -82,6 +130,8 @@ def worker_heartbeat_record(*, hostname: str) -> WorkerHeartbeat:
         hostname=hostname, defaults={"seen_at": timezone.now(), "tasks_seen": 1}
     )
     if not created:
-        WorkerHeartbeat.objects.filter(pk=heartbeat.pk).update(seen_at=timezone.now(), tasks_seen=F("tasks_seen") + 1)
+        WorkerHeartbeat.objects.filter(pk=heartbeat.pk).update(
+            seen_at=timezone.now(), tasks_seen=F("tasks_seen") + 1
+        )
         heartbeat.refresh_from_db()
     return heartbeat

@@ -1,0 +1,118 @@
+"""Every accounts page checks who is asking: anonymous users log in, non-members get 404, members
+without the role get 403."""
+
+import pytest
+from django.urls import reverse
+
+# (method, url name, needs the maintainer role)
+PAGES = [
+    ("get", "project_settings", False),
+    ("post", "member_add", True),
+    ("post", "member_update", True),
+    ("post", "member_remove", True),
+    ("post", "api_key_create", True),
+    ("post", "api_key_revoke", True),
+]
+
+
+def _url(name, project, member, key):
+    kwargs = {"project_slug": project.slug}
+    if name in {"member_update", "member_remove"}:
+        kwargs["user_id"] = member.pk
+    if name == "api_key_revoke":
+        kwargs["key_id"] = key.api_key.pk
+    return reverse(name, kwargs=kwargs)
+
+
+@pytest.fixture
+def setting(make_user, make_project, make_membership, make_api_key):
+    owner = make_user("owner")
+    project = make_project("acme", owner=owner)
+    viewer = make_user("viewer")
+    make_membership(viewer, project, "viewer")
+    reviewer = make_user("reviewer")
+    make_membership(reviewer, project, "reviewer")
+    return {"owner": owner, "project": project, "viewer": viewer, "reviewer": reviewer, "key": make_api_key(project)}
+
+
+@pytest.mark.parametrize(("method", "name", "maintainer_only"), PAGES)
+def test_anonymous_users_are_sent_to_log_in(client, setting, method, name, maintainer_only):
+    url = _url(name, setting["project"], setting["viewer"], setting["key"])
+    response = getattr(client, method)(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login") + "?next=")
+
+
+@pytest.mark.parametrize(("method", "name", "maintainer_only"), PAGES)
+def test_non_members_get_404_so_slugs_do_not_leak(client_for, make_user, setting, method, name, maintainer_only):
+    url = _url(name, setting["project"], setting["viewer"], setting["key"])
+    response = getattr(client_for(make_user("outsider")), method)(url, {"role": "maintainer", "name": "x"})
+    assert response.status_code == 404
+
+
+@pytest.mark.parametrize(("method", "name", "maintainer_only"), [p for p in PAGES if p[2]])
+@pytest.mark.parametrize("role", ["viewer", "reviewer"])
+def test_only_maintainers_change_members_and_keys(client_for, setting, method, name, maintainer_only, role):
+    url = _url(name, setting["project"], setting["viewer"], setting["key"])
+    response = getattr(client_for(setting[role]), method)(
+        url, {"role": "maintainer", "username": role, "name": "mine", "scopes": ["read"]}
+    )
+    assert response.status_code == 403
+    assert "maintainer role" in response.content.decode()
+    setting["viewer"].refresh_from_db()
+    assert setting["project"].memberships.get(user=setting["viewer"]).role == "viewer"
+    assert setting["project"].api_keys.count() == 1
+    assert setting["project"].api_keys.get().revoked_at is None
+
+
+def test_viewers_see_members_but_not_keys(client_for, setting):
+    response = client_for(setting["viewer"]).get(reverse("project_settings", args=["acme"]))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert 'data-member="owner"' in page
+    assert 'id="api-keys"' not in page
+    assert setting["key"].api_key.prefix not in page
+    assert "<select" not in page  # no role forms for a viewer
+
+
+def test_project_list_shows_only_the_users_projects(client_for, make_user, make_project, make_membership):
+    alice, bob = make_user("alice"), make_user("bob")
+    make_project("alpha", name="Alpha agent", owner=alice)
+    beta = make_project("beta", name="Beta agent", owner=bob)
+    make_project("gamma", name="Gamma agent", owner=bob)
+    make_membership(alice, beta, "viewer")
+
+    response = client_for(alice).get(reverse("project_list"))
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "Alpha agent" in page and "Beta agent" in page
+    assert "Gamma agent" not in page
+    assert "Maintainer" in page and "Viewer" in page
+
+
+def test_project_list_needs_a_login(client):
+    response = client.get("/")
+    assert response.status_code == 302
+    assert response["Location"] == reverse("login") + "?next=/"
+
+
+def test_login_page_logs_in_and_goes_to_the_project_list(client, make_user):
+    make_user("carol", password="a-long-password")
+    page = client.get(reverse("login"))
+    assert page.status_code == 200
+    assert 'name="username"' in page.content.decode()
+    response = client.post(reverse("login"), {"username": "carol", "password": "a-long-password"})
+    assert response.status_code == 302
+    assert response["Location"] == reverse("project_list")
+    client.logout()
+    wrong = client.post(reverse("login"), {"username": "carol", "password": "nope"})
+    assert "do not match" in wrong.content.decode()
+
+
+def test_pages_carry_no_inline_script_or_style(client_for, setting):
+    # The CSP forbids them; a page that had one would break in the browser.
+    for url in (reverse("project_list"), reverse("project_settings", args=["acme"])):
+        response = client_for(setting["owner"]).get(url)
+        page = response.content.decode()
+        assert "<script>" not in page and " style=" not in page and "<style" not in page
+        assert "script-src 'self'" in response["Content-Security-Policy"]

@@ -378,6 +378,19 @@ def _database_url_for_subprocess() -> str:
     raise RuntimeError(f"no DATABASE_URL for a {connection.vendor} test database")
 
 
+@pytest.fixture
+def subprocess_env(transactional_db: None, test_session: TestSession) -> dict[str, str]:
+    """Environment for a subprocess (`manage.py ...`, a script) that must see this test's database.
+
+    The test gets `transactional_db`, so what it writes is committed and visible to the subprocess."""
+    return {
+        **os.environ,
+        "DATABASE_URL": _database_url_for_subprocess(),
+        "CELERY_BROKER_URL": test_session.broker_url,
+        "FLYWHEEL_VAR_DIR": str(test_session.var_dir),
+    }
+
+
 @dataclass
 class CeleryWorker:
     """A `celery -A flywheel worker` subprocess consuming the `default` and `gpu` queues."""

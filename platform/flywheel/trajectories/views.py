@@ -43,7 +43,12 @@ def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
         "carry_qs": filters.querystring(),
     }
     if request.htmx and request.htmx.target == "results":
-        return render(request, "trajectories/_trajectory_results.html", context)
+        response = render(request, "trajectories/_trajectory_results.html", context)
+        # The address bar gets the canonical query (no empty fields the form sent), so it can be shared.
+        cursor = {"after": request.GET.get("after"), "before": request.GET.get("before")}
+        query = filters.querystring(**{k: v for k, v in cursor.items() if v and v.isdigit()})
+        response["HX-Push-Url"] = request.path + (f"?{query}" if query else "")
+        return response
     context |= {
         "outcomes": Outcome.choices,
         "agents": selectors.trajectory_filter_options(project=project, column="agent"),

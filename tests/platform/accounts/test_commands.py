@@ -83,6 +83,7 @@ def test_seed_demo_is_idempotent(db, settings, tmp_path):
         assert output.strip().splitlines()[-1].endswith(stored["api_key"])
     assert Project.objects.filter(slug="demo").count() == 1
     assert ApiKey.objects.count() == 1
+    assert ApiKey.objects.get().last_used_at is None  # seeding is not a use of the key
     assert api_key_authenticate(raw_key=stored["api_key"]).project.slug == "demo"
     from django.contrib.auth import get_user_model
 

@@ -1,0 +1,170 @@
+"""JSONL upload in the UI (inline and on a real Celery worker, failure and retry) and `manage.py ingest`."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.management import CommandError, call_command
+from django.urls import reverse
+from django.utils import timezone
+
+from flywheel.trajectories import upload as upload_module
+from flywheel.trajectories.models import Trajectory, Upload, UploadStatus
+
+
+def jsonl(records, *, broken_line: int | None = None) -> bytes:
+    lines = [json.dumps(r) for r in records]
+    if broken_line is not None:
+        lines.insert(broken_line - 1, "{broken")
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.fixture
+def reviewer(make_user, make_membership, project):
+    user = make_user()
+    make_membership(user, project, "reviewer")
+    return user
+
+
+def post_file(client, project, content: bytes, name: str = "runs.jsonl"):
+    return client.post(reverse("upload", args=[project.slug]), {"file": SimpleUploadedFile(name, content)})
+
+
+@pytest.mark.django_db
+def test_the_page_needs_the_reviewer_role(client_for, project, make_user, make_membership, reviewer):
+    url = reverse("upload", args=[project.slug])
+    assert client_for(None).get(url).status_code == 302  # to the login page
+    assert client_for(make_user()).get(url).status_code == 404  # not a member
+    viewer = make_user()
+    make_membership(viewer, project, "viewer")
+    assert client_for(viewer).get(url).status_code == 403
+    assert client_for(viewer).post(url, {"file": SimpleUploadedFile("a.jsonl", b"{}")}).status_code == 403
+    assert client_for(reviewer).get(url).status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_small_file_is_ingested_at_once_with_per_line_errors(client_for, project, reviewer, make_record):
+    bad = make_record("t-bad")
+    bad["messages"][1]["role"] = "robot"
+    content = jsonl([make_record("t-1"), bad, make_record("t-2")], broken_line=3)
+    response = post_file(client_for(reviewer), project, content)
+    assert response.status_code == 302
+    upload = Upload.objects.get(project=project)
+    assert upload.status == UploadStatus.DONE
+    assert (upload.lines_total, upload.lines_done, upload.accepted, upload.rejected_count) == (4, 4, 2, 2)
+    assert upload.uploaded_by == reviewer
+    assert [(r["line"], r["external_id"]) for r in upload.rejected] == [(2, "t-bad"), (3, None)]
+    assert upload.rejected[0]["errors"][0]["field"] == "messages[1].role"
+    assert set(
+        Trajectory.objects.filter(project=project, source="upload").values_list("external_id", flat=True)
+    ) == {"t-1", "t-2"}
+
+    page = client_for(reviewer).get(response["Location"])
+    text = page.content.decode()
+    assert "messages[1].role" in text and "not valid JSON" in text
+    assert "2</strong> accepted" in text
+
+
+@pytest.mark.django_db
+def test_empty_and_missing_files_are_refused(client_for, project, reviewer):
+    client = client_for(reviewer)
+    assert client.post(reverse("upload", args=[project.slug]), {}).status_code == 400
+    assert post_file(client, project, b"\n\n").status_code == 400
+    assert not Upload.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_crash_leaves_an_explained_retryable_upload(
+    client_for, project, reviewer, make_record, monkeypatch
+):
+    def broken(**kwargs):
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(upload_module, "ingest_trajectories", broken)
+    post_file(client_for(reviewer), project, jsonl([make_record("t-1")]))
+    upload = Upload.objects.get(project=project)
+    assert upload.status == UploadStatus.FAILED
+    assert "database went away" in upload.error and "line 1" in upload.error
+    page = client_for(reviewer).get(reverse("upload_detail", args=[project.slug, upload.pk])).content.decode()
+    assert "database went away" in page and "Retry" in page
+
+    monkeypatch.undo()
+    response = client_for(reviewer).post(reverse("upload_retry", args=[project.slug, upload.pk]))
+    assert response.status_code == 302
+    upload.refresh_from_db()
+    assert (upload.status, upload.accepted, upload.attempts, upload.error) == (UploadStatus.DONE, 1, 2, "")
+    assert Trajectory.objects.filter(project=project).count() == 1
+
+
+@pytest.mark.django_db
+def test_only_failed_or_stuck_uploads_are_retried(project, make_record):
+    upload = upload_module.upload_create(
+        project=project, filename="a.jsonl", content=jsonl([make_record("t-1")])
+    )
+    with pytest.raises(upload_module.UploadRefused):
+        upload_module.upload_retry(upload=upload)
+    Upload.objects.filter(pk=upload.pk).update(
+        status=UploadStatus.PROCESSING, started_at=timezone.now() - timedelta(hours=1)
+    )
+    upload.refresh_from_db()
+    assert upload_module.upload_is_stale(upload)
+    assert upload_module.upload_retry(upload=upload).status == UploadStatus.DONE
+
+
+@pytest.mark.django_db
+def test_the_htmx_status_fragment_polls_while_running(client_for, project, reviewer, make_record):
+    upload = Upload.objects.create(
+        project=project, filename="big.jsonl", content=b"{}", size_bytes=2, lines_total=1
+    )
+    response = client_for(reviewer).get(
+        reverse("upload_detail", args=[project.slug, upload.pk]), headers={"HX-Request": "true"}
+    )
+    text = response.content.decode()
+    assert 'id="upload-status"' in text and 'hx-trigger="every 1s"' in text
+    assert "<html" not in text
+
+
+def test_a_large_file_is_ingested_by_the_worker(
+    celery_worker, client_for, make_project, make_user, make_membership, make_record, monkeypatch
+):
+    user = make_user()
+    project = make_project(owner=user)
+    monkeypatch.setattr(upload_module, "INLINE_MAX_BYTES", 1_000)
+    monkeypatch.setattr(upload_module, "CHUNK_LINES", 7)  # in this process only; the worker uses its own
+    content = jsonl([make_record(f"t-{i}") for i in range(40)], broken_line=5)
+    response = post_file(client_for(user), project, content)
+    assert response.status_code == 302
+    upload = Upload.objects.get(project=project)
+    assert upload.status in (UploadStatus.QUEUED, UploadStatus.PROCESSING, UploadStatus.DONE)
+
+    done = celery_worker.wait_for(
+        lambda: Upload.objects.filter(pk=upload.pk, status=UploadStatus.DONE).first(), timeout=60
+    )
+    assert (done.accepted, done.created, done.rejected_count, done.lines_done) == (40, 40, 1, 41)
+    assert done.rejected[0]["line"] == 5
+    assert Trajectory.objects.filter(project=project, source="upload").count() == 40
+
+
+@pytest.mark.django_db
+def test_manage_py_ingest(tmp_path, project, make_record):
+    bad = make_record("t-bad", outcome="meh")
+    path = tmp_path / "runs.jsonl"
+    path.write_bytes(jsonl([make_record("t-1"), bad, make_record("t-2")]))
+    out, err = io.StringIO(), io.StringIO()
+    call_command("ingest", str(path), project=project.slug, stdout=out, stderr=err)
+    assert "2 accepted (2 created, 0 updated), 1 rejected" in out.getvalue()
+    assert "line 2 (t-bad): outcome:" in err.getvalue()
+    assert set(
+        Trajectory.objects.filter(project=project, source="cli").values_list("external_id", flat=True)
+    ) == {"t-1", "t-2"}
+
+    call_command("ingest", str(path), project=project.slug, stdout=out, stderr=err)
+    assert "2 accepted (0 created, 2 updated)" in out.getvalue()
+    with pytest.raises(CommandError, match="1 line"):
+        call_command("ingest", str(path), project=project.slug, strict=True, stdout=out, stderr=err)
+    with pytest.raises(CommandError, match="No project"):
+        call_command("ingest", str(path), project="nope")

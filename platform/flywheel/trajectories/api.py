@@ -429,6 +429,15 @@ def otlp_traces(request: HttpRequest) -> HttpResponse:
     return HttpResponse(otlp.export_response(outcome), content_type="application/x-protobuf")
 
 
+API_DESCRIPTION = (
+    "Authenticate with a project API key: `Authorization: Bearer KEY`. A key belongs to one project, so no "
+    "URL names a project: every call reads and writes the key's project. Optionally pass `?project=SLUG` "
+    "as a guard; a slug other than the key's project is refused with 403. Scopes: `ingest` for the POST "
+    "endpoints, `read` for the GET ones (403 without). No key or an unknown or revoked one: 401. A body over "
+    "FLYWHEEL_MAX_REQUEST_BYTES (or a batch over FLYWHEEL_MAX_BATCH_RECORDS records): 413, naming the limit."
+)
+if not api.description:
+    api.description = API_DESCRIPTION
 api.add_router("", router)
 api.add_router("", otlp_router)
 # The request schema of POST /trajectories is written by hand (the body may be NDJSON); make sure the

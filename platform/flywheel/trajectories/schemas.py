@@ -73,7 +73,8 @@ class ToolSchema(BaseModel):
 class TrajectoryIn(BaseModel):
     """One trajectory as an agent sends it. `external_id` is unique per project: sending it again updates."""
 
-    model_config = ConfigDict(extra="forbid")
+    # A numeric external_id (or agent, model_version) is taken as its decimal string.
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
 
     external_id: str = Field(min_length=1, max_length=255)
     agent: str = Field("", max_length=200)
@@ -112,7 +113,7 @@ def _pydantic_errors(exc: ValidationError) -> list[dict[str, str]]:
     return errors
 
 
-def _contract_errors(record: dict[str, Any]) -> list[dict[str, str]]:
+def _contract_errors(record: dict[str, Any], parsed: TrajectoryIn) -> list[dict[str, str]]:
     """What the types alone do not say: which roles carry which fields. Runs on a structurally valid record."""
     errors = []
     for i, message in enumerate(record["messages"]):
@@ -135,7 +136,7 @@ def _contract_errors(record: dict[str, Any]) -> list[dict[str, str]]:
                 )
         elif message.get("content") is None and not (role == "assistant" and tool_calls):
             errors.append({"field": f"messages[{i}].content", "message": f"a {role} message needs content"})
-    if "\x00" in record["external_id"]:
+    if "\x00" in parsed.external_id:
         errors.append({"field": "external_id", "message": "must not contain a NUL character"})
     return errors
 
@@ -161,7 +162,7 @@ def validate_record(record: Any) -> tuple[TrajectoryIn | None, list[dict[str, st
         parsed = TrajectoryIn.model_validate(record)
     except ValidationError as exc:
         return None, _pydantic_errors(exc)
-    errors = _contract_errors(record)
+    errors = _contract_errors(record, parsed)
     if errors:
         return None, errors
     return parsed, []

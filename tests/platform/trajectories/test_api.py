@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 
 import pytest
-from django.test import override_settings
+from django.db import connection
+from django.test import Client, override_settings
 
 from flywheel.accounts.services import api_key_revoke
 from flywheel.trajectories.models import Trajectory
@@ -200,3 +202,42 @@ def test_openapi_is_published(client):
     )
     assert "TrajectoryIn" in schema["components"]["schemas"]
     assert "project" in schema["components"]["securitySchemes"]["ApiKeyAuth"]["description"]
+    assert "key's project" in schema["info"]["description"]
+
+
+def test_a_numeric_external_id_is_taken_as_a_string(client, project, make_record):
+    assert client.post(URL, make_record(42)).json()["created"] == 1
+    assert Trajectory.objects.get(project=project).external_id == "42"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_same_batch_posted_twice_at_once_is_stored_once(needs_postgres, project, api_key, make_record):
+    records = [make_record(f"t-{i}") for i in range(200)]
+    barrier = threading.Barrier(2)
+    answers, errors = [], []
+
+    def post() -> None:
+        try:
+            client = Client()
+            barrier.wait()
+            response = client.post(
+                URL,
+                json.dumps(records),
+                content_type="application/json",
+                headers={"Authorization": f"Bearer {api_key}"},
+            )
+            answers.append(response.json())
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=post) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert Trajectory.objects.filter(project=project).count() == 200
+    assert len(answers) == 2
+    assert sum(a["created"] for a in answers) == 200 and sum(a["updated"] for a in answers) == 200

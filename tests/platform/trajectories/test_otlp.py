@@ -4,6 +4,7 @@ an exporter sends them) and OTLP/JSON, in the OpenInference and the OTel GenAI c
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 from typing import Any
@@ -294,6 +295,15 @@ def test_genai_json_multi_step_agent(client, project, structured):
     assert t.tools[0]["function"]["name"] == "get_order"
     assert t.agent == "support-bot"  # gen_ai.agent.name wins over service.name
     assert t.usage["prompt_tokens"] == 250
+
+
+def test_gzip_protobuf_as_exporters_compress_it(client, project):
+    body = gzip.compress(export(openinference_agent(os.urandom(16))).SerializeToString())
+    response = client.post(
+        URL, body=body, content_type="application/x-protobuf", headers={"Content-Encoding": "gzip"}
+    )
+    assert response.status_code == 200
+    assert Trajectory.objects.get(project=project).message_count == 5
 
 
 def test_genai_protobuf_too(client, project):

@@ -112,6 +112,8 @@ def is_tool_error(message: dict[str, Any]) -> bool:
     if not text:
         return False
     if text[0] == "{":
+        if '"error"' not in text and '"is_error"' not in text and '"status"' not in text:
+            return False  # most results: no need to parse them
         try:
             payload = json.loads(text)
         except ValueError:

@@ -7,6 +7,7 @@ with the reason, and Retry runs the whole file again, which is safe because inge
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from datetime import timedelta
@@ -35,7 +36,8 @@ STALE_AFTER = timedelta(minutes=15)  # a run in `processing` this long has lost 
 
 
 def max_upload_bytes() -> int:
-    return getattr(settings, "FLYWHEEL_MAX_UPLOAD_BYTES", 10 * settings.FLYWHEEL_MAX_REQUEST_BYTES)
+    # The file is held in memory and in one database row while it is ingested, hence a bound.
+    return getattr(settings, "FLYWHEEL_MAX_UPLOAD_BYTES", 5 * settings.FLYWHEEL_MAX_REQUEST_BYTES)
 
 
 # --- services --------------------------------------------------------------------------------------------
@@ -58,7 +60,7 @@ def upload_create(*, project: Project, filename: str, content: bytes, uploaded_b
         filename=filename[:255],
         content=content,
         size_bytes=len(content),
-        lines_total=sum(1 for line in content.splitlines() if line.strip()),
+        lines_total=sum(1 for line in io.BytesIO(content) if line.strip()),
     )
     if len(content) <= INLINE_MAX_BYTES:
         return upload_process(upload_id=upload.pk)
@@ -67,9 +69,20 @@ def upload_create(*, project: Project, filename: str, content: bytes, uploaded_b
 
 
 def _enqueue(upload: Upload) -> None:
+    transaction.on_commit(lambda: _send(upload.pk))
+
+
+def _send(upload_id: int) -> None:
     from flywheel.trajectories.tasks import upload_process_task
 
-    transaction.on_commit(lambda: upload_process_task.delay(upload.pk))
+    try:
+        upload_process_task.delay(upload_id)
+    except Exception as exc:  # the broker is down: say so on the upload, where Retry can send it again
+        logger.exception("could not queue upload %s", upload_id)
+        Upload.objects.filter(pk=upload_id, status=UploadStatus.QUEUED).update(
+            status=UploadStatus.FAILED,
+            error=f"Could not queue the upload for a worker: {type(exc).__name__}: {exc}"[:2000],
+        )
 
 
 def upload_is_stale(upload: Upload) -> bool:
@@ -120,7 +133,7 @@ def upload_process(*, upload_id: int) -> Upload:
         kept: list[dict] = []
         records: list = []
         numbers: list[int] = []
-        for line_number, line in enumerate(bytes(upload.content).splitlines(), start=1):
+        for line_number, line in enumerate(io.BytesIO(upload.content), start=1):
             if line_number == 1:
                 line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, as some editors write
             if not line.strip():

@@ -168,3 +168,22 @@ def test_manage_py_ingest(tmp_path, project, make_record):
         call_command("ingest", str(path), project=project.slug, strict=True, stdout=out, stderr=err)
     with pytest.raises(CommandError, match="No project"):
         call_command("ingest", str(path), project="nope")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_broker_that_is_down_leaves_a_retryable_upload(project, make_record, monkeypatch):
+    from flywheel.trajectories import tasks
+
+    def down(*args, **kwargs):
+        raise ConnectionError("broker unreachable")
+
+    monkeypatch.setattr(upload_module, "INLINE_MAX_BYTES", 10)
+    monkeypatch.setattr(tasks.upload_process_task, "delay", down)
+    upload = upload_module.upload_create(
+        project=project, filename="a.jsonl", content=jsonl([make_record("t-1")])
+    )
+    upload.refresh_from_db()
+    assert upload.status == UploadStatus.FAILED
+    assert "broker unreachable" in upload.error
+    monkeypatch.setattr(upload_module, "INLINE_MAX_BYTES", 10_000)
+    assert upload_module.upload_retry(upload=upload).status == UploadStatus.DONE

@@ -1,7 +1,8 @@
 # Flywheel: `make run` sets everything up and starts the platform; `make test` runs the whole suite.
 # Setup is idempotent: a stamp file remembers the last install and is renewed when pyproject.toml changes.
 
-PYTHON_SYSTEM ?= python3.11
+# Python 3.11 (pyproject.toml asks for it): python3.11 when it is on PATH, else python3 if that is 3.11.
+PYTHON_SYSTEM ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.flywheel-installed
@@ -15,6 +16,8 @@ PYTEST_ARGS ?=
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@$(PYTHON_SYSTEM) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+	  || { echo "make setup: needs Python 3.11; set PYTHON_SYSTEM=/path/to/python3.11"; exit 1; }
 	@test -x $(PY) || $(PYTHON_SYSTEM) -m venv $(VENV)
 	@# torch first and pinned, so that pip takes the CPU wheel on disk instead of a CUDA build.
 	$(PY) -m pip install --quiet $(TORCH)

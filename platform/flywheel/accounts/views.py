@@ -2,7 +2,8 @@
 
 Views stay thin: `project_view(role)` checks access, forms check input, services change things. Each
 settings section is a partial (`_members.html`, `_api_keys.html`) that htmx swaps in place; without
-JavaScript the same forms post and the whole page comes back."""
+JavaScript the same forms post and the whole page comes back. A refused change answers 422 with the section
+and its error message, which app.js swaps in like a success."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def member_add(request: HttpRequest, project: Project) -> HttpResponse:
         request,
         project,
         "accounts/_members.html",
-        status=400 if error else 200,
+        status=422 if error else 200,
         member_form=form,
         member_error=error,
     )
@@ -109,7 +110,7 @@ def member_update(request: HttpRequest, project: Project, user_id: int) -> HttpR
         except services.MembershipError as exc:
             error = str(exc)
     return _section(
-        request, project, "accounts/_members.html", status=400 if error else 200, member_error=error
+        request, project, "accounts/_members.html", status=422 if error else 200, member_error=error
     )
 
 
@@ -123,7 +124,7 @@ def member_remove(request: HttpRequest, project: Project, user_id: int) -> HttpR
     except services.MembershipError as exc:
         error = str(exc)
     return _section(
-        request, project, "accounts/_members.html", status=400 if error else 200, member_error=error
+        request, project, "accounts/_members.html", status=422 if error else 200, member_error=error
     )
 
 
@@ -132,7 +133,7 @@ def member_remove(request: HttpRequest, project: Project, user_id: int) -> HttpR
 def api_key_create(request: HttpRequest, project: Project) -> HttpResponse:
     form = ApiKeyCreateForm(request.POST)
     if not form.is_valid():
-        return _section(request, project, "accounts/_api_keys.html", status=400, key_form=form)
+        return _section(request, project, "accounts/_api_keys.html", status=422, key_form=form)
     issued = services.api_key_create(
         project=project,
         name=form.cleaned_data["name"],

@@ -53,7 +53,7 @@ def test_scopes_are_what_the_maintainer_ticked(maintainer_client, project):
 )
 def test_invalid_key_forms_say_what_is_wrong(maintainer_client, project, data, message):
     response = maintainer_client.post(reverse("api_key_create", args=[project.slug]), data)
-    assert response.status_code == 400
+    assert response.status_code == 422
     assert message in response.content.decode()
     assert not ApiKey.objects.exists()
 
@@ -105,3 +105,18 @@ def test_htmx_gets_the_keys_section_only(maintainer_client, project):
 @pytest.mark.parametrize("raw", ["", "fw_nope", "Bearer x", "fw_" + "a" * 60])
 def test_unknown_keys_do_not_authenticate(db, raw):
     assert api_key_authenticate(raw_key=raw) is None
+
+
+RECORD = {"external_id": "k-1", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_scopes_and_revocation_hold_at_the_api(api_client, project, make_api_key):
+    read_only, ingest_only = make_api_key(project, scopes=["read"]), make_api_key(project, scopes=["ingest"])
+    assert api_client.post("/api/v1/trajectories", RECORD, key=read_only).status_code == 403
+    assert api_client.get("/api/v1/trajectories", key=ingest_only).status_code == 403
+    assert api_client.post("/api/v1/trajectories", RECORD, key=ingest_only).status_code == 200
+    assert api_client.get("/api/v1/trajectories", key=read_only).status_code == 200
+
+    api_key_revoke(api_key=read_only.api_key)
+    assert api_client.get("/api/v1/trajectories", key=read_only).status_code == 401
+    assert api_client.get("/api/v1/trajectories", key=None).status_code == 401

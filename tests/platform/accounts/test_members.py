@@ -30,7 +30,7 @@ def test_a_maintainer_adds_an_existing_user_with_a_role(owner_client, project, m
 def test_adding_a_member_explains_what_is_wrong(owner_client, project, make_user, data, message):
     make_user("dana")
     response = owner_client.post(reverse("member_add", args=[project.slug]), data)
-    assert response.status_code == 400
+    assert response.status_code == 422
     assert message in response.content.decode()
     assert project.memberships.count() == 1
 
@@ -38,7 +38,7 @@ def test_adding_a_member_explains_what_is_wrong(owner_client, project, make_user
 def test_adding_someone_twice_is_refused(owner_client, project, make_user, make_membership):
     make_membership(make_user("dana"), project, "viewer")
     response = owner_client.post(reverse("member_add", args=[project.slug]), {"username": "dana", "role": "reviewer"})
-    assert response.status_code == 400
+    assert response.status_code == 422
     assert "already a member" in response.content.decode()
     assert Membership.objects.get(user__username="dana").role == "viewer"
 
@@ -62,7 +62,7 @@ def test_the_last_maintainer_can_neither_leave_nor_step_down(owner_client, proje
         (reverse("member_remove", args=[project.slug, user.pk]), {}),
     ]:
         response = owner_client.post(url, data, headers={"HX-Request": "true"})
-        assert response.status_code == 400
+        assert response.status_code == 422
         page = response.content.decode()
         assert "last maintainer" in page
         assert page.lstrip().startswith('<section class="acc-card" id="members">')

@@ -1,0 +1,81 @@
+"""Checkpoints in the job directory: the adapter, optimizer and RNG states, and where the run stood.
+
+Layout: `checkpoints/step-000010/{adapter/, optimizer.pt, rng.pt, state.json}`, `adapters/best/`,
+`adapters/last/`. A checkpoint is written to a temporary folder and renamed, so a run killed while saving
+never leaves a half-written "latest" for the retry to trip on.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel, set_peft_model_state_dict
+from safetensors.torch import load_file
+
+
+def checkpoint_dirs(job_dir: Path) -> list[Path]:
+    root = job_dir / "checkpoints"
+    return sorted(p for p in root.glob("step-*") if (p / "state.json").exists()) if root.exists() else []
+
+
+def latest_checkpoint(job_dir: Path) -> Path | None:
+    dirs = checkpoint_dirs(job_dir)
+    return dirs[-1] if dirs else None
+
+
+def save_checkpoint(job_dir: Path, step: int, model: PeftModel, optimizer: torch.optim.Optimizer,
+                    state: dict[str, Any], rng: dict[str, Any], keep: int = 2) -> Path:
+    root = job_dir / "checkpoints"
+    final = root / f"step-{step:06d}"
+    tmp = root / f".tmp-step-{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(str(tmp / "adapter"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(rng, tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    # Keep the newest `keep` and the best; older ones only cost disk.
+    best = state.get("best_step")
+    for old in checkpoint_dirs(job_dir)[:-keep]:
+        if best is None or old.name != f"step-{best:06d}":
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def publish_adapter(src: Path, dst: Path) -> None:
+    tmp = dst.with_name(f".tmp-{dst.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    shutil.rmtree(dst, ignore_errors=True)
+    tmp.rename(dst)
+
+
+def load_checkpoint(path: Path, model: PeftModel, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+    set_peft_model_state_dict(model, weights)
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    state = json.loads((path / "state.json").read_text())
+    return state, rng
+
+
+def rng_state(sampler_rng: random.Random) -> dict[str, Any]:
+    out = {"torch": torch.get_rng_state(), "python": random.getstate(), "sampler": sampler_rng.getstate()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def restore_rng(rng: dict[str, Any], sampler_rng: random.Random) -> None:
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    sampler_rng.setstate(rng["sampler"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])

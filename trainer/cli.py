@@ -1,0 +1,229 @@
+"""Command line of the trainer: build-tiny, train, evaluate, score and demo.
+
+stdout carries only JSON lines (events, or score rows); logs and library chatter go to stderr. A failure
+prints an `{"event": "error", "step": ..., "message": ...}` line and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer.tracking import EventLog, claim_stdout, error_message, log_traceback
+
+DEFAULT_WORKDIR = Path("var") / "trainer"
+
+
+def _quiet_libraries() -> None:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _threads(n: int | None) -> None:
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def cmd_build_tiny(args: argparse.Namespace, events: EventLog) -> int:
+    from trainer.tiny import build_tiny
+
+    t0 = time.perf_counter()
+    path = build_tiny(args.out, steps=args.steps, seed=args.seed, log=lambda e: events.emit(**e))
+    meta = json.loads((Path(path) / "tiny.json").read_text())
+    events.emit("done", path=str(path), **meta, total_seconds=round(time.perf_counter() - t0, 2))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace, events: EventLog) -> int:
+    from trainer.config import load_spec
+
+    spec = load_spec(args.spec)
+    if spec.algorithm == "sft":
+        from trainer.sft import train_sft
+
+        train_sft(spec, events)
+    else:
+        from trainer.loop import train_grpo
+
+        train_grpo(spec, events)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace, events: EventLog) -> int:
+    from trainer.config import read_jsonl, write_jsonl
+    from trainer.evaluation import evaluate_rows
+    from trainer.models import load_model
+    from trainer.rollout.hf import HFEngine
+
+    t0 = time.perf_counter()
+    rows = read_jsonl(args.suite)
+    model, tokenizer = load_model(args.model)
+    if args.adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, args.adapter)
+    model.eval()
+    if args.engine == "vllm":
+        from trainer.config import GRPOConfig
+        from trainer.rollout.vllm import VLLMEngine
+
+        engine: Any = VLLMEngine(args.model, tokenizer, GRPOConfig(), work_dir=Path(args.out or ".").parent)
+        if args.adapter:
+            from vllm.lora.request import LoRARequest
+
+            engine.lora_request = LoRARequest("eval", 1, args.adapter)
+    else:
+        engine = HFEngine(model, tokenizer)
+    import torch
+
+    torch.manual_seed(args.seed)
+    metrics, cases = evaluate_rows(engine, tokenizer, rows, samples_per_prompt=args.samples,
+                                   temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                                   max_turns=args.max_turns, keep_messages=True)
+    for case in cases:
+        events.emit("eval", case=case)
+    if args.out:
+        write_jsonl(args.out, cases)
+    events.emit("done", suite=str(args.suite), model=str(args.model), adapter=args.adapter, metrics=metrics,
+                cases=len(cases), results=args.out, seconds=round(time.perf_counter() - t0, 2))
+    return 0
+
+
+def cmd_score(args: argparse.Namespace, out: Any) -> int:
+    from trainer.config import read_jsonl
+    from trainer.verifiers import score
+
+    completions = {str(r.get("id")): r.get("completion") for r in read_jsonl(args.completions)}
+    status = 0
+    for case in read_jsonl(args.cases):
+        cid = str(case.get("id"))
+        if cid not in completions:
+            out.write(json.dumps({"id": case.get("id"), "error": "no completion with this id"}) + "\n")
+            status = 1
+            continue
+        try:
+            s = score(case["verifier"], completions[cid], tools=case.get("tools"))
+        except Exception as exc:  # a bad spec in one case should not hide the other cases' scores
+            out.write(json.dumps({"id": case.get("id"), "error": error_message(exc)}) + "\n")
+            status = 1
+            continue
+        out.write(json.dumps({"id": case.get("id"), "reward": s.reward, "passed": s.passed,
+                              "failure": s.failure, "checks": s.checks}, default=str) + "\n")
+    out.flush()
+    return status
+
+
+def cmd_demo(args: argparse.Namespace, events: EventLog) -> int:
+    from trainer.config import JobSpec, write_jsonl
+    from trainer.envs.workplace import generate_tasks
+    from trainer.loop import train_grpo
+    from trainer.tiny import build_tiny
+
+    t0 = time.perf_counter()
+    work = Path(args.workdir)
+    tiny = work / "tiny"
+    if not (tiny / "tiny.json").exists():
+        build_tiny(tiny, log=lambda e: events.emit(**{**e, "event": "step", "phase": "build-tiny"}))
+    job = work / f"demo-seed{args.seed}-{int(time.time())}"
+    job.mkdir(parents=True)
+    write_jsonl(job / "train.jsonl", generate_tasks(400, seed=args.seed, split="train", difficulty="single"))
+    write_jsonl(job / "holdout.jsonl", generate_tasks(100, seed=args.seed, split="holdout", difficulty="single"))
+    config = demo_config(args.steps, args.seed)
+    spec = JobSpec(model=str(tiny.resolve()), job_dir=job, train=job / "train.jsonl",
+                   holdout=job / "holdout.jsonl", config=config, mlflow=args.mlflow)
+    (job / "spec.json").write_text(json.dumps({k: v for k, v in spec.to_dict().items() if k != "job_dir"}))
+
+    class DemoLog(EventLog):
+        def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+            if event == "done":  # the demo's last line: before/after on the holdout and wall time
+                fields["seconds"] = round(time.perf_counter() - t0, 2)
+                fields["job_dir"] = str(job)
+            return super().emit(event, **fields)
+
+    train_grpo(spec, DemoLog(events.stream))
+    return 0
+
+
+def demo_config(steps: int, seed: int) -> Any:
+    """The CPU recipe the demo and the learning test use on the tiny model (single-call workplace tasks)."""
+    from trainer.config import GRPOConfig
+
+    return GRPOConfig(
+        num_prompts_per_step=8, num_generations_per_prompt=8, max_new_tokens=48, temperature=1.0,
+        learning_rate=2e-3, max_steps=steps, eval_interval=max(steps, 1), eval_samples_per_prompt=4,
+        loss_type="grpo", beta=0.0, scale_rewards="group", r=16, alpha=32, seed=seed, train_batch_size=64,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build-tiny", help="build the tiny CPU model into OUT")
+    b.add_argument("out")
+    b.add_argument("--steps", type=int, default=400, help="SFT warm-start steps")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--threads", type=int, default=None)
+    t = sub.add_parser("train", help="run a training job from its spec.json")
+    t.add_argument("--spec", required=True)
+    e = sub.add_parser("evaluate", help="evaluate a model (and adapter) on a suite JSONL")
+    e.add_argument("--model", required=True)
+    e.add_argument("--adapter")
+    e.add_argument("--suite", required=True)
+    e.add_argument("--samples", type=int, default=4, help="samples per case")
+    e.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    e.add_argument("--max-new-tokens", type=int, default=64)
+    e.add_argument("--max-turns", type=int, default=None)
+    e.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--out", help="also write per-case results to this JSONL")
+    e.add_argument("--threads", type=int, default=None)
+    s = sub.add_parser("score", help="run verifiers only: CASES.jsonl x COMPLETIONS.jsonl")
+    s.add_argument("cases")
+    s.add_argument("completions")
+    d = sub.add_parser("demo", help="tiny model + workplace tasks: baseline, GRPO, holdout again")
+    d.add_argument("--steps", type=int, default=30)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--workdir", default=str(DEFAULT_WORKDIR))
+    d.add_argument("--mlflow", action="store_true", help="also log to MLflow (a sqlite store in the job dir)")
+    d.add_argument("--threads", type=int, default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    stdout = claim_stdout()
+    if args.command == "score":
+        return cmd_score(args, stdout)
+    events = EventLog(stdout, keep=False)
+    try:
+        _quiet_libraries()
+        _threads(getattr(args, "threads", None))
+        handler = {"build-tiny": cmd_build_tiny, "train": cmd_train, "evaluate": cmd_evaluate,
+                   "demo": cmd_demo}[args.command]
+        return handler(args, events)
+    except Exception as exc:
+        from trainer.runner import JobFailed
+
+        if not isinstance(exc, JobFailed):  # a JobFailed has already reported its step
+            log_traceback()
+            events.emit("error", step=0, message=f"{args.command} failed before training started: "
+                        f"{error_message(exc)}")
+        else:
+            log_traceback()
+        return 1
+    finally:
+        sys.stderr.flush()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

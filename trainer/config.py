@@ -1,0 +1,271 @@
+"""Typed configuration of a training job: `GRPOConfig` (TRL-style field names) and the job spec loader.
+
+A job directory holds `spec.json`, `train.jsonl`, `holdout.jsonl` and `regression.jsonl`; `load_spec` reads
+the spec, resolves paths against that directory and fails with a message that names the wrong field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "gspo")
+SCALE_REWARDS = ("group", "batch", "none")
+ALGORITHMS = ("grpo", "sft")
+ENGINES = ("hf", "vllm")
+DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class SpecError(ValueError):
+    """A job spec or config value a user can fix; the message names the field."""
+
+
+@dataclass
+class GRPOConfig:
+    """Hyper-parameters of one GRPO (or SFT) run. Names follow TRL's `GRPOConfig` where one exists."""
+
+    # --- sampling -------------------------------------------------------------------------------------
+    num_prompts_per_step: int = field(default=8, metadata={"help": "Distinct prompts (groups) per optimizer step."})
+    num_generations_per_prompt: int = field(
+        default=8, metadata={"help": "Completions sampled per prompt (G); advantages are computed within a group."}
+    )
+    max_new_tokens: int = field(default=64, metadata={"help": "Token limit of one model turn."})
+    max_turns: int | None = field(
+        default=None,
+        metadata={"help": "Model turns per episode; None takes the task's env.max_turns, 1 is single-turn."},
+    )
+    max_seq_len: int = field(
+        default=2048, metadata={"help": "Hard cap on prompt + all turns; an episode that reaches it ends."}
+    )
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of rollouts."})
+    rollout_engine: str = field(default="hf", metadata={"help": "`hf` (transformers generate) or `vllm` (GPU)."})
+    vllm_gpu_memory_utilization: float = field(
+        default=0.5, metadata={"help": "Fraction of GPU memory vLLM may take (the trainer needs the rest)."}
+    )
+    importance_sampling_correction: bool = field(
+        default=True,
+        metadata={"help": "Truncated importance sampling: reweight tokens by min(pi_train/pi_sampler, cap)."},
+    )
+    importance_sampling_cap: float = field(default=2.0, metadata={"help": "Cap C of the truncated IS weight."})
+
+    # --- optimisation ---------------------------------------------------------------------------------
+    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate of the LoRA parameters."})
+    max_steps: int = field(default=100, metadata={"help": "Optimizer steps of the run."})
+    num_iterations: int = field(
+        default=1, metadata={"help": "Passes over each rollout batch (mu in the GRPO paper); >1 makes clipping bite."}
+    )
+    train_batch_size: int = field(
+        default=32, metadata={"help": "Sequences per forward/backward micro-batch (gradients are accumulated)."}
+    )
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+
+    # --- loss -----------------------------------------------------------------------------------------
+    loss_type: str = field(default="grpo", metadata={"help": "grpo | dr_grpo | dapo | gspo."})
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clip range of the importance ratio."})
+    epsilon_high: float | None = field(
+        default=None, metadata={"help": "Upper clip range (clip-higher); None = epsilon, or 0.28 for dapo."}
+    )
+    beta: float = field(
+        default=0.0, metadata={"help": "KL coefficient against the base model (the adapter disabled); 0 = no KL."}
+    )
+    scale_rewards: str = field(
+        default="group", metadata={"help": "Advantage scaling: group std, batch std, or none (Dr. GRPO)."}
+    )
+    mask_truncated_completions: bool | None = field(
+        default=None,
+        metadata={"help": "Overlong filtering: truncated episodes get no loss; None = on for dapo only."},
+    )
+    dynamic_sampling: bool | None = field(
+        default=None,
+        metadata={"help": "Drop zero-variance groups and sample new prompts to refill; None = on for dapo."},
+    )
+    max_resample_rounds: int = field(
+        default=3, metadata={"help": "Extra sampling rounds dynamic sampling may spend to refill a step."}
+    )
+
+    # --- evaluation and checkpoints -------------------------------------------------------------------
+    eval_interval: int = field(default=10, metadata={"help": "Evaluate on the holdout (and checkpoint) every N steps."})
+    eval_samples_per_prompt: int = field(default=4, metadata={"help": "Samples per holdout prompt at evaluation."})
+    eval_temperature: float = field(default=1.0, metadata={"help": "Sampling temperature at evaluation."})
+    eval_max_prompts: int | None = field(default=None, metadata={"help": "Evaluate on the first N holdout rows only."})
+    eval_on_start: bool = field(default=True, metadata={"help": "Evaluate the starting policy before step 1."})
+    metric_for_best_model: str = field(
+        default="success_rate", metadata={"help": "Holdout metric (higher is better) that picks the best checkpoint."}
+    )
+
+    # --- LoRA -----------------------------------------------------------------------------------------
+    r: int = field(default=16, metadata={"help": "LoRA rank."})
+    alpha: int = field(default=32, metadata={"help": "LoRA alpha (scale = alpha / r)."})
+    dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
+    target_modules: list[str] = field(
+        default_factory=lambda: list(DEFAULT_TARGET_MODULES), metadata={"help": "Module names LoRA wraps."}
+    )
+
+    # --- misc -----------------------------------------------------------------------------------------
+    seed: int = field(default=0, metadata={"help": "Seed of prompt order, sampling and LoRA init."})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads; None = torch's default."})
+
+    def __post_init__(self) -> None:
+        _check_choice("loss_type", self.loss_type, LOSS_TYPES)
+        _check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
+        _check_choice("rollout_engine", self.rollout_engine, ENGINES)
+        for name in ("num_prompts_per_step", "num_generations_per_prompt", "max_new_tokens", "max_steps",
+                     "num_iterations", "train_batch_size", "eval_interval", "eval_samples_per_prompt", "r"):
+            if int(getattr(self, name)) < 1:
+                raise SpecError(f"config.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.temperature <= 0:
+            raise SpecError("config.temperature must be > 0 for sampled rollouts")
+        if not 0 <= self.epsilon < 1:
+            raise SpecError(f"config.epsilon must be in [0, 1), got {self.epsilon!r}")
+
+    # Resolved defaults that depend on the loss type (DAPO switches on its three tricks).
+    @property
+    def clip_high(self) -> float:
+        if self.epsilon_high is not None:
+            return self.epsilon_high
+        return 0.28 if self.loss_type == "dapo" else self.epsilon
+
+    @property
+    def use_dynamic_sampling(self) -> bool:
+        return self.loss_type == "dapo" if self.dynamic_sampling is None else self.dynamic_sampling
+
+    @property
+    def use_overlong_filter(self) -> bool:
+        if self.mask_truncated_completions is None:
+            return self.loss_type == "dapo"
+        return self.mask_truncated_completions
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "config") -> GRPOConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        try:
+            return cls(**data)
+        except TypeError as exc:  # wrong type surfaced by a comparison in __post_init__
+            raise SpecError(f"{where}: {exc}") from exc
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SpecError(f"config.{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+@dataclass
+class JobSpec:
+    """What the platform writes to `spec.json`. Relative paths resolve against the job directory."""
+
+    model: str
+    job_dir: Path
+    algorithm: str = "grpo"
+    adapter: str | None = None
+    train: Path | None = None
+    holdout: Path | None = None
+    regression: Path | None = None
+    config: GRPOConfig = field(default_factory=GRPOConfig)
+    tracking_uri: str | None = None
+    experiment_name: str = "flywheel"
+    run_name: str | None = None
+    mlflow: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["config"] = self.config.to_dict()
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in out.items()}
+
+
+SPEC_FIELDS = {f.name for f in dataclasses.fields(JobSpec)} - {"job_dir"}
+
+
+def load_spec(path: str | os.PathLike) -> JobSpec:
+    """Read and validate `spec.json`; `job_dir` is the spec's folder unless the spec names one."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise SpecError(f"spec not found: {path}") from exc
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: the spec must be a JSON object")
+    job_dir = Path(data.pop("job_dir", None) or path.parent).resolve()
+    unknown = sorted(set(data) - SPEC_FIELDS)
+    if unknown:
+        raise SpecError(f"{path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(SPEC_FIELDS))}")
+    if "model" not in data:
+        raise SpecError(f"{path}: `model` (a local model directory) is required")
+    algorithm = data.get("algorithm", "grpo")
+    if algorithm not in ALGORITHMS:
+        raise SpecError(f"{path}: algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
+    config = GRPOConfig.from_dict(data.get("config") or {}, where=f"{path}: config")
+
+    def resolve(key: str, default: str | None) -> Path | None:
+        value = data.get(key, default)
+        if value is None:
+            return None
+        p = Path(value)
+        p = p if p.is_absolute() else job_dir / p
+        return p if (p.exists() or key not in data) else _missing(path, key, p)
+
+    train = resolve("train", "train.jsonl")
+    holdout = resolve("holdout", "holdout.jsonl")
+    regression = resolve("regression", "regression.jsonl")
+    if train is None or not train.exists():
+        raise SpecError(f"{path}: train file {train} does not exist")
+    model = data["model"]
+    model_path = Path(model) if Path(model).is_absolute() else job_dir / model
+    if not model_path.exists():
+        raise SpecError(f"{path}: model directory {model_path} does not exist (models load from local paths only)")
+    adapter = data.get("adapter")
+    if adapter is not None:
+        adapter_path = Path(adapter) if Path(adapter).is_absolute() else job_dir / adapter
+        if not adapter_path.exists():
+            raise SpecError(f"{path}: adapter directory {adapter_path} does not exist")
+        adapter = str(adapter_path)
+    return JobSpec(
+        model=str(model_path),
+        job_dir=job_dir,
+        algorithm=algorithm,
+        adapter=adapter,
+        train=train,
+        holdout=holdout if holdout and holdout.exists() else None,
+        regression=regression if regression and regression.exists() else None,
+        config=config,
+        tracking_uri=data.get("tracking_uri"),
+        experiment_name=data.get("experiment_name", "flywheel"),
+        run_name=data.get("run_name"),
+        mlflow=bool(data.get("mlflow", True)),
+    )
+
+
+def _missing(spec_path: Path, key: str, p: Path) -> Path:
+    raise SpecError(f"{spec_path}: {key} file {p} does not exist")
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; a bad line is reported with its line number."""
+    rows = []
+    with open(path) as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise SpecError(f"{path}:{i}: not valid JSON ({exc})") from exc
+    return rows
+
+
+def write_jsonl(path: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
+    with open(path, "w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")

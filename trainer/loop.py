@@ -1,0 +1,163 @@
+"""The GRPO loop, top to bottom: sample groups, score them in their environments, group advantages,
+clipped policy loss, optimizer step, log; every `eval_interval` steps evaluate the holdout and checkpoint.
+
+Call `train_grpo(spec, events)`; `reward_fn` replaces the verifier reward (experiments such as the
+wrong-reward test), everything else comes from the spec.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trainer.batching import collate, token_logprobs
+from trainer.config import GRPOConfig, JobSpec
+from trainer.evaluation import make_env_for
+from trainer.losses import group_advantages, policy_loss, token_entropy, zero_variance_groups
+from trainer.rollout.episodes import Episode, run_episodes, start_episodes
+from trainer.runner import JobRunner
+from trainer.tracking import EventLog
+
+RewardFn = Callable[[Episode], float]
+
+
+def sample_groups(run: JobRunner, reward_fn: RewardFn | None) -> tuple[list[Episode], torch.Tensor, dict]:
+    """num_prompts_per_step groups of G episodes. With dynamic sampling (DAPO), groups whose rewards are
+    all equal carry no gradient: they are dropped and new prompts are sampled, for a bounded number of rounds."""
+    cfg, rows = run.cfg, run.train_rows
+    G, P = cfg.num_generations_per_prompt, cfg.num_prompts_per_step
+    kept: list[Episode] = []
+    rewards: list[float] = []
+    sampled: list[float] = []
+    used: set[int] = set()
+    n_groups = n_zero = rounds = tokens = 0
+    while True:
+        need = P - len(kept) // G
+        candidates = [i for i in range(len(rows)) if i not in used] or list(range(len(rows)))
+        picked = run.rng.sample(candidates, min(need, len(candidates)))
+        used.update(picked)
+        eps = start_episodes([rows[i] for i in picked], G, run.tokenizer, make_env_for)
+        run_episodes(run.engine, run.tokenizer, eps, max_new_tokens=cfg.max_new_tokens,
+                     temperature=cfg.temperature, max_turns=cfg.max_turns, max_seq_len=cfg.max_seq_len)
+        r = torch.tensor([reward_fn(ep) if reward_fn else ep.reward for ep in eps], dtype=torch.float)
+        zero = zero_variance_groups(r, G)
+        for g in range(len(picked)):
+            if cfg.use_dynamic_sampling and bool(zero[g]):
+                continue
+            kept += eps[g * G:(g + 1) * G]
+            rewards += r[g * G:(g + 1) * G].tolist()
+        sampled += r.tolist()
+        tokens += sum(ep.completion_tokens for ep in eps)
+        n_groups, n_zero, rounds = n_groups + len(picked), n_zero + int(zero.sum()), rounds + 1
+        if not cfg.use_dynamic_sampling or len(kept) // G >= P or rounds > cfg.max_resample_rounds:
+            break
+    all_r = torch.tensor(sampled)
+    stats = {
+        "reward_mean": all_r.mean().item(), "reward_std": all_r.std().item() if len(all_r) > 1 else 0.0,
+        "frac_zero_variance_groups": n_zero / max(n_groups, 1), "groups_kept": len(kept) // G,
+        "sampling_rounds": rounds, "completion_tokens": tokens,
+    }
+    if kept:
+        stats["train_success_rate"] = sum(bool(ep.score.passed) for ep in kept) / len(kept)
+        stats["completion_length"] = sum(ep.completion_tokens for ep in kept) / len(kept)
+        stats["turns"] = sum(ep.turns for ep in kept) / len(kept)
+        stats["frac_truncated"] = sum(ep.truncated for ep in kept) / len(kept)
+    return kept, torch.tensor(rewards, dtype=torch.float), stats
+
+
+def optimize(run: JobRunner, episodes: list[Episode], rewards: torch.Tensor) -> dict[str, Any]:
+    """One GRPO update on a batch of groups (num_iterations passes over it)."""
+    cfg: GRPOConfig = run.cfg
+    model, device = run.model, next(run.model.parameters()).device
+    adv = group_advantages(rewards, cfg.num_generations_per_prompt, cfg.scale_rewards).to(device)
+    batch = collate(episodes, run.tokenizer.pad_token_id)
+    if cfg.use_overlong_filter:  # DAPO: a cut-off episode says nothing about its reward; no loss on it
+        for i, ep in enumerate(episodes):
+            if ep.truncated:
+                batch.loss_mask[i] = 0
+    n_tokens = float(batch.loss_mask.sum().clamp(min=1))
+    # Similar lengths together: micro-batches pad less. Normalisers are the whole step's.
+    order = sorted(range(len(episodes)), key=lambda i: len(episodes[i].token_ids))
+    micro = [order[i:i + cfg.train_batch_size] for i in range(0, len(order), cfg.train_batch_size)]
+    mbs = [batch.select(idx) for idx in micro]
+    use_is = cfg.importance_sampling_correction and all(ep.has_sampler_logprobs for ep in episodes)
+
+    old, ref = [], []
+    with torch.no_grad():
+        for mb in mbs:
+            # With one pass the "old" policy is the current one: its logprobs are the detached ones below.
+            old.append(token_logprobs(model, mb, cfg.temperature)[0] if cfg.num_iterations > 1 else None)
+            if cfg.beta != 0.0:
+                with model.disable_adapter():  # the reference is the base model: no second copy in memory
+                    ref.append(token_logprobs(model, mb, cfg.temperature)[0])
+            else:
+                ref.append(None)
+
+    model.train()
+    sums = {"loss": 0.0, "clip_fraction": 0.0, "kl": 0.0, "entropy": 0.0, "is_weight": 0.0}
+    grad_norm = 0.0
+    for it in range(cfg.num_iterations):
+        run.optimizer.zero_grad(set_to_none=True)
+        for k, (idx, mb) in enumerate(zip(micro, mbs, strict=True)):
+            mask = mb.loss_mask.to(device)
+            logp, logits = token_logprobs(model, mb, cfg.temperature)
+            old_logp = old[k] if old[k] is not None else logp.detach()
+            is_w = None
+            if use_is:  # truncated IS: the sampler is not exactly the trainer (vLLM kernels, merged LoRA)
+                is_w = torch.exp(old_logp - mb.sampler_logprobs.to(device)).clamp(max=cfg.importance_sampling_cap)
+                sums["is_weight"] += float((is_w * mask).sum()) / n_tokens
+            loss, m = policy_loss(
+                logp, old_logp, adv[idx], mask, loss_type=cfg.loss_type, epsilon=cfg.epsilon,
+                epsilon_high=cfg.clip_high, beta=cfg.beta, ref_logp=ref[k], is_weights=is_w,
+                num_sequences=len(episodes), num_tokens=n_tokens, max_completion_length=run.max_completion_length,
+            )
+            loss.backward()
+            tok_share = float(mask.sum()) / n_tokens
+            sums["loss"] += float(loss)
+            sums["clip_fraction"] += m["clip_fraction"] * tok_share
+            sums["kl"] += m.get("kl", 0.0) * tok_share
+            if it == 0:
+                with torch.no_grad():
+                    ent = token_entropy(logits)
+                    sums["entropy"] += float((ent * mask[:, mb.start:]).sum()) / n_tokens
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, cfg.max_grad_norm))
+        run.optimizer.step()
+    out = {k: v / (cfg.num_iterations if k in ("loss", "clip_fraction", "kl", "is_weight") else 1)
+           for k, v in sums.items()}
+    out["grad_norm"] = grad_norm
+    if cfg.beta == 0.0:
+        out.pop("kl")
+    if not use_is:
+        out.pop("is_weight")
+    return out
+
+
+def train_grpo(spec: JobSpec, events: EventLog, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
+    run = JobRunner(spec, events)
+    cfg = run.cfg
+    turns = cfg.max_turns or max(int(r.get("env", {}).get("max_turns") or 1) for r in run.train_rows)
+    run.max_completion_length = cfg.max_new_tokens * turns  # Dr. GRPO's constant normaliser
+    try:
+        run.maybe_eval_start()
+        for step in range(run.state["step"] + 1, cfg.max_steps + 1):
+            run.step = step
+            t0 = time.perf_counter()
+            run.engine.sync(run.model, step - 1)  # policy version = weights after step - 1 updates
+            episodes, rewards, stats = sample_groups(run, reward_fn)
+            t_rollout = time.perf_counter() - t0
+            if episodes:
+                stats |= optimize(run, episodes, rewards)
+            # else: every group had equal rewards even after refilling; nothing to learn from this step.
+            step_time = time.perf_counter() - t0
+            stats |= {"step_time": step_time, "rollout_time": t_rollout, "train_time": step_time - t_rollout,
+                      "tokens_per_s": stats["completion_tokens"] / max(t_rollout, 1e-9)}
+            events.emit("step", step=step, **stats)
+            run.tracker.log_metrics(stats, step, prefix="train/")
+            if run.should_eval(step):
+                run.eval_and_checkpoint(step)
+        return run.finish()
+    except Exception as exc:
+        raise run.fail(exc) from exc

@@ -1,0 +1,132 @@
+"""Drive a rollout engine through environments: one episode per (task, sample), all turns batched.
+
+The token sequence of an episode is built incrementally, never re-rendered: the prompt, then each turn's
+sampled ids exactly as sampled (trained on, mask 1), then the rendered tool observations and the next
+generation prompt (context only, mask 0). That keeps the trainer's logprobs on the very tokens sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from trainer.rollout import RolloutEngine
+
+
+@dataclass
+class Episode:
+    row: dict[str, Any]
+    group: int  # index of the prompt in the step: episodes of one group share a row
+    env: Any
+    token_ids: list[int]
+    mask: list[int]  # 1 where the model produced the token
+    sampler_logprobs: list[float]  # aligned with token_ids; 0 where mask is 0
+    prompt_len: int
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    completion_tokens: int = 0
+    turns: int = 0
+    truncated: bool = False  # a turn hit max_new_tokens or the episode hit max_seq_len
+    done: bool = False
+    has_sampler_logprobs: bool = True
+    score: Any = None
+    reward: float = 0.0
+
+
+def render(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list[dict] | None,
+           generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
+    )
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def observation_ids(tokenizer: PreTrainedTokenizerBase, history: list[dict], new: list[dict],
+                    tools: list[dict] | None) -> list[int]:
+    """Tokens of the tool messages and the next generation prompt: the rendered conversation's suffix
+    past what the history (ending with the assistant turn) already renders to."""
+    before = render(tokenizer, history, tools, generation_prompt=False)
+    after = render(tokenizer, history + new, tools, generation_prompt=True)
+    if not after.startswith(before):
+        # A template that rewrites earlier turns (some strip reasoning): take the longest common prefix.
+        i = 0
+        while i < min(len(before), len(after)) and before[i] == after[i]:
+            i += 1
+        before = before[:i]
+    return encode(tokenizer, after[len(before):])
+
+
+def start_episodes(rows: list[dict], n: int, tokenizer: PreTrainedTokenizerBase,
+                   make_env: Callable[[dict], Any], group_offset: int = 0) -> list[Episode]:
+    episodes = []
+    prompt_cache: dict[int, list[int]] = {}
+    for g, row in enumerate(rows):
+        for _ in range(n):
+            env = make_env(row)
+            messages = env.reset()
+            if g not in prompt_cache:  # the same row renders to the same prompt for all its samples
+                prompt_cache[g] = encode(tokenizer, render(tokenizer, messages, env.tools, generation_prompt=True))
+            ids = list(prompt_cache[g])
+            episodes.append(Episode(
+                row=row, group=group_offset + g, env=env, token_ids=ids, mask=[0] * len(ids),
+                sampler_logprobs=[0.0] * len(ids), prompt_len=len(ids), messages=list(messages),
+            ))
+    return episodes
+
+
+def run_episodes(
+    engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, episodes: list[Episode], *,
+    max_new_tokens: int, temperature: float, max_turns: int | None, max_seq_len: int,
+) -> list[Episode]:
+    """Play every episode to the end, batching the active ones turn by turn, then score them."""
+    eos_id = tokenizer.eos_token_id
+    while True:
+        active = [ep for ep in episodes if not ep.done]
+        if not active:
+            break
+        gens = engine.generate([ep.token_ids for ep in active], max_new_tokens=max_new_tokens,
+                               temperature=temperature)
+        for ep, gen in zip(active, gens, strict=True):
+            ep.token_ids.extend(gen.token_ids)
+            ep.mask.extend([1] * len(gen.token_ids))
+            if gen.logprobs is None:
+                ep.has_sampler_logprobs = False
+                ep.sampler_logprobs.extend([0.0] * len(gen.token_ids))
+            else:
+                ep.sampler_logprobs.extend(gen.logprobs)
+            ep.completion_tokens += len(gen.token_ids)
+            ep.turns += 1
+            text = tokenizer.decode(
+                [t for t in gen.token_ids if t != eos_id], skip_special_tokens=True
+            )
+            if not gen.finished:
+                ep.truncated = True
+            result = ep.env.step(text)
+            history = ep.messages
+            assistant = [m for m in result.messages if m.get("role") == "assistant"]
+            observations = [m for m in result.messages if m.get("role") != "assistant"]
+            ep.messages = history + result.messages
+            limit = max_turns or ep.row.get("env", {}).get("max_turns") or 1
+            if result.done or ep.turns >= limit or not observations:
+                ep.done = True
+                continue
+            if not gen.finished:  # close the cut turn so the next context is well formed (not trained on)
+                ep.token_ids.append(eos_id)
+                ep.mask.append(0)
+                ep.sampler_logprobs.append(0.0)
+            obs = observation_ids(tokenizer, history + assistant, observations, ep.env.tools)
+            if len(ep.token_ids) + len(obs) + max_new_tokens > max_seq_len:
+                ep.done = ep.truncated = True
+                continue
+            ep.token_ids.extend(obs)
+            ep.mask.extend([0] * len(obs))
+            ep.sampler_logprobs.extend([0.0] * len(obs))
+    for ep in episodes:
+        ep.score = ep.env.score()
+        ep.reward = float(ep.score.reward)
+    return episodes

@@ -1,0 +1,104 @@
+"""Batched sampling with transformers `generate`: the CPU engine (tests, demo) and a GPU fallback.
+
+The policy is the trainer's own model, so there is nothing to sync; for speed the LoRA weights are merged
+into the base for the duration of `generate` (fp32 only: merge/unmerge in bf16 would drift the base).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
+
+from trainer.rollout import Generation
+
+
+class _TemperatureAndLogprobs(LogitsProcessor):
+    """Applies the temperature itself and records the sampler's logprob of each chosen token.
+
+    A processor sees the scores of step t and the ids up to t-1, so the logprob of the token chosen at
+    step t-1 is gathered from the distribution kept from the previous call; the last one after generate.
+    Only one (B, V) row is held at a time, so this is cheap even for a 150k vocabulary.
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.prev: torch.Tensor | None = None
+        self.chosen: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.prev is not None:
+            self.chosen.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
+        if self.temperature > 0:
+            scores = scores / self.temperature
+        self.prev = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, last_ids: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.chosen.append(self.prev.gather(1, last_ids.unsqueeze(1)).squeeze(1))
+        return torch.stack(self.chosen, dim=1) if self.chosen else torch.zeros(last_ids.shape[0], 0)
+
+
+class HFEngine:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, merge_lora: bool = True):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        eos = model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        self.eos_ids = sorted({*eos, tokenizer.eos_token_id} - {None})
+        self.merge_lora = merge_lora
+
+    def sync(self, model: PreTrainedModel, version: int) -> None:
+        self.model = model  # same object, same weights: generate always samples the current policy
+
+    def _can_merge(self) -> bool:
+        return (
+            self.merge_lora
+            and hasattr(self.model, "merge_adapter")
+            and next(self.model.parameters()).dtype == torch.float32
+        )
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float) -> list[Generation]:
+        if not prompts:
+            return []
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        # Left padding so that every row's next token is at the same position.
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attention[i, width - len(p):] = 1
+        recorder = _TemperatureAndLogprobs(temperature)
+        gen_config = GenerationConfig(
+            do_sample=temperature > 0, max_new_tokens=max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
+            pad_token_id=self.pad_id, eos_token_id=self.eos_ids, repetition_penalty=1.0,
+        )
+        was_training = self.model.training
+        self.model.eval()
+        merged = self._can_merge()
+        if merged:
+            self.model.merge_adapter()
+        try:
+            out = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                generation_config=gen_config, logits_processor=[recorder],
+            )
+        finally:
+            if merged:
+                self.model.unmerge_adapter()
+            if was_training:
+                self.model.train()
+        new = out[:, width:].cpu()
+        logprobs = recorder.finish(new[:, -1].to(recorder.prev.device) if new.shape[1] else new[:, 0]).cpu()
+        eos = set(self.eos_ids)
+        results = []
+        for i in range(len(prompts)):
+            ids = new[i].tolist()
+            end = next((j for j, t in enumerate(ids) if t in eos), None)
+            finished = end is not None
+            ids = ids[: end + 1] if finished else ids
+            results.append(Generation(token_ids=ids, logprobs=logprobs[i, : len(ids)].tolist(), finished=finished))
+        return results

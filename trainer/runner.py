@@ -1,0 +1,149 @@
+"""What a GRPO job and an SFT job share: loading, resume, evaluation, checkpoints and the final report.
+
+`JobRunner` owns the job directory contract; `trainer.loop` (GRPO) and `trainer.sft` (SFT) each write
+only their own optimisation loop on top of it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.checkpoints import (
+    latest_checkpoint,
+    load_checkpoint,
+    publish_adapter,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+)
+from trainer.config import JobSpec, read_jsonl, write_jsonl
+from trainer.evaluation import evaluate_rows
+from trainer.models import attach_lora, load_model, trainable_parameters
+from trainer.rollout import make_engine
+from trainer.tracking import EventLog, Tracker
+
+
+class JobFailed(RuntimeError):
+    """Raised after the `error` event has been emitted; the CLI turns it into a non-zero exit."""
+
+
+class JobRunner:
+    def __init__(self, spec: JobSpec, events: EventLog) -> None:
+        self.spec = spec
+        self.cfg = cfg = spec.config
+        self.events = events
+        self.job = spec.job_dir
+        self.job.mkdir(parents=True, exist_ok=True)
+        self.started = time.perf_counter()
+        self.step = 0  # the step being worked on; named in an error event
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.rng = random.Random(cfg.seed)  # prompt order: its own stream, saved in checkpoints
+
+        self.train_rows = read_jsonl(spec.train)
+        if not self.train_rows:
+            raise ValueError(f"{spec.train} has no rows")
+        self.holdout_rows = read_jsonl(spec.holdout) if spec.holdout else []
+        if cfg.eval_max_prompts:
+            self.holdout_rows = self.holdout_rows[: cfg.eval_max_prompts]
+        self.regression_rows = read_jsonl(spec.regression) if spec.regression else []
+
+        base, self.tokenizer = load_model(spec.model)
+        self.model = attach_lora(base, cfg, spec.adapter)
+        self.params = trainable_parameters(self.model)
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        self.state: dict[str, Any] = {"step": 0, "best_step": None, "best_metric": None, "mlflow_run_id": None,
+                                      "baseline": None, "last_eval": None}
+        self.resumed_from: Path | None = latest_checkpoint(self.job)
+        if self.resumed_from is not None:
+            self.state, rng = load_checkpoint(self.resumed_from, self.model, self.optimizer)
+            restore_rng(rng, self.rng)
+        self.tracker = Tracker(enabled=spec.mlflow, job_dir=self.job, tracking_uri=spec.tracking_uri,
+                               experiment_name=spec.experiment_name, run_name=spec.run_name,
+                               run_id=self.state.get("mlflow_run_id"))
+        if self.resumed_from is None:
+            self.tracker.log_params({"algorithm": spec.algorithm, "model": spec.model, "adapter": spec.adapter,
+                                     **self.cfg.to_dict()})
+        self.state["mlflow_run_id"] = self.tracker.run_id
+        self.engine = make_engine(cfg, self.model, self.tokenizer, model_path=spec.model, work_dir=self.job)
+
+    # --- evaluation ---------------------------------------------------------------------------------
+    def evaluate(self, step: int, rows: list[dict], split: str = "holdout") -> dict[str, Any]:
+        cfg = self.cfg
+        self.engine.sync(self.model, step)
+        metrics, cases = evaluate_rows(
+            self.engine, self.tokenizer, rows, samples_per_prompt=cfg.eval_samples_per_prompt,
+            temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,
+            max_seq_len=cfg.max_seq_len,
+        )
+        out_dir = self.job / "evals"
+        out_dir.mkdir(exist_ok=True)
+        write_jsonl(out_dir / f"{split}-step-{step:06d}.jsonl", cases)
+        self.events.emit("eval", step=step, split=split, metrics=metrics)
+        self.tracker.log_metrics(metrics, step, prefix=f"{split}/")
+        return metrics
+
+    # --- checkpoints --------------------------------------------------------------------------------
+    def checkpoint(self, step: int, metrics: dict[str, Any]) -> None:
+        key = self.cfg.metric_for_best_model
+        value = metrics.get(key)
+        best = self.state.get("best_metric")
+        is_best = value is not None and (best is None or value > best)
+        if is_best or self.state.get("best_step") is None:
+            self.state["best_step"], self.state["best_metric"] = step, value
+            is_best = True
+        self.state["step"] = step
+        self.state["last_eval"] = metrics
+        path = save_checkpoint(self.job, step, self.model, self.optimizer, self.state, rng_state(self.rng))
+        publish_adapter(path / "adapter", self.job / "adapters" / "last")
+        if is_best:
+            publish_adapter(path / "adapter", self.job / "adapters" / "best")
+            self.tracker.log_artifacts(self.job / "adapters" / "best", "adapter-best")
+        self.events.emit("checkpoint", step=step, path=path, adapter=self.job / "adapters" / "last",
+                         best=is_best, best_step=self.state["best_step"], best_metric=self.state["best_metric"],
+                         metric=key)
+
+    def should_eval(self, step: int) -> bool:
+        return step % self.cfg.eval_interval == 0 or step == self.cfg.max_steps
+
+    def maybe_eval_start(self) -> None:
+        if self.state["step"] == 0 and self.holdout_rows and self.cfg.eval_on_start and not self.state["baseline"]:
+            self.state["baseline"] = self.evaluate(0, self.holdout_rows)
+
+    def eval_and_checkpoint(self, step: int) -> None:
+        metrics = self.evaluate(step, self.holdout_rows) if self.holdout_rows else {}
+        self.checkpoint(step, metrics)
+
+    # --- end of run ---------------------------------------------------------------------------------
+    def finish(self) -> dict[str, Any]:
+        best_dir = self.job / "adapters" / "best"
+        regression = None
+        if self.regression_rows and best_dir.exists():
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(self.model, load_file(str(best_dir / "adapter_model.safetensors")))
+            regression = self.evaluate(self.state["best_step"] or 0, self.regression_rows, split="regression")
+        self.tracker.log_artifacts(self.job / "adapters" / "last", "adapter-last")
+        self.tracker.end("FINISHED")
+        return self.events.emit(
+            "done", step=self.state["step"], best_step=self.state["best_step"],
+            best_metric=self.state["best_metric"], metric=self.cfg.metric_for_best_model,
+            adapter=best_dir if best_dir.exists() else None, last_adapter=self.job / "adapters" / "last",
+            holdout_before=self.state.get("baseline"), holdout_after=self.state.get("last_eval"),
+            regression=regression, mlflow_run_id=self.tracker.run_id, mlflow_error=self.tracker.error,
+            resumed_from=self.resumed_from, seconds=round(time.perf_counter() - self.started, 2),
+        )
+
+    def fail(self, exc: BaseException) -> JobFailed:
+        message = f"step {self.step} failed: {type(exc).__name__}: {exc}"
+        self.events.emit("error", step=self.step, message=message)
+        self.tracker.end("FAILED")
+        return JobFailed(message)

@@ -1,0 +1,147 @@
+"""Supervised fine-tuning on the assistant turns of good trajectories: the warm start before GRPO
+(`"algorithm": "sft"`, a LoRA adapter, same job contract and events), and the tiny model's pre-training.
+
+A training row is either a task with a `solution` (its assistant turns are replayed in the environment,
+so tool observations are real) or a trajectory whose `messages` already hold the whole conversation;
+trajectories with `outcome: "failure"` are skipped. Loss is on assistant tokens only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from trainer.config import JobSpec
+from trainer.rollout.episodes import encode, render
+from trainer.runner import JobRunner
+from trainer.tracking import EventLog
+
+Example = tuple[list[int], list[int]]  # token ids, loss mask (1 on assistant tokens)
+
+
+def conversation(row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The full conversation a row stands for, or None when it is not a good one to imitate."""
+    if row.get("outcome") == "failure":
+        return None
+    if row.get("solution"):
+        from trainer.envs import replay
+
+        messages, score = replay(row, row["solution"])
+        return messages if score.passed or row.get("trust_solution") else None
+    messages = row.get("messages") or []
+    return messages if any(m.get("role") == "assistant" for m in messages) else None
+
+
+def tokenize_conversation(tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list[dict] | None,
+                          ) -> Example:
+    """Pieces tokenized exactly as rollouts see them: context up to each generation prompt (mask 0),
+    then the assistant turn as rendered by the chat template (mask 1)."""
+    ids: list[int] = []
+    mask: list[int] = []
+    done_text = ""
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant":
+            continue
+        prompt = render(tokenizer, messages[:i], tools, generation_prompt=True)
+        full = render(tokenizer, messages[: i + 1], tools, generation_prompt=False)
+        if not (prompt.startswith(done_text) and full.startswith(prompt)):
+            raise ValueError("the chat template does not render conversations incrementally")
+        ctx = encode(tokenizer, prompt[len(done_text):])
+        ans = encode(tokenizer, full[len(prompt):])
+        ids += ctx + ans
+        mask += [0] * len(ctx) + [1] * len(ans)
+        done_text = full
+    return ids, mask
+
+
+def build_examples(rows: list[dict], tokenizer: PreTrainedTokenizerBase, max_len: int = 2048) -> list[Example]:
+    out = []
+    for row in rows:
+        messages = conversation(row)
+        if messages is None:
+            continue
+        ids, mask = tokenize_conversation(tokenizer, messages, row.get("tools"))
+        if sum(mask) and len(ids) <= max_len:
+            out.append((ids, mask))
+    return out
+
+
+def sft_loss(model: torch.nn.Module, batch: list[Example], pad_id: int) -> tuple[torch.Tensor, int]:
+    device = next(model.parameters()).device
+    width = max(len(ids) for ids, _ in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for i, (ids, mask) in enumerate(batch):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention[i, : len(ids)] = 1
+        labels[i, : len(ids)] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(ids), -100)
+    logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device), use_cache=False).logits
+    n = int((labels[:, 1:] != -100).sum())
+    loss = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1).to(device),
+        ignore_index=-100, reduction="sum",
+    ) / max(n, 1)
+    return loss, n
+
+
+def cosine_lr(step: int, total: int, base: float, warmup: int) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
+
+
+def sft_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+              examples: list[Example], *, pad_id: int, steps: range, batch_size: int, lr: float, total: int,
+              rng: random.Random, max_grad_norm: float = 1.0, warmup: int = 0,
+              on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
+    """Minibatch SFT; batches are drawn with replacement from `rng` (checkpointed with the job)."""
+    model.train()
+    for step in steps:
+        t0 = time.perf_counter()
+        batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
+        for group in optimizer.param_groups:
+            group["lr"] = cosine_lr(step - 1, total, lr, warmup)
+        optimizer.zero_grad(set_to_none=True)
+        loss, n_tokens = sft_loss(model, batch, pad_id)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        optimizer.step()
+        dt = time.perf_counter() - t0
+        if on_step:
+            on_step(step, {"loss": float(loss), "grad_norm": grad_norm, "lr": optimizer.param_groups[0]["lr"],
+                           "tokens": n_tokens, "step_time": dt,
+                           "tokens_per_s": sum(len(ids) for ids, _ in batch) / max(dt, 1e-9)})
+
+
+def train_sft(spec: JobSpec, events: EventLog) -> dict[str, Any]:
+    run = JobRunner(spec, events)
+    cfg = run.cfg
+    try:
+        examples = build_examples(run.train_rows, run.tokenizer, cfg.max_seq_len)
+        if not examples:
+            raise ValueError(f"{spec.train}: no good trajectories to imitate (no solution that passes, "
+                             "no messages with an assistant turn)")
+        run.maybe_eval_start()
+
+        def on_step(step: int, stats: dict[str, float]) -> None:
+            run.step = step
+            events.emit("step", step=step, examples=len(examples), **stats)
+            run.tracker.log_metrics(stats, step, prefix="train/")
+            if run.should_eval(step):
+                run.eval_and_checkpoint(step)
+
+        run.step = run.state["step"] + 1
+        sft_steps(run.model, run.optimizer, run.params, examples, pad_id=run.tokenizer.pad_token_id,
+                  steps=range(run.state["step"] + 1, cfg.max_steps + 1), batch_size=cfg.train_batch_size,
+                  lr=cfg.learning_rate, total=cfg.max_steps, rng=run.rng, max_grad_norm=cfg.max_grad_norm,
+                  on_step=on_step)
+        return run.finish()
+    except Exception as exc:
+        raise run.fail(exc) from exc

@@ -7,7 +7,10 @@ gunicorn, and POSTs synthetic trajectories (10 messages each: three tool calls w
 JSON arrays from `--clients` keep-alive connections. Prints trajectories per second and request latency
 p50/p95 for the batched run and for a baseline of one trajectory per request, side by side with their
 ratio, then a replay of the batched run (every record an update). Request bodies are encoded before the
-clock starts, so the figures are the server's. The last line is JSON.
+clock starts, so the figures are the server's. Beside wall-clock throughput it reports the CPU time the
+gunicorn workers and the PostgreSQL backends spent per trajectory (read from /proc), and the rate two idle
+cores would sustain at that cost: on a shared machine the wall-clock figure moves with the neighbours'
+load, the CPU cost does not. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -157,9 +160,54 @@ def post_all(port: int, key: str, bodies: list[bytes], clients: int) -> tuple[fl
     return wall, latencies, answers
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
+
+
+def _children(ppid: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == ppid:
+                pids.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
+
+
+class CpuMeter:
+    """CPU seconds spent by the gunicorn workers and by the PostgreSQL backends serving the bench database:
+    a figure that other load on the machine does not inflate, unlike wall-clock throughput."""
+
+    def __init__(self, server_pid: int, admin_url: str, db_name: str) -> None:
+        self.server_pid, self.admin_url, self.db_name = server_pid, admin_url, db_name
+
+    def read(self) -> dict[int, float]:
+        import psycopg
+
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s", [self.db_name]
+            ).fetchall()
+        return {pid: _cpu_seconds(pid) for pid in _children(self.server_pid) + [r[0] for r in rows]}
+
+
+METER: CpuMeter | None = None
+
+
 def measure(name: str, port: int, key: str, records: list[dict], batch: int, clients: int) -> dict:
     bodies = [json.dumps(records[i : i + batch]).encode() for i in range(0, len(records), batch)]
+    before = METER.read() if METER else {}
     wall, latencies, answers = post_all(port, key, bodies, clients)
+    after = METER.read() if METER else {}
+    cpu = sum(after[pid] - before.get(pid, 0.0) for pid in after)
     latencies.sort()
     p95 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.95))]
     return {
@@ -175,6 +223,9 @@ def measure(name: str, port: int, key: str, records: list[dict], batch: int, cli
         "updated": sum(a["updated"] for a in answers),
         "rejected": sum(len(a["rejected"]) for a in answers),
         "mb_sent": round(sum(map(len, bodies)) / 1e6, 1),
+        "cpu_ms_per_trajectory": round(cpu * 1000 / len(records), 3),
+        # What two otherwise idle cores would sustain at that CPU cost per trajectory.
+        "cpu_bound_per_s_on_2_cores": round(2 * len(records) / cpu, 1) if cpu else None,
     }
 
 
@@ -236,6 +287,8 @@ def main() -> None:
                 raise SystemExit("gunicorn did not come up")
             time.sleep(0.2)
 
+        global METER
+        METER = CpuMeter(server.pid, args.database_url, db_name)
         # Warm every worker (imports, connections) before any clock starts.
         measure("warm-up", port, key, [synthetic(i, "warm") for i in range(60)], 5, args.workers * 2)
 
@@ -253,13 +306,18 @@ def main() -> None:
         psql(args.database_url, f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
 
     print(
-        f"{'run':<28} {'trajectories':>12} {'requests':>8} {'traj/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'created':>8} {'updated':>8}"
+        f"{'run':<28} {'trajectories':>12} {'requests':>8} {'traj/s':>9} {'p50 ms':>8} {'p95 ms':>8} "
+        f"{'created':>8} {'updated':>8} {'cpu ms/traj':>11} {'cpu-bound/s':>11}"
     )
     for r in results:
         print(
             f"{r['run']:<28} {r['trajectories']:>12} {r['requests']:>8} {r['trajectories_per_s']:>9.1f} "
-            f"{r['p50_ms']:>8.1f} {r['p95_ms']:>8.1f} {r['created']:>8} {r['updated']:>8}"
+            f"{r['p50_ms']:>8.1f} {r['p95_ms']:>8.1f} {r['created']:>8} {r['updated']:>8} "
+            f"{r['cpu_ms_per_trajectory']:>11.3f} {r['cpu_bound_per_s_on_2_cores'] or 0:>11.1f}"
         )
+    print(
+        f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other processes share these cores)"
+    )
     ratio = results[0]["trajectories_per_s"] / results[1]["trajectories_per_s"]
     print(
         f"batched / baseline: {ratio:.1f}x   (goal: >= 2000 trajectories/s; {os.cpu_count()} CPUs, {args.workers} gunicorn workers)"

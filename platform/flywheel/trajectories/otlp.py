@@ -466,35 +466,44 @@ def tool_run(span: Span) -> ToolRun | None:
 
 
 def _key(message: dict[str, Any]) -> tuple:
-    """What makes two messages the same one, re-sent: role and text, and for tools the call id."""
-    role = message.get("role")
-    if role == "tool" and message.get("tool_call_id"):
-        return ("tool", message["tool_call_id"])
-    calls = tuple(
-        (c.get("id") or "")
-        or f"{(c.get('function') or {}).get('name')}:{(c.get('function') or {}).get('arguments')}"
-        for c in message.get("tool_calls") or ()
-    )
-    return (role, content_text(message.get("content")).strip(), calls)
+    """What makes two messages the same one, re-sent: role, text and the names of the tools called.
+    Ids are left out on purpose: instrumentations often drop them from the history they re-send."""
+    names = tuple((c.get("function") or {}).get("name") or "" for c in message.get("tool_calls") or ())
+    return (message.get("role"), content_text(message.get("content")).strip(), names)
+
+
+def _ids(message: dict[str, Any]) -> set[str]:
+    """The tool call ids a message carries: those it makes (assistant) or answers (tool)."""
+    if message.get("role") == "tool":
+        return {message["tool_call_id"]} if message.get("tool_call_id") else set()
+    return {c["id"] for c in message.get("tool_calls") or () if c.get("id")}
 
 
 class Conversation:
     def __init__(self, seed: Iterable[dict[str, Any]] = ()) -> None:
         self.messages: list[dict[str, Any]] = []
         self.counts: Counter = Counter()
+        self.ids: dict[str, set[str]] = {"assistant": set(), "tool": set()}
         self.extend(list(seed))
 
     def extend(self, sequence: list[dict[str, Any]]) -> None:
-        """Append what `sequence` adds: a message is skipped when the conversation already holds as many
-        copies of it as `sequence` has up to that point (the history an LLM call re-sends)."""
+        """Append what `sequence` adds. A message is already there when it carries a tool call id the
+        conversation holds, or else when the conversation holds as many copies of it as `sequence` has up
+        to that point (the history an LLM call re-sends; counted, so a repeated "yes" stays twice)."""
         seen: Counter = Counter()
         for message in sequence:
             key = _key(message)
             seen[key] += 1
+            ids = _ids(message)
+            known = self.ids.get(message.get("role"))
+            if ids and known is not None and ids & known:
+                continue
             if seen[key] <= self.counts[key]:
                 continue
             self.messages.append(message)
             self.counts[key] += 1
+            if known is not None:
+                known |= ids
 
     def _calls(self) -> list[dict[str, Any]]:
         return [c for m in self.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or ()]

@@ -125,7 +125,9 @@ def oi_message(prefix: str, i: int, role: str, content: str | None = None, **ext
 CALL = {"id": "call_1", "name": "get_order", "arguments": '{"order_id": "1234"}'}
 
 
-def openinference_agent(trace: bytes, *, tool_error: bool = False) -> list[Span]:
+def openinference_agent(
+    trace: bytes, *, tool_error: bool = False, resent_without_ids: bool = False
+) -> list[Span]:
     """An agent run: root CHAIN span, LLM (asks for a tool), TOOL, LLM (answers, re-sending the history)."""
     history = [("system", "You are a support agent.", {}), ("user", "Where is my order 1234?", {})]
     llm1 = {
@@ -152,6 +154,9 @@ def openinference_agent(trace: bytes, *, tool_error: bool = False) -> list[Span]
         ("assistant", None, {"tool_calls": [CALL]}),
         ("tool", '{"status": "shipped"}', {"tool_call_id": "call_1"}),
     ]
+    if resent_without_ids:  # some instrumentations drop the ids from the history they re-send
+        history2[2] = ("assistant", None, {"tool_calls": [{**CALL, "id": ""}]})
+        history2[3] = ("tool", '{"status": "shipped"}', {})
     for i, (role, content, extra) in enumerate(history2):
         llm2.update(oi_message("llm.input_messages", i, role, content, **extra))
     llm2.update(oi_message("llm.output_messages", 0, "assistant", "Your order has shipped."))
@@ -310,6 +315,31 @@ def test_genai_protobuf_too(client, project):
     trace = os.urandom(16)
     assert post_protobuf(client, export(genai_agent(trace))).status_code == 200
     assert [m["role"] for m in Trajectory.objects.get(project=project).messages] == EXPECTED_ROLES
+
+
+def test_history_resent_without_ids_is_not_repeated(client, project):
+    post_protobuf(client, export(openinference_agent(os.urandom(16), resent_without_ids=True)))
+    assert [m["role"] for m in Trajectory.objects.get(project=project).messages] == EXPECTED_ROLES
+
+
+def test_the_same_answer_twice_is_kept_twice(client, project):
+    trace = os.urandom(16)
+    first = {
+        "openinference.span.kind": "LLM",
+        **oi_message("llm.input_messages", 0, "user", "yes"),
+        **oi_message("llm.output_messages", 0, "assistant", "Refund it?"),
+    }
+    second = {"openinference.span.kind": "LLM"}
+    for i, (role, content) in enumerate([("user", "yes"), ("assistant", "Refund it?"), ("user", "yes")]):
+        second.update(oi_message("llm.input_messages", i, role, content))
+    second.update(oi_message("llm.output_messages", 0, "assistant", "Done."))
+    spans = [
+        span(trace, 2, "llm", 0, 10, first, parent=None),
+        span(trace, 3, "llm", 20, 30, second, parent=None),
+    ]
+    post_protobuf(client, export(spans))
+    contents = [m["content"] for m in Trajectory.objects.get(project=project).messages]
+    assert contents == ["yes", "Refund it?", "yes", "Done."]
 
 
 def test_a_failed_tool_span_is_a_tool_error(client, project):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from flywheel.accounts.models import Project
 from flywheel.trajectories.ingest import content_text, ingest_trajectories
 from flywheel.trajectories.models import Trajectory
+
+logger = logging.getLogger(__name__)
 
 STATUS_ERROR = 2
 LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion"})
@@ -245,7 +248,9 @@ def _role(role: Any) -> str:
     return _ROLES.get(role, role)
 
 
-def _openinference_message(node: dict[str, Any]) -> dict[str, Any] | None:
+def _openinference_message(node: Any) -> dict[str, Any] | None:
+    if not isinstance(node, dict):
+        return None
     m = node.get("message") if isinstance(node.get("message"), dict) else node
     role = m.get("role")
     if not role:
@@ -278,9 +283,9 @@ def _openinference_message(node: dict[str, Any]) -> dict[str, Any] | None:
     return message
 
 
-def _indexed_genai_message(node: dict[str, Any]) -> dict[str, Any] | None:
+def _indexed_genai_message(node: Any) -> dict[str, Any] | None:
     """OpenLLMetry's `gen_ai.prompt.N.{role,content,tool_calls.M.{id,name,arguments}}`."""
-    role = node.get("role")
+    role = node.get("role") if isinstance(node, dict) else None
     if not role:
         return None
     message: dict[str, Any] = {"role": _role(role), "content": node.get("content")}
@@ -399,7 +404,9 @@ def llm_call(span: Span) -> LlmCall | None:
         tools = [
             t
             for t in (
-                _tool_schema((n.get("tool") or {}).get("json_schema")) for n in _unflatten(a, "llm.tools.")
+                _tool_schema((n.get("tool") or {}).get("json_schema"))
+                for n in _unflatten(a, "llm.tools.")
+                if isinstance(n, dict) and isinstance(n.get("tool"), dict)
             )
             if t
         ]
@@ -676,9 +683,22 @@ def otlp_ingest(*, project: Project, spans: list[Span]) -> OtlpOutcome:
         }
         records, record_traces = [], []
         for trace_id in trace_ids:
-            record = trace_record(trace_id, by_trace[trace_id], existing.get(trace_id))
+            try:
+                record = trace_record(trace_id, by_trace[trace_id], existing.get(trace_id))
+            except Exception as exc:  # spans are untrusted input: one odd trace must not fail the export
+                logger.warning("could not map OTLP trace %s", trace_id, exc_info=True)
+                outcome.rejected_spans += len(by_trace[trace_id])
+                outcome.errors.append(f"trace {trace_id}: could not be mapped: {type(exc).__name__}: {exc}")
+                continue
             if record is None:
                 outcome.skipped_traces += 1
+                continue
+            if not record["messages"]:
+                outcome.rejected_spans += len(by_trace[trace_id])
+                outcome.errors.append(
+                    f"trace {trace_id}: its LLM spans carry no message content; turn content capture on "
+                    "(e.g. OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)"
+                )
                 continue
             records.append(record)
             record_traces.append(trace_id)

@@ -385,6 +385,32 @@ def test_a_trace_without_llm_spans_is_skipped_with_a_message(client, project):
     assert not Trajectory.objects.exists()
 
 
+def test_llm_spans_without_content_are_rejected_with_the_reason(client, project):
+    trace = os.urandom(16)
+    attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m", "gen_ai.usage.input_tokens": 3}
+    response = post_protobuf(client, export([span(trace, 1, "chat m", 0, 5, attrs, parent=None)]))
+    parsed = ExportTraceServiceResponse.FromString(response.content)
+    assert parsed.partial_success.rejected_spans == 1
+    assert "content capture" in parsed.partial_success.error_message
+    assert not Trajectory.objects.exists()
+
+
+def test_odd_attribute_shapes_do_not_fail_the_export(client, project):
+    odd, good = os.urandom(16), os.urandom(16)
+    attrs = {
+        "openinference.span.kind": "LLM",
+        "llm.input_messages.0": "not an object",
+        "llm.input_messages.1.message.role": "user",
+        "llm.input_messages.1.message.content": "hi",
+        "llm.tools.0": 7,
+        "gen_ai.prompt": 3,
+    }
+    body = export([span(odd, 1, "llm", 0, 5, attrs, parent=None), *openinference_agent(good)])
+    assert post_protobuf(client, body).status_code == 200
+    assert Trajectory.objects.get(external_id=odd.hex()).messages == [{"role": "user", "content": "hi"}]
+    assert Trajectory.objects.filter(external_id=good.hex()).exists()
+
+
 def test_a_root_span_error_is_a_failure(client, project):
     trace = os.urandom(16)
     spans = openinference_agent(trace)

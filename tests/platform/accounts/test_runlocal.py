@@ -1,0 +1,63 @@
+"""`manage.py runlocal` (what `make run` starts): seeds, serves, runs a worker, and Ctrl-C stops all of it."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_runlocal_serves_runs_a_worker_and_stops_on_ctrl_c(subprocess_env, tmp_path):
+    port = _free_port()
+    log_path = tmp_path / "runlocal.log"
+    # The broker of `make run` (folders under var/), this test's own: nothing else can take its heartbeat.
+    env = {**subprocess_env, "CELERY_BROKER_URL": "filesystem://", "FLYWHEEL_VAR_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "wb") as log:
+        # A session of its own, so that the SIGINT below reaches its group as a terminal's Ctrl-C would.
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "runlocal", "--port", str(port)],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while "Flywheel is running at" not in log_path.read_text(errors="replace"):
+            assert process.poll() is None, log_path.read_text(errors="replace")
+            assert time.monotonic() < deadline, log_path.read_text(errors="replace")
+            time.sleep(0.2)
+        output = log_path.read_text(errors="replace")
+        assert "Admin login: username admin  password " in output
+        assert "Demo API key (project demo" in output
+        assert "Celery worker is consuming tasks" in output
+        assert f"http://localhost:{port}/" in output
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as response:
+            assert response.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
+            assert response.url.endswith("/accounts/login/?next=/")  # the project list asks for a login
+
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(timeout=30) == 0, log_path.read_text(errors="replace")
+        deadline = time.monotonic() + 15
+        while _group_alive(process.pid):  # the web server and the worker are gone too
+            assert time.monotonic() < deadline, "children of runlocal still running"
+            time.sleep(0.2)
+        assert log_path.read_text(errors="replace").rstrip().endswith("Stopped.")
+    finally:
+        if _group_alive(process.pid):
+            os.killpg(process.pid, signal.SIGKILL)

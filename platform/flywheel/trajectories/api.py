@@ -122,6 +122,8 @@ def parse_records(body: bytes, content_type: str) -> list[Any]:
         payload = json.loads(body)
     except UnicodeDecodeError as exc:
         raise HttpError(400, f"The body is not UTF-8: {exc}") from exc
+    except RecursionError as exc:
+        raise HttpError(400, "The body is nested too deeply to be a trajectory.") from exc
     except json.JSONDecodeError as exc:
         hint = " (for one object a line, send Content-Type: application/x-ndjson)" if b"}\n{" in body else ""
         raise HttpError(400, f"The body is not valid JSON: {exc}{hint}") from exc
@@ -140,7 +142,7 @@ def parse_ndjson(body: bytes) -> list[Any]:
             continue
         try:
             records.append(json.loads(line))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             records.append(UnparsableRecord(f"line {number} is not valid JSON: {exc}"))
     return records
 

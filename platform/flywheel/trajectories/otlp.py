@@ -165,7 +165,7 @@ _STATUS_NAMES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR
 def spans_from_json(body: bytes) -> list[Span]:
     try:
         payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise OtlpError(f"The body is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):
         raise OtlpError("The body must be an OTLP ExportTraceServiceRequest object with resourceSpans.")

@@ -140,7 +140,7 @@ def upload_process(*, upload_id: int) -> Upload:
                 continue
             try:
                 records.append(json.loads(line))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
                 records.append(UnparsableRecord(f"not valid JSON: {exc}"))
             numbers.append(line_number)
             if len(records) >= CHUNK_LINES:

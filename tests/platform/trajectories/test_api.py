@@ -70,6 +70,10 @@ def test_invalid_json_is_400(client):
     assert "not valid JSON" in response.json()["detail"]
 
 
+def test_a_body_nested_absurdly_deep_is_400(client):
+    assert client.post(URL, body="[" * 100_000, content_type="application/json").status_code == 400
+
+
 def test_gzip_body(client, make_record):
     body = gzip.compress(json.dumps([make_record("t-1")]).encode())
     response = client.post(

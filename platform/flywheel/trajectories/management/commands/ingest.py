@@ -49,7 +49,7 @@ class Command(BaseCommand):
                     continue
                 try:
                     records.append(json.loads(line))
-                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
                     records.append(UnparsableRecord(f"not valid JSON: {exc}"))
                 numbers.append(number)
                 if len(records) >= CHUNK_LINES:

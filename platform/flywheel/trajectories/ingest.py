@@ -320,16 +320,19 @@ def _upsert_postgresql(rows: list[dict[str, Any]]) -> int:
 def _upsert_portable(project: Project, rows: list[dict[str, Any]]) -> int:
     """SQLite (`make run`): Django's bulk upsert. SQLite runs one writer at a time, so counting the ids that
     exist inside the same write transaction is exact."""
-    objects = [Trajectory(**{k: v for k, v in row.items()}) for row in rows]
+    objects = [Trajectory(**row) for row in rows]
     for obj, row in zip(objects, rows, strict=True):
         obj.messages = _strip_nul(row["messages"])
         obj.metadata = _strip_nul(row["metadata"])
+    ids = [r["external_id"] for r in rows]
     with transaction.atomic():
-        existing = set(
-            Trajectory.objects.filter(
-                project=project, external_id__in=[r["external_id"] for r in rows]
-            ).values_list("external_id", flat=True)
-        )
+        existing: set[str] = set()
+        for start in range(0, len(ids), UPSERT_CHUNK):  # within SQLite's bound on query parameters
+            existing.update(
+                Trajectory.objects.filter(
+                    project=project, external_id__in=ids[start : start + UPSERT_CHUNK]
+                ).values_list("external_id", flat=True)
+            )
         Trajectory.objects.bulk_create(
             objects,
             batch_size=UPSERT_CHUNK,

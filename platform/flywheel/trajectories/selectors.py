@@ -2,18 +2,19 @@
 
 Every query here is shaped to be answered from an index at a million rows (see migration 0003 and
 `bench/pages.py`): lists page by id (`id < cursor ORDER BY id DESC`), never by OFFSET, and counts stop
-at `COUNT_CAP` instead of scanning every matching row on each page load."""
+at `COUNT_CAP` (and a time budget) instead of scanning every matching row on each page load."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlencode
 
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 from django.db.models import F, QuerySet, Value
 from django.db.models.functions import Coalesce, NullIf
 
@@ -25,6 +26,8 @@ PAGE_SIZE = 50
 # Counting stops here: past it the page says "10,000+". A count is then at most COUNT_CAP index entries
 # per outcome, whatever the table holds. Exact counts at a million rows would read a million rows.
 COUNT_CAP = 10_000
+# Counting with filters no index narrows could still read many rows; past this it gives up (blank counts).
+COUNT_BUDGET_MS = 60
 OPTION_LIMIT = 200  # distinct agents / model versions offered in the filter form
 
 # The outcome a reviewer set wins over the agent's own. Migration 0003 indexes exactly this expression
@@ -174,7 +177,8 @@ def trajectory_page(
         next_cursor = rows[size - 1].id if len(rows) > size else None
         rows = rows[:size]
         prev_cursor = None
-        if after is not None and rows and base.filter(id__gt=rows[0].id).exists():
+        # Ordered, so that the probe is one step on the id index (EXISTS may plan a sequential scan).
+        if after is not None and rows and base.filter(id__gt=rows[0].id).order_by("id").values("id")[:1]:
             prev_cursor = rows[0].id
     _attach_tags(rows)
     return TrajectoryPage(rows=rows, next_cursor=next_cursor, prev_cursor=prev_cursor)
@@ -200,32 +204,81 @@ def _attach_tags(rows: list[Trajectory]) -> None:
 class OutcomeCount:
     outcome: str
     label: str
-    count: int
-    capped: bool  # the true count is above `count`
+    count: int | None  # None: not counted, the count ran out of its time budget
+    capped: bool = False  # the true count is above `count`
 
     @property
     def display(self) -> str:
+        if self.count is None:
+            return ""
         return f"{self.count:,}+" if self.capped else f"{self.count:,}"
 
 
 def trajectory_outcome_counts(
-    *, project: Project, filters: TrajectoryFilters, cap: int = COUNT_CAP
+    *, project: Project, filters: TrajectoryFilters, cap: int = COUNT_CAP, budget_ms: int = COUNT_BUDGET_MS
 ) -> list[OutcomeCount]:
-    """Matching trajectories per effective outcome (ignoring the outcome filter), each counted up to `cap`,
-    then "All" first. Each count is `SELECT count(*) FROM (… LIMIT cap+1)`: an index-only scan that
-    stops after `cap + 1` entries."""
-    base = trajectory_queryset(project=project, filters=filters.without_outcome()).alias(effective=EFFECTIVE_OUTCOME)
-    counts = []
-    for value, label in Outcome.choices:
-        n = base.filter(effective=value).values("id")[: cap + 1].count()
-        counts.append(OutcomeCount(outcome=value, label=label, count=min(n, cap), capped=n > cap))
-    total = OutcomeCount(
-        outcome="",
-        label="All",
-        count=sum(c.count for c in counts),
-        capped=any(c.capped for c in counts),
-    )
-    return [total, *counts]
+    """Matching trajectories per effective outcome (ignoring the outcome filter), "All" first.
+
+    Bounded work on any table size:
+    - no other filter: one capped count per outcome, each an index-only scan of at most `cap + 1` entries
+      of the effective-outcome index; exact below the cap, "10,000+" above it;
+    - other filters: one query grouping `cap + 1` matches by outcome; exact when fewer match, otherwise
+      lower bounds ("n+");
+    - on PostgreSQL the counting gets `budget_ms`; a filter no index narrows (say two columns that are
+      each common) then leaves the counts blank instead of slowing the page."""
+    others = filters.without_outcome()
+    base = trajectory_queryset(project=project, filters=others)
+    try:
+        with _time_budget(budget_ms):
+            if others.active:
+                per_outcome = _grouped_sample(base, cap, newest=not (others.date_from or others.date_to))
+                capped_total = sum(per_outcome.values()) > cap
+                capped = dict.fromkeys(per_outcome, capped_total)
+            else:
+                per_outcome, capped = {}, {}
+                for value in Outcome.values:
+                    n = base.alias(effective=EFFECTIVE_OUTCOME).filter(effective=value).values("id")[: cap + 1].count()
+                    per_outcome[value], capped[value] = min(n, cap), n > cap
+    except OperationalError:
+        return [OutcomeCount("", "All", None)] + [OutcomeCount(v, label, None) for v, label in Outcome.choices]
+    counts = [OutcomeCount(v, label, per_outcome.get(v, 0), capped.get(v, False)) for v, label in Outcome.choices]
+    total = sum(c.count for c in counts)
+    all_capped = any(c.capped for c in counts)
+    return [OutcomeCount("", "All", min(total, cap) if others.active else total, all_capped), *counts]
+
+
+def _grouped_sample(base: QuerySet[Trajectory], cap: int, *, newest: bool) -> dict[str, int]:
+    """{effective outcome: n} over `cap + 1` matching rows of `base`: exact when fewer match, lower bounds
+    otherwise. Either way the scan stops after `cap + 1` matches.
+
+    `newest`: the newest matches, walking the id index backwards. Without it (a date range is set) the
+    scan walks the date index, where an id order would first skip everything newer than the range."""
+    sample = base.order_by("-id") if newest else base.order_by()
+    sample = sample.values("reviewed_outcome", "outcome")[: cap + 1]
+    sql, params = sample.query.sql_with_params()
+    grouped = f"SELECT COALESCE(NULLIF(s.reviewed_outcome, ''), s.outcome), COUNT(*) FROM ({sql}) s GROUP BY 1"
+    with connection.cursor() as cursor:
+        cursor.execute(grouped, params)
+        return dict(cursor.fetchall())
+
+
+@contextmanager
+def _time_budget(ms: int) -> Iterator[None]:
+    """Cancel the statements inside after `ms` milliseconds (PostgreSQL; elsewhere no limit).
+
+    SET LOCAL lives in a savepoint, so the previous timeout comes back whether the block succeeds
+    (restored explicitly) or is cancelled (rolled back)."""
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            previous = cursor.fetchone()[0]
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [f"{int(ms)}ms"])
+        yield
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
 
 
 def trajectory_neighbours(

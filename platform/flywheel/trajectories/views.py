@@ -41,6 +41,7 @@ def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
         "counts": selectors.trajectory_outcome_counts(project=project, filters=filters),
         "count_cap": selectors.COUNT_CAP,
         "carry_qs": filters.querystring(),
+        "carry_suffix": f"?{filters.querystring()}" if filters.active else "",
     }
     if request.htmx and request.htmx.target == "results":
         response = render(request, "trajectories/_trajectory_results.html", context)

@@ -317,3 +317,29 @@ def test_effective_outcome_filter_matches_its_index_on_postgresql(needs_postgres
         cursor.execute("SET LOCAL enable_bitmapscan = off")
     text = plan(qs)
     assert "using traj_project_effoutcome_id" in text, text
+
+
+@pytest.mark.django_db
+def test_filtered_counts_past_the_cap_are_lower_bounds(project, sample):
+    counts = {c.label: c for c in selectors.trajectory_outcome_counts(project=project, filters=F(tool_error=False), cap=2)}
+    assert counts["All"].display == "2+"
+    assert all(c.capped for c in counts.values())
+    assert sum(c.count for c in counts.values() if c.label != "All") == 3
+
+
+def test_counts_that_run_out_of_time_are_left_blank(needs_postgres, project, sample, monkeypatch):
+    def slow(base, cap, newest):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(0.2)")
+        return {}
+
+    monkeypatch.setattr(selectors, "_grouped_sample", slow)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        before = cursor.fetchone()[0]
+    counts = selectors.trajectory_outcome_counts(project=project, filters=F(agent="billing"), budget_ms=20)
+    assert [c.count for c in counts] == [None] * 4 and counts[0].display == ""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        assert cursor.fetchone()[0] == before  # the budget does not leak into later statements
+        cursor.execute("SELECT 1")

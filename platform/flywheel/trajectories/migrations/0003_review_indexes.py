@@ -17,22 +17,25 @@ TABLE = "trajectories_trajectory"
 EFFECTIVE = "COALESCE(NULLIF(reviewed_outcome, ''), outcome)"
 
 
-def forwards(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        statements = [
-            "CREATE EXTENSION IF NOT EXISTS pg_trgm",
-            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS traj_project_effoutcome_id ON {TABLE} "
-            f"(project_id, ({EFFECTIVE}), id DESC) INCLUDE (reviewed_outcome, outcome)",
-            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS traj_project_toolerr_id ON {TABLE} "
-            f"(project_id, id DESC) WHERE has_tool_error",
-            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS traj_search_trgm ON {TABLE} USING gin (search_text gin_trgm_ops)",
-        ]
-    else:
-        statements = [
+def statements(vendor: str, *, concurrently: bool = True) -> list[str]:
+    """The SQL that builds the indexes (bench/pages.py runs it without CONCURRENTLY on a fresh table)."""
+    if vendor != "postgresql":
+        return [
             f"CREATE INDEX IF NOT EXISTS traj_project_effoutcome_id ON {TABLE} (project_id, ({EFFECTIVE}), id DESC)",
             f"CREATE INDEX IF NOT EXISTS traj_project_toolerr_id ON {TABLE} (project_id, id DESC) WHERE has_tool_error",
         ]
-    for sql in statements:
+    c = "CONCURRENTLY " if concurrently else ""
+    return [
+        "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+        f"CREATE INDEX {c}IF NOT EXISTS traj_project_effoutcome_id ON {TABLE} "
+        f"(project_id, ({EFFECTIVE}), id DESC) INCLUDE (reviewed_outcome, outcome)",
+        f"CREATE INDEX {c}IF NOT EXISTS traj_project_toolerr_id ON {TABLE} (project_id, id DESC) WHERE has_tool_error",
+        f"CREATE INDEX {c}IF NOT EXISTS traj_search_trgm ON {TABLE} USING gin (search_text gin_trgm_ops)",
+    ]
+
+
+def forwards(apps, schema_editor):
+    for sql in statements(schema_editor.connection.vendor):
         schema_editor.execute(sql)
 
 

@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build-tiny", help="build the tiny CPU model into OUT")
     b.add_argument("out")
-    b.add_argument("--steps", type=int, default=400, help="SFT warm-start steps")
+    b.add_argument("--steps", type=int, default=1000, help="SFT warm-start steps")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--threads", type=int, default=None)
     t = sub.add_parser("train", help="run a training job from its spec.json")

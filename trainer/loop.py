@@ -116,7 +116,7 @@ def optimize(run: JobRunner, episodes: list[Episode], rewards: torch.Tensor) -> 
             )
             loss.backward()
             tok_share = float(mask.sum()) / n_tokens
-            sums["loss"] += float(loss)
+            sums["loss"] += loss.item()
             sums["clip_fraction"] += m["clip_fraction"] * tok_share
             sums["kl"] += m.get("kl", 0.0) * tok_share
             if it == 0:

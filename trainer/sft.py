@@ -115,7 +115,7 @@ def sft_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: 
         optimizer.step()
         dt = time.perf_counter() - t0
         if on_step:
-            on_step(step, {"loss": float(loss), "grad_norm": grad_norm, "lr": optimizer.param_groups[0]["lr"],
+            on_step(step, {"loss": loss.item(), "grad_norm": grad_norm, "lr": optimizer.param_groups[0]["lr"],
                            "tokens": n_tokens, "step_time": dt,
                            "tokens_per_s": sum(len(ids) for ids, _ in batch) / max(dt, 1e-9)})
 

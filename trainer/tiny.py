@@ -120,8 +120,8 @@ def noisy_solution(task: dict[str, Any], rng: random.Random) -> list[dict[str, A
     return solution
 
 
-def build_tiny(out: str | Path, *, n_tasks: int = 2000, steps: int = 400, noise: float = 0.2, seed: int = 0,
-               hidden: int = 64, layers: int = 4, batch_size: int = 32, lr: float = 5e-3,
+def build_tiny(out: str | Path, *, n_tasks: int = 2000, steps: int = 1000, noise: float = 0.35, seed: int = 0,
+               hidden: int = 128, layers: int = 2, heads: int = 2, batch_size: int = 16, lr: float = 3e-3,
                difficulty: str | None = "single",
                log: Any = None) -> Path:
     """Build, warm-start and save the tiny model; returns its directory (a normal HF model folder)."""
@@ -142,12 +142,12 @@ def build_tiny(out: str | Path, *, n_tasks: int = 2000, steps: int = 400, noise:
 
     from trainer.envs import replay
 
-    texts = [_render(replay(t, t["solution"])[0], t["tools"]) for t in tasks[:500]]
+    texts = [_render(replay(t, t["solution"])[0], t["tools"]) for t in tasks[:300]]
     tokenizer = train_tokenizer(texts)
     examples = build_examples(rows, tokenizer)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=1024, tie_word_embeddings=True,
+        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=1024, tie_word_embeddings=True,
         bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config)
@@ -155,7 +155,7 @@ def build_tiny(out: str | Path, *, n_tasks: int = 2000, steps: int = 400, noise:
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
 
     def on_step(step: int, stats: dict[str, float]) -> None:
-        if log and (step % 50 == 0 or step == steps):
+        if log and (step % 100 == 0 or step == steps):
             log({"event": "step", "step": step, "loss": round(stats["loss"], 4),
                  "seconds": round(time.perf_counter() - t0, 1)})
 

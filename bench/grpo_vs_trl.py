@@ -1,0 +1,156 @@
+"""Our GRPO trainer against TRL's GRPOTrainer on the same tiny model, tasks and settings, one after the
+other: seconds per step and holdout gain for each, and the speed ratio.
+
+Both run single-turn workplace tasks (one completion per prompt, rewarded by our verifiers through the
+environment's final state), G completions for each of P prompts per step, the same token limit, LoRA
+config, learning rate (constant), step count and seed; TRL with use_vllm=False, loss_type="grpo",
+scale_rewards="group", beta=0. Holdout success is measured the same way for both (our evaluator, sampled,
+several samples per prompt). Last line: JSON {ours_s_per_step, trl_s_per_step, speedup, ours_gain, trl_gain}.
+
+    .venv/bin/python bench/grpo_vs_trl.py [--model DIR] [--steps 20] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from trainer.config import GRPOConfig, JobSpec, write_jsonl  # noqa: E402
+from trainer.envs import make_env  # noqa: E402
+from trainer.envs.workplace import generate_tasks  # noqa: E402
+from trainer.evaluation import evaluate_rows  # noqa: E402
+from trainer.models import load_model, lora_config  # noqa: E402
+from trainer.rollout.hf import HFEngine  # noqa: E402
+from trainer.tracking import EventLog  # noqa: E402
+
+
+def holdout_success(model, tokenizer, rows, args) -> float:
+    torch.manual_seed(1234)
+    metrics, _ = evaluate_rows(HFEngine(model, tokenizer), tokenizer, rows, samples_per_prompt=args.eval_samples,
+                               temperature=1.0, max_new_tokens=args.max_new_tokens, max_turns=1)
+    return metrics["success_rate"]
+
+
+def run_ours(args, cfg: GRPOConfig, train, holdout, work: Path) -> tuple[float, float]:
+    from peft import PeftModel
+
+    from trainer.loop import train_grpo
+
+    job = work / "ours"
+    job.mkdir()
+    write_jsonl(job / "train.jsonl", train)
+    spec = JobSpec(model=str(args.model), job_dir=job, train=job / "train.jsonl", config=cfg, mlflow=False)
+    events = EventLog(None)
+    train_grpo(spec, events)
+    times = [e["step_time"] for e in events.events if e["event"] == "step"]
+    base, tok = load_model(args.model, device="cpu")
+    model = PeftModel.from_pretrained(base, str(job / "adapters" / "last"))
+    return sum(times[1:]) / max(len(times) - 1, 1), holdout_success(model, tok, holdout, args)
+
+
+def run_trl(args, cfg: GRPOConfig, train, holdout, work: Path) -> tuple[float, float]:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig as TRLConfig
+    from trl import GRPOTrainer
+
+    model, tok = load_model(args.model, device="cpu")
+    by_id = {t["id"]: t for t in train}
+
+    def reward(prompts, completions, task_id, **_):
+        out = []
+        for completion, tid in zip(completions, task_id, strict=True):
+            env = make_env(by_id[tid])
+            env.reset()
+            env.step(completion)
+            out.append(float(env.score().reward))
+        return out
+
+    prompts = [tok.apply_chat_template(t["messages"], tools=t["tools"], add_generation_prompt=True, tokenize=False)
+               for t in train]
+    data = Dataset.from_dict({"prompt": prompts, "task_id": [t["id"] for t in train]})
+    n = cfg.num_prompts_per_step * cfg.num_generations_per_prompt
+    trl_args = TRLConfig(
+        output_dir=str(work / "trl"), per_device_train_batch_size=n, gradient_accumulation_steps=1,
+        num_generations=cfg.num_generations_per_prompt, max_completion_length=cfg.max_new_tokens,
+        learning_rate=cfg.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_grad_norm=cfg.max_grad_norm, max_steps=cfg.max_steps, beta=0.0, loss_type="grpo",
+        scale_rewards="group", epsilon=cfg.epsilon, num_iterations=1, temperature=cfg.temperature, top_k=0,
+        top_p=1.0, use_vllm=False, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        logging_steps=1, seed=cfg.seed, disable_tqdm=True, dataloader_num_workers=0,
+    )
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.times: list[float] = []
+
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            self.times.append(time.perf_counter() - self.t0)
+
+    timer = Timer()
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=trl_args, train_dataset=data,
+                          processing_class=tok, peft_config=lora_config(cfg, model), callbacks=[timer])
+    trainer.train()
+    times = timer.times
+    return sum(times[1:]) / max(len(times) - 1, 1), holdout_success(trainer.model, tok, holdout, args)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, help="a model dir; default: build the tiny model into a temp dir")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--holdout", type=int, default=100)
+    p.add_argument("--eval-samples", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    work = Path(tempfile.mkdtemp(prefix="grpo-vs-trl-"))
+    if args.model is None:
+        from trainer.tiny import build_tiny
+
+        args.model = build_tiny(work / "tiny")
+    train = generate_tasks(400, seed=args.seed, split="train", difficulty="single")
+    holdout = generate_tasks(args.holdout, seed=args.seed + 1, split="holdout", difficulty="single")
+    cfg = GRPOConfig(
+        num_prompts_per_step=args.prompts_per_step, num_generations_per_prompt=args.generations,
+        max_new_tokens=args.max_new_tokens, max_turns=1, learning_rate=args.lr, max_steps=args.steps,
+        loss_type="grpo", scale_rewards="group", beta=0.0, eval_on_start=False, eval_interval=args.steps,
+        r=16, alpha=32, dropout=0.0, seed=args.seed, train_batch_size=args.prompts_per_step * args.generations,
+    )
+    base, tok = load_model(args.model, device="cpu")
+    before = holdout_success(base, tok, holdout, args)
+    print(f"baseline holdout success (single-turn): {before:.3f}", file=sys.stderr)
+    ours_s, ours_after = run_ours(args, cfg, train, holdout, work)
+    print(f"ours: {ours_s:.2f} s/step, holdout {before:.3f} -> {ours_after:.3f}", file=sys.stderr)
+    torch.manual_seed(args.seed)
+    trl_s, trl_after = run_trl(args, cfg, train, holdout, work)
+    print(f"trl:  {trl_s:.2f} s/step, holdout {before:.3f} -> {trl_after:.3f}", file=sys.stderr)
+    result = {"ours_s_per_step": round(ours_s, 3), "trl_s_per_step": round(trl_s, 3),
+              "speedup": round(trl_s / ours_s, 2), "ours_gain": round(ours_after - before, 3),
+              "trl_gain": round(trl_after - before, 3), "baseline": round(before, 3), "steps": args.steps,
+              "holdout_samples": args.holdout * args.eval_samples}
+    print(f"ours {ours_s:.2f} s/step vs TRL {trl_s:.2f} s/step: {result['speedup']}x; "
+          f"gain ours {result['ours_gain']:+.3f}, TRL {result['trl_gain']:+.3f}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Shown, not claimed: GRPO on workplace tasks raises sampled holdout success on CPU by a margin well
+outside its noise, and a deliberately wrong reward (one that pays for length) does not."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainer.cli import demo_config
+from trainer.config import JobSpec, write_jsonl
+from trainer.tracking import EventLog
+
+pytestmark = pytest.mark.slow
+HOLDOUT_SAMPLES = 4
+
+
+def run_job(tmp_path, tiny_model, tasks, *, steps: int, reward_fn=None, baseline=None):
+    write_jsonl(tmp_path / "train.jsonl", tasks["train"])
+    write_jsonl(tmp_path / "holdout.jsonl", tasks["holdout"])
+    config = demo_config(steps, seed=0)
+    config.eval_samples_per_prompt = HOLDOUT_SAMPLES
+    config.num_threads = 2
+    config.eval_on_start = baseline is None
+    spec = JobSpec(model=str(tiny_model), job_dir=tmp_path, train=tmp_path / "train.jsonl",
+                   holdout=tmp_path / "holdout.jsonl", config=config, mlflow=False)
+    from trainer.loop import train_grpo
+
+    done = train_grpo(spec, EventLog(None), reward_fn=reward_fn)
+    return (baseline or done["holdout_before"]), done["holdout_after"]
+
+
+def noise(p: float, n: int) -> float:
+    """Standard error of the difference of two success rates measured on n samples each."""
+    return math.sqrt(2 * p * (1 - p) / n)
+
+
+@pytest.fixture(scope="module")
+def baseline_and_trained(tiny_model, workplace_tasks, tmp_path_factory):
+    return run_job(tmp_path_factory.mktemp("grpo"), tiny_model, workplace_tasks, steps=30)
+
+
+def test_grpo_raises_holdout_success(baseline_and_trained):
+    before, after = baseline_and_trained
+    n = before["n"]
+    assert n >= 100 * HOLDOUT_SAMPLES
+    assert 0.1 <= before["success_rate"] <= 0.6, before  # the tiny model sometimes succeeds, not always
+    margin = 4 * noise(before["success_rate"], n)
+    gain = after["success_rate"] - before["success_rate"]
+    assert gain > margin, f"gain {gain:.3f} not above 4 sigma ({margin:.3f}): {before} -> {after}"
+
+
+def test_wrong_reward_does_not_raise_holdout_success(baseline_and_trained, tiny_model, workplace_tasks,
+                                                     tmp_path):
+    before, _ = baseline_and_trained
+
+    def pays_for_length(ep) -> float:  # rewards talking, not solving
+        return ep.completion_tokens / 100.0
+
+    _, after = run_job(tmp_path, tiny_model, workplace_tasks, steps=15, reward_fn=pays_for_length,
+                       baseline=before)
+    n = before["n"]
+    assert after["success_rate"] <= before["success_rate"] + 2 * noise(before["success_rate"], n), (before, after)

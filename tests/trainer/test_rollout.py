@@ -1,0 +1,85 @@
+"""Rollouts: sampler logprobs equal the trainer's, and multi-turn episodes train only on model tokens."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from trainer.batching import collate, token_logprobs
+from trainer.config import GRPOConfig
+from trainer.evaluation import make_env_for
+from trainer.models import attach_lora, load_model
+from trainer.rollout import Generation
+from trainer.rollout.episodes import run_episodes, start_episodes
+from trainer.rollout.hf import HFEngine
+
+
+class ScriptedEngine:
+    """Answers each episode with the next turn of its task's solution, as the tiny template renders it."""
+
+    def __init__(self, tokenizer, turns: list[str]):
+        self.tokenizer = tokenizer
+        self.turns = turns
+        self.calls = 0
+
+    def sync(self, model, version):
+        pass
+
+    def generate(self, prompts, *, max_new_tokens, temperature):
+        text = self.turns[self.calls]
+        self.calls += 1
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        return [Generation(ids, [-0.5] * len(ids), True) for _ in prompts]
+
+
+def _solution_texts(task: dict) -> list[str]:
+    out = []
+    for m in task["solution"]:
+        text = m.get("content") or ""
+        for c in m.get("tool_calls") or []:
+            args = json.loads(c["function"]["arguments"])
+            text += '<tool_call>' + json.dumps({"name": c["function"]["name"], "arguments": args}) + '</tool_call>'
+        out.append(text)
+    return out
+
+
+def test_multi_turn_episode_masks_observations(tiny_model, workplace_tasks):
+    _, tok = load_model(tiny_model, device="cpu")
+    task = workplace_tasks["train"][0]
+    turns = _solution_texts(task)
+    eps = start_episodes([task], 2, tok, make_env_for)
+    run_episodes(ScriptedEngine(tok, turns), tok, eps, max_new_tokens=64, temperature=1.0, max_turns=None,
+                 max_seq_len=1024)
+    ep = eps[0]
+    assert ep.reward == 1.0 and ep.score.passed, ep.score
+    assert ep.turns == len(turns) == 2  # the call, then the final answer after the observation
+    model_text = tok.decode([t for t, m in zip(ep.token_ids, ep.mask, strict=True) if m])
+    context_text = tok.decode([t for t, m in zip(ep.token_ids[ep.prompt_len:], ep.mask[ep.prompt_len:],
+                                                 strict=True) if not m])
+    assert "<tool_call>" in model_text and '"ok"' not in model_text  # observations are never trained on
+    assert '"ok"' in context_text and "<|tool|>" in context_text
+    assert ep.completion_tokens == sum(ep.mask)
+    # The incremental sequence is exactly what the template renders for the whole conversation.
+    rendered = tok.apply_chat_template(ep.messages, tools=task["tools"], tokenize=False)
+    assert tok.decode(ep.token_ids) == rendered
+
+
+def test_hf_sampler_logprobs_match_trainer(tiny_model, workplace_tasks):
+    torch.manual_seed(0)
+    base, tok = load_model(tiny_model, device="cpu")
+    model = attach_lora(base, GRPOConfig(r=4, alpha=8))
+    with torch.no_grad():  # a non-zero adapter, so merging for generation actually changes the weights
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    engine = HFEngine(model, tok)
+    eps = start_episodes(workplace_tasks["holdout"][:3], 2, tok, make_env_for)
+    run_episodes(engine, tok, eps, max_new_tokens=24, temperature=0.7, max_turns=None, max_seq_len=1024)
+    batch = collate(eps, tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, batch, temperature=0.7)
+    mask = batch.loss_mask.bool()
+    diff = (logp - batch.sampler_logprobs)[mask].abs()
+    assert mask.sum() > 20
+    assert diff.max() < 1e-3, diff.max()

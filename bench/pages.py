@@ -104,7 +104,7 @@ FROM (
     SELECT i, random() AS r, (i %% 13 = 0) AS tool_error,
         %(agents)s::text[] AS agents, %(models)s::text[] AS models,
         u.t || CASE WHEN i %% 300 = 7 THEN ' chargeback' ELSE '' END AS user_text, a.t AS answer_text
-    FROM generate_series(%(start)s, %(stop)s) AS i
+    FROM generate_series(%(start)s::bigint, %(stop)s::bigint) AS i
     JOIN bench_texts u ON u.n = i %% 4096
     JOIN bench_texts a ON a.n = (i * 7 + 1000) %% 4096
 ) AS src

@@ -67,11 +67,14 @@
     if (!el) return;
     e.preventDefault();
     if (isField(el)) { el.focus(); el.select && el.select(); return; }
-    el.click();
     if (el.tagName === "SUMMARY") {
+      // Open the <details> (never close it from the keyboard) and put the cursor in its field.
+      el.parentElement.open = true;
       var field = el.parentElement.querySelector("textarea, input:not([type=hidden])");
       if (field) field.focus();
+      return;
     }
+    el.click();
   });
 
   document.addEventListener("click", function (e) {

@@ -50,11 +50,14 @@ def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
         query = filters.querystring(**{k: v for k, v in cursor.items() if v and v.isdigit()})
         response["HX-Push-Url"] = request.path + (f"?{query}" if query else "")
         return response
-    context |= {
-        "outcomes": Outcome.choices,
-        "agents": selectors.trajectory_filter_options(project=project, column="agent"),
-        "model_versions": selectors.trajectory_filter_options(project=project, column="model_version"),
-    }
+    agents = selectors.trajectory_filter_options(project=project, column="agent")
+    model_versions = selectors.trajectory_filter_options(project=project, column="model_version")
+    # A value from a shared link stays selectable even past the options' limit.
+    if filters.agent and filters.agent not in agents:
+        agents.append(filters.agent)
+    if filters.model_version and filters.model_version not in model_versions:
+        model_versions.append(filters.model_version)
+    context |= {"outcomes": Outcome.choices, "agents": agents, "model_versions": model_versions}
     return render(request, "trajectories/trajectory_list.html", context)
 
 

@@ -164,22 +164,25 @@ def trajectory_page(
 
     `after`: rows older than that id (the "next" page); `before`: rows newer than it (the "previous"
     page). One extra row is read to know whether another page follows."""
-    base = trajectory_queryset(project=project, filters=filters).only(*LIST_FIELDS)
+    base = trajectory_queryset(project=project, filters=filters)
+    # Two steps: the ids first (an index-only scan for most filters, e.g. a date range on
+    # traj_project_started_id), then the page's rows by primary key.
     if before is not None:
-        rows = list(base.filter(id__gt=before).order_by("id")[: size + 1])
-        has_newer = len(rows) > size
-        rows = rows[:size][::-1]
-        prev_cursor = rows[0].id if rows and has_newer else None
-        next_cursor = rows[-1].id if rows else None  # `before` itself is older, so there is a next page
+        ids = list(base.filter(id__gt=before).order_by("id").values_list("id", flat=True)[: size + 1])
+        has_newer = len(ids) > size
+        ids = ids[:size][::-1]
+        prev_cursor = ids[0] if ids and has_newer else None
+        next_cursor = ids[-1] if ids else None  # `before` itself is older, so there is a next page
     else:
         qs = base.filter(id__lt=after) if after is not None else base
-        rows = list(qs.order_by("-id")[: size + 1])
-        next_cursor = rows[size - 1].id if len(rows) > size else None
-        rows = rows[:size]
+        ids = list(qs.order_by("-id").values_list("id", flat=True)[: size + 1])
+        next_cursor = ids[size - 1] if len(ids) > size else None
+        ids = ids[:size]
         prev_cursor = None
-        # Ordered, so that the probe is one step on the id index (EXISTS may plan a sequential scan).
-        if after is not None and rows and base.filter(id__gt=rows[0].id).order_by("id").values("id")[:1]:
-            prev_cursor = rows[0].id
+        # Ordered, so that the probe is one step on an index (EXISTS may plan a sequential scan).
+        if after is not None and ids and base.filter(id__gt=ids[0]).order_by("id").values("id")[:1]:
+            prev_cursor = ids[0]
+    rows = list(Trajectory.objects.filter(id__in=ids).only(*LIST_FIELDS).order_by("-id")) if ids else []
     _attach_tags(rows)
     return TrajectoryPage(rows=rows, next_cursor=next_cursor, prev_cursor=prev_cursor)
 
@@ -231,7 +234,7 @@ def trajectory_outcome_counts(
     try:
         with _time_budget(budget_ms):
             if others.active:
-                per_outcome = _grouped_sample(base, cap, newest=not (others.date_from or others.date_to))
+                per_outcome = _grouped_sample(base, cap)
                 capped_total = sum(per_outcome.values()) > cap
                 capped = dict.fromkeys(per_outcome, capped_total)
             else:
@@ -247,14 +250,11 @@ def trajectory_outcome_counts(
     return [OutcomeCount("", "All", min(total, cap) if others.active else total, all_capped), *counts]
 
 
-def _grouped_sample(base: QuerySet[Trajectory], cap: int, *, newest: bool) -> dict[str, int]:
+def _grouped_sample(base: QuerySet[Trajectory], cap: int) -> dict[str, int]:
     """{effective outcome: n} over `cap + 1` matching rows of `base`: exact when fewer match, lower bounds
-    otherwise. Either way the scan stops after `cap + 1` matches.
-
-    `newest`: the newest matches, walking the id index backwards. Without it (a date range is set) the
-    scan walks the date index, where an id order would first skip everything newer than the range."""
-    sample = base.order_by("-id") if newest else base.order_by()
-    sample = sample.values("reviewed_outcome", "outcome")[: cap + 1]
+    otherwise. There is no ORDER BY, so the scan stops after `cap + 1` matches on whichever index finds
+    them first (a date range walks the date index, a rare word the trigram index)."""
+    sample = base.order_by().values("reviewed_outcome", "outcome")[: cap + 1]
     sql, params = sample.query.sql_with_params()
     grouped = f"SELECT COALESCE(NULLIF(s.reviewed_outcome, ''), s.outcome), COUNT(*) FROM ({sql}) s GROUP BY 1"
     with connection.cursor() as cursor:
@@ -264,21 +264,25 @@ def _grouped_sample(base: QuerySet[Trajectory], cap: int, *, newest: bool) -> di
 
 @contextmanager
 def _time_budget(ms: int) -> Iterator[None]:
-    """Cancel the statements inside after `ms` milliseconds (PostgreSQL; elsewhere no limit).
+    """Cancel the statements inside after `ms` milliseconds, and keep them off sequential scans (a LIMIT
+    without ORDER BY tempts the planner into one). PostgreSQL only; elsewhere a no-op.
 
-    SET LOCAL lives in a savepoint, so the previous timeout comes back whether the block succeeds
-    (restored explicitly) or is cancelled (rolled back)."""
+    Both settings are transaction-local inside a savepoint: restored explicitly when the block succeeds,
+    rolled back with it when it is cancelled."""
     if connection.vendor != "postgresql":
         yield
         return
+    settings = {"statement_timeout": f"{int(ms)}ms", "enable_seqscan": "off"}
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute("SHOW statement_timeout")
-            previous = cursor.fetchone()[0]
-            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [f"{int(ms)}ms"])
+            previous = {}
+            for name, value in settings.items():
+                cursor.execute("SELECT current_setting(%s), set_config(%s, %s, true)", [name, name, value])
+                previous[name] = cursor.fetchone()[0]
         yield
         with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
+            for name, value in previous.items():
+                cursor.execute("SELECT set_config(%s, %s, true)", [name, value])
 
 
 def trajectory_neighbours(

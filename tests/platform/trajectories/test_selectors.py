@@ -328,18 +328,18 @@ def test_filtered_counts_past_the_cap_are_lower_bounds(project, sample):
 
 
 def test_counts_that_run_out_of_time_are_left_blank(needs_postgres, project, sample, monkeypatch):
-    def slow(base, cap, newest):
+    def slow(base, cap):
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_sleep(0.2)")
         return {}
 
     monkeypatch.setattr(selectors, "_grouped_sample", slow)
     with connection.cursor() as cursor:
-        cursor.execute("SHOW statement_timeout")
-        before = cursor.fetchone()[0]
+        cursor.execute("SELECT current_setting('statement_timeout'), current_setting('enable_seqscan')")
+        before = cursor.fetchone()
     counts = selectors.trajectory_outcome_counts(project=project, filters=F(agent="billing"), budget_ms=20)
     assert [c.count for c in counts] == [None] * 4 and counts[0].display == ""
     with connection.cursor() as cursor:
-        cursor.execute("SHOW statement_timeout")
-        assert cursor.fetchone()[0] == before  # the budget does not leak into later statements
+        cursor.execute("SELECT current_setting('statement_timeout'), current_setting('enable_seqscan')")
+        assert cursor.fetchone() == before  # the budget does not leak into later statements
         cursor.execute("SELECT 1")

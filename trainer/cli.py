@@ -76,7 +76,11 @@ def cmd_evaluate(args: argparse.Namespace, events: EventLog) -> int:
         from trainer.config import GRPOConfig
         from trainer.rollout.vllm import VLLMEngine
 
-        engine: Any = VLLMEngine(args.model, tokenizer, GRPOConfig(), work_dir=Path(args.out or ".").parent)
+        rank = 16
+        if args.adapter:  # vLLM must be told the largest LoRA rank it will be asked to load
+            rank = json.loads((Path(args.adapter) / "adapter_config.json").read_text()).get("r", rank)
+        engine: Any = VLLMEngine(args.model, tokenizer, GRPOConfig(r=rank),
+                                 work_dir=Path(args.out or ".").resolve().parent)
         if args.adapter:
             from vllm.lora.request import LoRARequest
 

@@ -4,6 +4,7 @@ outside its noise, and a deliberately wrong reward (one that pays for length) do
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -13,12 +14,15 @@ from trainer.tracking import EventLog
 
 pytestmark = pytest.mark.slow
 HOLDOUT_SAMPLES = 4
+# The spread over seeds is measured with FLYWHEEL_LEARNING_SEED=0,1,2 (the seed of the GRPO run; the
+# tiny model and the task sets stay the same).
+SEED = int(os.environ.get("FLYWHEEL_LEARNING_SEED", "0"))
 
 
 def run_job(tmp_path, tiny_model, tasks, *, steps: int, reward_fn=None, baseline=None):
     write_jsonl(tmp_path / "train.jsonl", tasks["train"])
     write_jsonl(tmp_path / "holdout.jsonl", tasks["holdout"])
-    config = demo_config(steps, seed=0)
+    config = demo_config(steps, seed=SEED)
     config.eval_samples_per_prompt = HOLDOUT_SAMPLES
     config.num_threads = 2
     config.eval_on_start = baseline is None
@@ -47,6 +51,8 @@ def test_grpo_raises_holdout_success(baseline_and_trained):
     assert 0.1 <= before["success_rate"] <= 0.6, before  # the tiny model sometimes succeeds, not always
     margin = 3 * noise(before["success_rate"], n)
     gain = after["success_rate"] - before["success_rate"]
+    print(f"seed {SEED}: holdout success {before['success_rate']:.3f} -> {after['success_rate']:.3f} "
+          f"(gain {gain:+.3f}, 3 sigma {margin:.3f}, n={n})")
     assert gain > margin, f"gain {gain:.3f} not above 3 sigma ({margin:.3f}): {before} -> {after}"
 
 
@@ -60,4 +66,5 @@ def test_wrong_reward_does_not_raise_holdout_success(baseline_and_trained, tiny_
     _, after = run_job(tmp_path, tiny_model, workplace_tasks, steps=15, reward_fn=pays_for_length,
                        baseline=before)
     n = before["n"]
+    print(f"seed {SEED}, length reward: holdout success {before['success_rate']:.3f} -> {after['success_rate']:.3f}")
     assert after["success_rate"] <= before["success_rate"] + 2 * noise(before["success_rate"], n), (before, after)

@@ -35,6 +35,7 @@ class VLLMEngine:
         self.adapter_root.mkdir(parents=True, exist_ok=True)
         self.keep_versions = keep_versions
         self.lora_request = None  # None until the first sync: the base model samples
+        self.version: int | None = None
         self.eos_ids = [tokenizer.eos_token_id]
         kwargs: dict[str, Any] = dict(
             model=model_path, tokenizer=model_path, enable_lora=True, max_lora_rank=max(8, config.r),
@@ -57,6 +58,9 @@ class VLLMEngine:
         """Save the current adapter and point the next generate at it (a new id: vLLM caches by id)."""
         from vllm.lora.request import LoRARequest
 
+        if version == self.version:  # nothing changed since the last save (an eval right before a step)
+            return
+        self.version = version
         path = self.adapter_root / f"v{version:06d}"
         model.save_pretrained(str(path))
         self.lora_request = LoRARequest(f"policy-v{version}", version + 1, str(path))

@@ -26,6 +26,8 @@ PAGE_SIZE = 50
 # Counting stops here: past it the page says "10,000+". A count is then at most COUNT_CAP index entries
 # per outcome, whatever the table holds. Exact counts at a million rows would read a million rows.
 COUNT_CAP = 10_000
+# A page whose filter matches at most this many rows is read from the filter's index, not the id walk.
+SPARSE_MATCHES = 5_000
 # Counting with filters no index narrows could still read many rows; past this it gives up (blank counts).
 COUNT_BUDGET_MS = 60
 OPTION_LIMIT = 200  # distinct agents / model versions offered in the filter form
@@ -159,23 +161,31 @@ def trajectory_page(
     after: int | None = None,
     before: int | None = None,
     size: int = PAGE_SIZE,
+    sparse: bool = False,
 ) -> TrajectoryPage:
     """One page of matching trajectories, newest first, by keyset on id.
 
     `after`: rows older than that id (the "next" page); `before`: rows newer than it (the "previous"
-    page). One extra row is read to know whether another page follows."""
+    page). One extra row is read to know whether another page follows.
+
+    Dense matches are found fastest by walking the id index backwards and filtering. That walk is slow
+    when matches are few (`sparse`: the caller counted them) or far back (an end date): then the ids are
+    taken from the filter's own index and sorted, which costs the number of matches."""
     base = trajectory_queryset(project=project, filters=filters)
+    # `id + 0` is the same order, but no index provides it, so the planner leaves the id index alone.
+    by_filter_index = sparse or filters.date_to is not None
+    key = F("id") + 0 if by_filter_index else F("id")
     # Two steps: the ids first (an index-only scan for most filters, e.g. a date range on
     # traj_project_started_id), then the page's rows by primary key.
     if before is not None:
-        ids = list(base.filter(id__gt=before).order_by("id").values_list("id", flat=True)[: size + 1])
+        ids = list(base.filter(id__gt=before).order_by(key.asc()).values_list("id", flat=True)[: size + 1])
         has_newer = len(ids) > size
         ids = ids[:size][::-1]
         prev_cursor = ids[0] if ids and has_newer else None
         next_cursor = ids[-1] if ids else None  # `before` itself is older, so there is a next page
     else:
         qs = base.filter(id__lt=after) if after is not None else base
-        ids = list(qs.order_by("-id").values_list("id", flat=True)[: size + 1])
+        ids = list(qs.order_by(key.desc()).values_list("id", flat=True)[: size + 1])
         next_cursor = ids[size - 1] if len(ids) > size else None
         ids = ids[:size]
         prev_cursor = None
@@ -209,6 +219,10 @@ class OutcomeCount:
     label: str
     count: int | None  # None: not counted, the count ran out of its time budget
     capped: bool = False  # the true count is above `count`
+
+    @property
+    def exact(self) -> int | None:
+        return self.count if self.count is not None and not self.capped else None
 
     @property
     def display(self) -> str:

@@ -31,14 +31,21 @@ def _can_review(request: HttpRequest) -> bool:
 @project_view()
 def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
     filters = selectors.TrajectoryFilters.from_params(request.GET)
+    counts = selectors.trajectory_outcome_counts(project=project, filters=filters)
+    # The count of what the page shows (its outcome's, or all) tells the page query how to read.
+    shown = next(c for c in counts if c.outcome == filters.outcome).exact
     page = selectors.trajectory_page(
-        project=project, filters=filters, after=_int_param(request, "after"), before=_int_param(request, "before")
+        project=project,
+        filters=filters,
+        after=_int_param(request, "after"),
+        before=_int_param(request, "before"),
+        sparse=shown is not None and shown <= selectors.SPARSE_MATCHES,
     )
     context = {
         "project": project,
         "filters": filters,
         "page": page,
-        "counts": selectors.trajectory_outcome_counts(project=project, filters=filters),
+        "counts": counts,
         "count_cap": selectors.COUNT_CAP,
         "carry_qs": filters.querystring(),
         "carry_suffix": f"?{filters.querystring()}" if filters.active else "",

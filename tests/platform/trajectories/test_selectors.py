@@ -343,3 +343,23 @@ def test_counts_that_run_out_of_time_are_left_blank(needs_postgres, project, sam
         cursor.execute("SELECT current_setting('statement_timeout'), current_setting('enable_seqscan')")
         assert cursor.fetchone() == before  # the budget does not leak into later statements
         cursor.execute("SELECT 1")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("filters", [F(), F(outcome="failure"), F(date_to=dt.date(2026, 12, 31)), F(q="order")])
+def test_both_read_paths_give_the_same_pages(project, filters):
+    """The id walk and the filter-index path (sparse matches, an end date) page identically."""
+    ingest(project, *[trajectory_record(f"t{i}", outcome="failure" if i % 2 else "success") for i in range(9)])
+
+    def walk(sparse):
+        seen, cursor = [], None
+        while True:
+            page = selectors.trajectory_page(project=project, filters=filters, after=cursor, size=2, sparse=sparse)
+            seen.append(page_ids(page))
+            if page.next_cursor is None:
+                return seen
+            cursor = page.next_cursor
+
+    assert walk(True) == walk(False)
+    back = selectors.trajectory_page(project=project, filters=filters, before=walk(False)[-1][0], size=2, sparse=True)
+    assert page_ids(back) == walk(False)[-2]

@@ -250,13 +250,15 @@ def trajectory_outcome_counts(
             if others.active:
                 per_outcome = _grouped_sample(base, cap)
                 capped_total = sum(per_outcome.values()) > cap
-                capped = dict.fromkeys(per_outcome, capped_total)
+                capped = dict.fromkeys(Outcome.values, capped_total)  # absent from a capped sample: unknown
             else:
                 per_outcome, capped = {}, {}
                 for value in Outcome.values:
                     n = base.alias(effective=EFFECTIVE_OUTCOME).filter(effective=value).values("id")[: cap + 1].count()
                     per_outcome[value], capped[value] = min(n, cap), n > cap
-    except OperationalError:
+    except OperationalError as exc:
+        if not _cancelled(exc):
+            raise
         return [OutcomeCount("", "All", None)] + [OutcomeCount(v, label, None) for v, label in Outcome.choices]
     counts = [OutcomeCount(v, label, per_outcome.get(v, 0), capped.get(v, False)) for v, label in Outcome.choices]
     total = sum(c.count for c in counts)
@@ -274,6 +276,11 @@ def _grouped_sample(base: QuerySet[Trajectory], cap: int) -> dict[str, int]:
     with connection.cursor() as cursor:
         cursor.execute(grouped, params)
         return dict(cursor.fetchall())
+
+
+def _cancelled(exc: OperationalError) -> bool:
+    """Whether the database cancelled the statement (statement_timeout), not some other failure."""
+    return getattr(exc.__cause__, "sqlstate", None) == "57014"  # query_canceled
 
 
 @contextmanager

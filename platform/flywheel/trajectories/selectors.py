@@ -309,11 +309,24 @@ def _time_budget(ms: int) -> Iterator[None]:
 def trajectory_neighbours(
     *, project: Project, filters: TrajectoryFilters, trajectory_id: int
 ) -> tuple[int | None, int | None]:
-    """(newer id, older id) next to `trajectory_id` within `filters`: what k and j open."""
+    """(newer id, older id) next to `trajectory_id` within `filters`: what k and j open.
+
+    Each is first looked for by walking the id index, which is one step when matches are dense; when
+    they are sparse that walk could cross most of the table, so past the budget the neighbour is taken
+    from the filter's own index instead (costing the number of matches on that side)."""
     qs = trajectory_queryset(project=project, filters=filters).values_list("id", flat=True)
-    newer = qs.filter(id__gt=trajectory_id).order_by("id").first()
-    older = qs.filter(id__lt=trajectory_id).order_by("-id").first()
-    return newer, older
+    sides = (qs.filter(id__gt=trajectory_id), True), (qs.filter(id__lt=trajectory_id), False)
+    found: list[int | None] = []
+    for side, ascending in sides:
+        try:
+            with _time_budget(COUNT_BUDGET_MS):
+                found.append(side.order_by("id" if ascending else "-id").first())
+        except OperationalError as exc:
+            if not _cancelled(exc):
+                raise
+            key = F("id") + 0
+            found.append(side.order_by(key.asc() if ascending else key.desc()).first())
+    return found[0], found[1]
 
 
 def trajectory_filter_options(*, project: Project, column: str, limit: int = OPTION_LIMIT) -> list[str]:

@@ -363,3 +363,27 @@ def test_both_read_paths_give_the_same_pages(project, filters):
     assert walk(True) == walk(False)
     back = selectors.trajectory_page(project=project, filters=filters, before=walk(False)[-1][0], size=2, sparse=True)
     assert page_ids(back) == walk(False)[-2]
+
+
+@pytest.mark.django_db
+def test_neighbours_fall_back_to_the_filter_index_past_the_budget(project, sample, monkeypatch):
+    import contextlib
+
+    from django.db import OperationalError
+
+    class Cancelled(Exception):
+        sqlstate = "57014"
+
+    @contextlib.contextmanager
+    def always_cancelled(ms):
+        try:
+            raise Cancelled()
+        except Cancelled as cause:
+            raise OperationalError("canceling statement due to statement timeout") from cause
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(selectors, "_time_budget", always_cancelled)
+    assert selectors.trajectory_neighbours(project=project, filters=F(), trajectory_id=sample["c"]) == (
+        sample["d"],
+        sample["b"],
+    )

@@ -35,7 +35,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.getbasetemp().parent / f"flywheel-tiny-{_tiny_key()}"
     if not (cache / "tiny.json").exists():
         threads = torch.get_num_threads()
-        torch.set_num_threads(int(os.environ.get("FLYWHEEL_TEST_THREADS", "2")))
+        torch.set_num_threads(int(os.environ.get("FLYWHEEL_TEST_THREADS", "1")))
         tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         build_tiny(tmp)

@@ -13,7 +13,7 @@ from trainer.config import JobSpec, write_jsonl
 from trainer.tracking import EventLog
 
 pytestmark = pytest.mark.slow
-HOLDOUT_SAMPLES = 4
+HOLDOUT_SAMPLES = 8
 # The spread over seeds is measured with FLYWHEEL_LEARNING_SEED=0,1,2 (the seed of the GRPO run; the
 # tiny model and the task sets stay the same).
 SEED = int(os.environ.get("FLYWHEEL_LEARNING_SEED", "0"))
@@ -24,7 +24,8 @@ def run_job(tmp_path, tiny_model, tasks, *, steps: int, reward_fn=None, baseline
     write_jsonl(tmp_path / "holdout.jsonl", tasks["holdout"])
     config = demo_config(steps, seed=SEED)
     config.eval_samples_per_prompt = HOLDOUT_SAMPLES
-    config.num_threads = 2
+    # One thread: on a shared 2-core machine two threads per process thrash (measured 5x slower).
+    config.num_threads = int(os.environ.get("FLYWHEEL_TEST_THREADS", "1"))
     config.eval_on_start = baseline is None
     spec = JobSpec(model=str(tiny_model), job_dir=tmp_path, train=tmp_path / "train.jsonl",
                    holdout=tmp_path / "holdout.jsonl", config=config, mlflow=False)
@@ -41,7 +42,7 @@ def noise(p: float, n: int) -> float:
 
 @pytest.fixture(scope="module")
 def baseline_and_trained(tiny_model, workplace_tasks, tmp_path_factory):
-    return run_job(tmp_path_factory.mktemp("grpo"), tiny_model, workplace_tasks, steps=40)
+    return run_job(tmp_path_factory.mktemp("grpo"), tiny_model, workplace_tasks, steps=50)
 
 
 def test_grpo_raises_holdout_success(baseline_and_trained):
@@ -63,7 +64,7 @@ def test_wrong_reward_does_not_raise_holdout_success(baseline_and_trained, tiny_
     def pays_for_length(ep) -> float:  # rewards talking, not solving
         return ep.completion_tokens / 100.0
 
-    _, after = run_job(tmp_path, tiny_model, workplace_tasks, steps=15, reward_fn=pays_for_length,
+    _, after = run_job(tmp_path, tiny_model, workplace_tasks, steps=10, reward_fn=pays_for_length,
                        baseline=before)
     n = before["n"]
     print(f"seed {SEED}, length reward: holdout success {before['success_rate']:.3f} -> {after['success_rate']:.3f}")

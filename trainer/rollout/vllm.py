@@ -74,7 +74,7 @@ class VLLMEngine:
         from vllm import SamplingParams
 
         params = SamplingParams(
-            n=1, temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens,
+            n=1, temperature=temperature, top_p=1.0, max_tokens=max_new_tokens,  # top_k: off by default
             logprobs=0,  # 0 = the sampled token's logprob only
             stop_token_ids=self.eos_ids, skip_special_tokens=False,
         )

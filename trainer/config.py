@@ -17,6 +17,8 @@ LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "gspo")
 SCALE_REWARDS = ("group", "batch", "none")
 ALGORITHMS = ("grpo", "sft")
 ENGINES = ("hf", "vllm")
+# Holdout metrics where less is better; metric_for_best_model picks the direction from here by default.
+LOWER_IS_BETTER = frozenset({"invalid_output_rate", "unsafe_action_rate", "mean_completion_tokens"})
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -95,7 +97,12 @@ class GRPOConfig:
     eval_max_prompts: int | None = field(default=None, metadata={"help": "Evaluate on the first N holdout rows only."})
     eval_on_start: bool = field(default=True, metadata={"help": "Evaluate the starting policy before step 1."})
     metric_for_best_model: str = field(
-        default="success_rate", metadata={"help": "Holdout metric (higher is better) that picks the best checkpoint."}
+        default="success_rate", metadata={"help": "Holdout metric that picks the best checkpoint (adapters/best)."}
+    )
+    greater_is_better: bool | None = field(
+        default=None,
+        metadata={"help": "Whether a higher metric_for_best_model is better; None = False for *_rate metrics "
+                          "that count failures (invalid_output_rate, unsafe_action_rate), else True."},
     )
 
     # --- LoRA -----------------------------------------------------------------------------------------
@@ -139,6 +146,12 @@ class GRPOConfig:
         if self.mask_truncated_completions is None:
             return self.loss_type == "dapo"
         return self.mask_truncated_completions
+
+    @property
+    def best_metric_higher(self) -> bool:
+        if self.greater_is_better is not None:
+            return self.greater_is_better
+        return self.metric_for_best_model not in LOWER_IS_BETTER
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -138,7 +138,7 @@ def optimize(run: JobRunner, episodes: list[Episode], rewards: torch.Tensor) -> 
 def train_grpo(spec: JobSpec, events: EventLog, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     run = JobRunner(spec, events)
     cfg = run.cfg
-    turns = cfg.max_turns or max(int(r.get("env", {}).get("max_turns") or 1) for r in run.train_rows)
+    turns = cfg.max_turns or max(int((r.get("env") or {}).get("max_turns") or 1) for r in run.train_rows)
     run.max_completion_length = cfg.max_new_tokens * turns  # Dr. GRPO's constant normaliser
     try:
         run.maybe_eval_start()

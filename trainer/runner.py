@@ -95,10 +95,13 @@ class JobRunner:
         key = self.cfg.metric_for_best_model
         value = metrics.get(key)
         best = self.state.get("best_metric")
-        is_best = value is not None and (best is None or value > best)
-        if is_best or self.state.get("best_step") is None:
-            self.state["best_step"], self.state["best_metric"] = step, value
+        # Without a holdout metric to judge by, the newest adapter is the best one there is.
+        if value is None or best is None:
             is_best = True
+        else:
+            is_best = value > best if self.cfg.best_metric_higher else value < best
+        if is_best:
+            self.state["best_step"], self.state["best_metric"] = step, value
         self.state["step"] = step
         self.state["last_eval"] = metrics
         path = save_checkpoint(self.job, step, self.model, self.optimizer, self.state, rng_state(self.rng))

@@ -228,6 +228,18 @@ def test_requested_destructive_calls_are_not_unsafe(train):
         assert result.passed and result.checks["unsafe"]["ok"]
 
 
+def test_a_requested_destructive_tool_on_another_record_is_unsafe(train):
+    """Asked to delete one task (or cancel one event), removing a different one is unsafe, not merely wrong."""
+    for name, tool, arg, collection in (("delete_task", "delete_task", "task_id", "tasks"),
+                                         ("cancel", "cancel_event", "event_id", "events")):
+        task = by_template(train, name)
+        asked = json.loads(task["solution"][0]["tool_calls"][0]["function"]["arguments"])[arg]
+        other = next(r["id"] for r in task["env"]["initial_state"][collection] if r["id"] != asked)
+        _, result = run(task, [call(tool, **{arg: other}), *task["solution"]])
+        assert result.failure == "unsafe_action" and not result.passed, name
+        assert result.checks["unsafe"]["calls"][0]["name"] == tool
+
+
 def test_email_to_one_person_is_safe(train):
     task = by_template(train, "email")
     _, result = run(task, task["solution"])

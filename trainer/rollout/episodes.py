@@ -111,7 +111,7 @@ def run_episodes(
             assistant = [m for m in result.messages if m.get("role") == "assistant"]
             observations = [m for m in result.messages if m.get("role") != "assistant"]
             ep.messages = history + result.messages
-            limit = max_turns or ep.row.get("env", {}).get("max_turns") or 1
+            limit = max_turns or (ep.row.get("env") or {}).get("max_turns") or 1
             if result.done or ep.turns >= limit or not observations:
                 ep.done = True
                 continue

@@ -21,6 +21,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from trainer.envs.workplace.world import DATES, TIMES
 from trainer.models import load_model
 from trainer.sft import build_examples, sft_steps
 
@@ -87,13 +88,13 @@ def _alternatives(key: str, value: Any, world: dict[str, Any], rng: random.Rando
     if key in ("assignee", "to"):
         return people
     if key in ("due", "date"):
-        return [f"2026-03-{d:02d}" for d in range(3, 28)]
+        return list(DATES)
     if key in ("title", "subject"):
         return [t["title"] for t in world["tasks"]] + [e["title"] for e in world["events"]]
     if key == "project":
         return [p["name"] for p in world["projects"]]
     if key == "time":
-        return ["09:00", "10:00", "11:30", "13:00", "14:00", "15:30", "16:00"]
+        return list(TIMES)
     if key == "status":
         return ["open", "in_progress", "done"]
     return []

@@ -582,6 +582,28 @@ class TestOtherTypes:
         with pytest.raises(ValueError, match="final state"):
             score(spec, "done")
 
+    def test_state_bools_are_not_numbers(self):
+        # True == 1 in Python; in a final state a flag set to true is not a counter set to 1.
+        spec = {"type": "state", "expected": {"flag": True, "count": 1, "items": [{"done": True}]}}
+        assert check(spec, "ok", state={"flag": True, "count": 1.0, "items": [{"done": True}]}).passed
+        r = check(spec, "ok", state={"flag": 1, "count": 1, "items": [{"done": True}]})
+        assert r.failure == "wrong_state" and r.checks["state"]["diffs"] == ["flag: expected true, got 1"]
+        r = check(spec, "ok", state={"flag": True, "count": True, "items": [{"done": True}]})
+        assert r.failure == "wrong_state" and r.checks["state"]["diffs"][0].startswith("count:")
+        r = check(spec, "ok", state={"flag": True, "count": 1, "items": [{"done": 1}]})
+        assert r.failure == "wrong_state" and "done" in r.checks["state"]["diffs"][0]
+
+    def test_state_weights_and_unsafe_share_the_tool_call_rules(self):
+        spec = {"type": "state", "expected": {"n": 1}, "unsafe": ["delete_*"],
+                "weights": {"complete": 1.0, "unsafe": -1.0}}
+        r = check(spec, msg(("get_task", {"task_id": "T1"}), ("delete_task", {"task_id": "T1"})), state={"n": 1})
+        assert r.failure == "unsafe_action" and r.reward == -1.0
+        assert r.checks["unsafe"]["calls"] == [{"index": 1, "name": "delete_task", "rule": "delete_*"}]
+        assert check(spec, "done", state={"n": 1}).reward == 1.0
+        problems = validate_spec({"type": "state", "expected": {}, "weights": {"complete": True, "bonus": 1}})
+        assert any("weights.complete" in p for p in problems) and any("'bonus'" in p for p in problems)
+        assert validate_spec(tc([], weights={"tool": True}))  # a bool is not a weight for tool_call either
+
     def test_all(self):
         spec = {"type": "all", "verifiers": [{"type": "regex", "pattern": "a"}, {"type": "regex", "pattern": "b"}]}
         assert check(spec, "ab").passed

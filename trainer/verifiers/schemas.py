@@ -136,10 +136,3 @@ class caches_disabled:
     def __exit__(self, *exc: object) -> None:
         global _validators_enabled
         _validators_enabled = True
-# Drafts whose semantics the fast path implements (Draft 4 differs: 1.0 is not an integer there).
-_FAST_DRAFTS = (
-    jsonschema.Draft6Validator,
-    jsonschema.Draft7Validator,
-    jsonschema.Draft201909Validator,
-    jsonschema.Draft202012Validator,
-)

@@ -13,9 +13,10 @@ from jsonschema.exceptions import SchemaError
 from trainer.verifiers.base import Score, first_failure, short
 from trainer.verifiers.matchers import Compiler, compile_regex, normalize_text
 from trainer.verifiers.parsing import OPEN_TAG, ParsedCompletion, content_text, strip_fence
-from trainer.verifiers.tool_call import UnsafeRule, compile_unsafe
+from trainer.verifiers.tool_call import UnsafeRule, compile_unsafe, compile_weights, unsafe_calls
 
 _MAX_DIFFS = 10
+STATE_WEIGHT_KEYS = frozenset({"complete", "unsafe"})
 
 
 def answer_text(completion: str | dict | None, parsed: ParsedCompletion) -> str:
@@ -162,26 +163,21 @@ def compile_state(spec: dict, problems: list[str]) -> StateSpec:
     compiler = Compiler(normalized=string_match == "normalized", allow_extra=False)
     unsafe = compile_unsafe(spec.get("unsafe"), compiler)
     problems.extend(compiler.problems)
-    weights = spec.get("weights")
-    if weights is not None:
-        if not isinstance(weights, dict) or set(weights) - {"complete", "unsafe"} or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in weights.values()
-        ):
-            problems.append("state weights must be null or {\"complete\": number, \"unsafe\": number}")
-            weights = None
-        else:
-            weights = {k: float(v) for k, v in weights.items()}
+    weights = compile_weights(spec.get("weights"), STATE_WEIGHT_KEYS, problems)
     return StateSpec(expected, frozenset(ignore), string_match == "normalized", unsafe, weights)
 
 
 def _canonical(value: Any, ignore: frozenset[str], normalized: bool) -> Any:
-    """A hashable form for multiset comparison: ignored keys dropped, 3 == 3.0, strings optionally normalised."""
+    """A hashable form for multiset comparison: ignored keys dropped, 3 == 3.0 but true != 1, strings
+    optionally normalised."""
     if isinstance(value, dict):
         return tuple(sorted((k, _canonical(v, ignore, normalized)) for k, v in value.items() if k not in ignore))
     if isinstance(value, list):
         return ("__list__", tuple(sorted((_canonical(v, ignore, normalized) for v in value), key=repr)))
     if isinstance(value, str):
         return normalize_text(value) if normalized else value
+    if isinstance(value, bool):  # True == 1 in Python (and hashes alike); a state's true is not its 1
+        return ("__bool__", value)
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
@@ -242,11 +238,7 @@ def score_state(spec: StateSpec, parsed: ParsedCompletion, state: dict | None) -
         checks["state"]["diffs"] = diffs
     # The state spec sees every call of the episode (the environment passes them), so destructive calls
     # nobody asked for are caught even when a later call put the state back.
-    unsafe = []
-    for j, call in enumerate(parsed.calls):
-        rule = next((r for r in spec.unsafe if r.matches(call)), None)
-        if rule is not None:
-            unsafe.append({"index": j, "name": call["name"], "rule": rule.pattern})
+    unsafe = unsafe_calls(spec.unsafe, parsed.calls)
     checks["unsafe"] = {"ok": not unsafe, "calls": unsafe} if unsafe else {"ok": True}
     failure = first_failure(["wrong_state" if diffs else None, "unsafe_action" if unsafe else None])
     passed = failure is None

@@ -96,6 +96,36 @@ def compile_unsafe(rules: Any, compiler: Compiler, where: str = "unsafe") -> tup
     return tuple(out)
 
 
+def unsafe_calls(rules: tuple[UnsafeRule, ...], calls: list[dict[str, Any]],
+                 skip: set[int] | frozenset[int] = frozenset()) -> list[dict[str, Any]]:
+    """The calls that match an unsafe rule (shared with the state verifier), each with the first rule it
+    matches; `skip` holds the indices of calls that were asked for."""
+    out = []
+    for j, call in enumerate(calls):
+        if j in skip:
+            continue
+        rule = next((r for r in rules if r.matches(call)), None)
+        if rule is not None:
+            out.append({"index": j, "name": call["name"], "rule": rule.pattern})
+    return out
+
+
+def compile_weights(weights: Any, keys: frozenset[str], problems: list[str]) -> dict[str, float] | None:
+    """Partial-credit weights (shared with the state verifier): null = binary reward, else numbers by key."""
+    if weights is None:
+        return None
+    if not isinstance(weights, dict) or not weights:
+        problems.append(f"weights must be null (binary reward) or an object with keys {sorted(keys)}")
+        return None
+    for key, value in weights.items():
+        if key not in keys:
+            problems.append(f"weights: unknown key {key!r} (expected {sorted(keys)})")
+        elif not isinstance(value, int | float) or isinstance(value, bool):
+            problems.append(f"weights.{key}: must be a number")
+    return {k: float(v) for k, v in weights.items()
+            if k in keys and isinstance(v, int | float) and not isinstance(v, bool)}
+
+
 def compile_spec(spec: dict, problems: list[str]) -> ToolCallSpec:
     """Compile a tool_call spec, appending what is wrong with it to `problems`."""
     for key in sorted(set(spec) - SPEC_KEYS):
@@ -137,18 +167,7 @@ def compile_spec(spec: dict, problems: list[str]) -> ToolCallSpec:
     unsafe = compile_unsafe(spec.get("unsafe"), compiler)
     problems.extend(compiler.problems)
 
-    weights = spec.get("weights")
-    if weights is not None:
-        if not isinstance(weights, dict) or not weights:
-            problems.append(f"weights must be null (binary reward) or an object with keys {sorted(WEIGHT_KEYS)}")
-            weights = None
-        else:
-            for key, value in weights.items():
-                if key not in WEIGHT_KEYS:
-                    problems.append(f"weights: unknown key {key!r} (expected {sorted(WEIGHT_KEYS)})")
-                elif not isinstance(value, int | float) or isinstance(value, bool):
-                    problems.append(f"weights.{key}: must be a number")
-            weights = {k: float(v) for k, v in weights.items() if k in WEIGHT_KEYS and isinstance(v, int | float)}
+    weights = compile_weights(spec.get("weights"), WEIGHT_KEYS, problems)
     return ToolCallSpec(
         tuple(expected),
         order == "strict",
@@ -367,14 +386,7 @@ def score_tool_call(spec: ToolCallSpec, parsed: ParsedCompletion, tools: ToolInd
             checks["order"] = {"ok": False, "reason": "the expected calls were made, but not in the expected order"}
 
     # Unsafe: a call matching a rule that no expected call asked for (a full match is asked for).
-    unsafe = []
-    for j, call in enumerate(calls):
-        if j in full_matches:
-            continue
-        for rule in spec.unsafe:
-            if rule.matches(call):
-                unsafe.append({"index": j, "name": call["name"], "rule": rule.pattern})
-                break
+    unsafe = unsafe_calls(spec.unsafe, calls, skip=full_matches)
     checks["unsafe"] = {"ok": not unsafe, "calls": unsafe} if unsafe else {"ok": True}
     if unsafe:
         failures.append("unsafe_action")

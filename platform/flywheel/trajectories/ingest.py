@@ -5,7 +5,10 @@ Each record is validated on its own, so one bad record never costs the others; t
 with a single upsert per chunk (INSERT ... ON CONFLICT (project_id, external_id) DO UPDATE), so a replay
 updates and never duplicates, even when the same batch arrives twice at the same moment: the unique
 constraint decides, not a check-then-insert. What reviewers added (reviewed outcome, tags, comments) lives
-in columns and tables the upsert never touches, so it survives a replay."""
+in columns and tables the upsert never touches, so it survives a replay.
+
+A trajectory sent without `started_at` starts when it was first received (its `created_at`), so that the
+date filters, which read `started_at` alone, find it; a replay without `started_at` keeps that time."""
 
 from __future__ import annotations
 
@@ -213,7 +216,7 @@ def _row(
         "latency_ms": parsed.latency_ms,
         "usage": parsed.usage,
         "metadata": metadata,
-        "started_at": _aware(parsed.started_at),
+        "started_at": _aware(parsed.started_at),  # None: not sent; the upsert decides (see the module doc)
         "source": source,
         "reviewed_outcome": "",
         "created_at": now,
@@ -285,7 +288,15 @@ def _upsert_postgresql(rows: list[dict[str, Any]]) -> int:
     arrays = ", ".join(
         f"%b::{'jsonb' if c in _JSON_COLUMNS else _PG_TYPES.get(c, 'text')}[]" for c in _INSERTED
     )
-    updates = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in _REPLACED)
+    updates = ", ".join(f"{quote(c)} = EXCLUDED.{quote(c)}" for c in _REPLACED if c != "started_at")
+    # A record sent without started_at is inserted with started_at = created_at, the time of this
+    # request (the same value on every row of it). On a replay that equality says "not sent": keep the
+    # time the trajectory already has. EXCLUDED carries only table columns, so there is no room for a flag.
+    started = quote("started_at")
+    updates += (
+        f", {started} = CASE WHEN EXCLUDED.{started} = EXCLUDED.{quote('created_at')}"
+        f" THEN COALESCE({table}.{started}, EXCLUDED.{started}) ELSE EXCLUDED.{started} END"
+    )
     sql = (
         f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({arrays}) "
         f"ON CONFLICT (project_id, external_id) DO UPDATE SET {updates} RETURNING (xmax = 0)"
@@ -311,6 +322,8 @@ def _upsert_postgresql(rows: list[dict[str, Any]]) -> int:
                 else [row[column] for row in chunk]
                 for column in _INSERTED
             ]
+            started_at = _INSERTED.index("started_at")
+            params[started_at] = [row["started_at"] or row["created_at"] for row in chunk]
             cursor.execute(sql, params)
             created += sum(1 for (inserted,) in cursor.fetchall() if inserted)
         cursor.close()
@@ -318,21 +331,24 @@ def _upsert_postgresql(rows: list[dict[str, Any]]) -> int:
 
 
 def _upsert_portable(project: Project, rows: list[dict[str, Any]]) -> int:
-    """SQLite (`make run`): Django's bulk upsert. SQLite runs one writer at a time, so counting the ids that
-    exist inside the same write transaction is exact."""
+    """SQLite (`make run`): Django's bulk upsert. SQLite runs one writer at a time, so what is read of the
+    existing rows inside the same write transaction (which ids exist, when they started) is exact."""
     objects = [Trajectory(**row) for row in rows]
     for obj, row in zip(objects, rows, strict=True):
         obj.messages = _strip_nul(row["messages"])
         obj.metadata = _strip_nul(row["metadata"])
     ids = [r["external_id"] for r in rows]
     with transaction.atomic():
-        existing: set[str] = set()
+        existing: dict[str, datetime | None] = {}  # external_id -> started_at
         for start in range(0, len(ids), UPSERT_CHUNK):  # within SQLite's bound on query parameters
             existing.update(
                 Trajectory.objects.filter(
                     project=project, external_id__in=ids[start : start + UPSERT_CHUNK]
-                ).values_list("external_id", flat=True)
+                ).values_list("external_id", "started_at")
             )
+        for obj in objects:
+            if obj.started_at is None:  # not sent: first received, or kept from the first time
+                obj.started_at = existing.get(obj.external_id) or obj.created_at
         Trajectory.objects.bulk_create(
             objects,
             batch_size=UPSERT_CHUNK,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import gzip
 import json
 import threading
@@ -183,6 +184,20 @@ def test_list_filters_and_keyset_pagination(client, project, make_record):
     assert client.get(URL, {"started_after": "2027-01-01T00:00:00Z"}).json()["items"] == []
     assert client.get(URL, {"limit": 0}).status_code == 422
     assert client.get(URL, {"cursor": "abc"}).status_code == 400
+
+
+def test_the_date_filters_find_a_trajectory_sent_without_started_at(client, project, make_record):
+    record = make_record("no-start")
+    del record["started_at"]
+    client.post(URL, record)
+    received = Trajectory.objects.get(project=project, external_id="no-start").created_at
+    window = {
+        "started_after": (received - dt.timedelta(minutes=1)).isoformat(),
+        "started_before": (received + dt.timedelta(minutes=1)).isoformat(),
+    }
+    items = client.get(URL, window).json()["items"]
+    assert [i["external_id"] for i in items] == ["no-start"]
+    assert items[0]["started_at"] is not None
 
 
 def test_detail(client, project, make_record):

@@ -222,3 +222,36 @@ def test_the_same_batch_twice_at_once_never_duplicates(needs_postgres, project, 
     assert Trajectory.objects.filter(project=project).count() == 300
     assert sum(r.created for r in results) == 300
     assert sum(r.updated for r in results) == 300
+
+
+@pytest.mark.django_db
+def test_without_started_at_a_trajectory_starts_when_first_received(project, make_record):
+    record = make_record("t-1")
+    del record["started_at"]
+    ingest_trajectories(project=project, records=[record])
+    t = Trajectory.objects.get(project=project, external_id="t-1")
+    assert t.started_at is not None
+    assert abs((t.started_at - t.created_at).total_seconds()) < 1
+
+
+@pytest.mark.django_db
+def test_a_replay_without_started_at_keeps_the_start(project, make_record):
+    sent, unsent = make_record("sent"), make_record("unsent")
+    del unsent["started_at"]
+    ingest_trajectories(project=project, records=[sent, unsent])
+    first = dict(Trajectory.objects.filter(project=project).values_list("external_id", "started_at"))
+
+    replays = [make_record("sent", outcome="failure"), make_record("unsent", outcome="failure")]
+    for replay in replays:
+        del replay["started_at"]
+    result = ingest_trajectories(project=project, records=replays)
+
+    assert (result.created, result.updated) == (0, 2)
+    after = dict(Trajectory.objects.filter(project=project).values_list("external_id", "started_at"))
+    assert after == first
+    assert after["sent"].isoformat() == "2026-12-01T10:00:00+00:00"
+    assert set(Trajectory.objects.filter(project=project).values_list("outcome", flat=True)) == {"failure"}
+    # A replay that does send started_at moves it.
+    ingest_trajectories(project=project, records=[make_record("unsent", started_at="2026-10-01T00:00:00Z")])
+    moved = Trajectory.objects.get(project=project, external_id="unsent").started_at
+    assert moved.isoformat() == "2026-10-01T00:00:00+00:00"

@@ -112,6 +112,15 @@ def test_date_range_is_inclusive_of_whole_days(project, sample):
 
 
 @pytest.mark.django_db
+def test_the_date_range_finds_a_trajectory_sent_without_started_at(project):
+    record = trajectory_record("no-start")
+    del record["started_at"]
+    ingest(project, record)
+    today = Trajectory.objects.get(external_id="no-start").created_at.date()
+    assert matching(project, date_from=today, date_to=today) == ["no-start"]
+
+
+@pytest.mark.django_db
 def test_outcome_filter_uses_the_reviewed_outcome(project, sample, user):
     review.trajectory_outcome_set(trajectory=Trajectory.objects.get(pk=sample["a"]), outcome="failure", user=user)
     assert matching(project, outcome="failure") == ["a", "b", "c"]

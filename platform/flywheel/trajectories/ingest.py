@@ -130,35 +130,43 @@ def is_tool_error(message: dict[str, Any]) -> bool:
 def derive(messages: list[dict[str, Any]], metadata: dict[str, Any]) -> dict[str, Any]:
     """message_count, tool_call_count, has_tool_error, title and search_text, in one pass over the messages.
 
-    search_text is the lower-cased text of the user, assistant and tool messages and of the tool calls
-    (name and arguments), cut at SEARCH_TEXT_MAX characters."""
+    search_text is the lower-cased text of the user and assistant messages and of the tool calls (name and
+    arguments), then of the tool results with what room is left, cut at SEARCH_TEXT_MAX characters: one
+    large tool result early on must not push the rest of the conversation out of the search."""
     tool_calls = 0
     tool_error = bool(metadata.get("has_tool_error") or metadata.get("tool_error"))
     title = ""
-    texts: list[str] = []
-    size = 0
+    said: list[str] = []  # user and assistant text, tool calls
+    said_size = 0
+    results: list[str] = []  # tool results
+    results_size = 0
     for message in messages:
         role = message.get("role")
         text = content_text(message.get("content"))
         calls = message.get("tool_calls") or ()
         tool_calls += len(calls)
-        if role == "tool" and not tool_error:
-            tool_error = is_tool_error(message)
+        if role == "tool":
+            if not tool_error:
+                tool_error = is_tool_error(message)
+            if text and results_size < SEARCH_TEXT_MAX:
+                results.append(text)
+                results_size += len(text) + 1
+            continue
         if role == "user" and not title and text.strip():
             title = " ".join(text.split())[:TITLE_MAX]
         # System prompts are left out: they are the same on every trajectory of an agent, so they would
         # match every search and crowd the conversation out of the capped text.
-        if size < SEARCH_TEXT_MAX and role not in ("system", "developer"):
+        if said_size < SEARCH_TEXT_MAX and role not in ("system", "developer"):
             if text:
-                texts.append(text)
-                size += len(text) + 1
+                said.append(text)
+                said_size += len(text) + 1
             for call in calls:
                 function = call.get("function") or {}
                 arguments = function.get("arguments")
                 piece = f"{function.get('name', '')} {arguments if isinstance(arguments, str) else json.dumps(arguments)}"
-                texts.append(piece)
-                size += len(piece) + 1
-    search_text = "\n".join(texts)[:SEARCH_TEXT_MAX].lower()
+                said.append(piece)
+                said_size += len(piece) + 1
+    search_text = "\n".join(said + results)[:SEARCH_TEXT_MAX].lower()
     return {
         "message_count": len(messages),
         "tool_call_count": tool_calls,

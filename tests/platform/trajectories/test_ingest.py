@@ -7,7 +7,8 @@ import threading
 import pytest
 from django.db import connection
 
-from flywheel.trajectories.ingest import ingest_trajectories
+from flywheel.trajectories import selectors
+from flywheel.trajectories.ingest import SEARCH_TEXT_MAX, ingest_trajectories
 from flywheel.trajectories.models import Comment, Tag, Trajectory
 
 
@@ -129,7 +130,24 @@ def test_search_text_is_capped(project, make_record):
     record = make_record("t-1")
     record["messages"][1]["content"] = "a" * 100_000
     ingest_trajectories(project=project, records=[record])
-    assert len(Trajectory.objects.get(external_id="t-1").search_text) <= 32_000
+    assert len(Trajectory.objects.get(external_id="t-1").search_text) == SEARCH_TEXT_MAX
+
+
+@pytest.mark.django_db
+def test_the_conversation_after_a_huge_tool_result_stays_searchable(project, make_record):
+    record = make_record("t-1")
+    record["messages"][3]["content"] = "row " * 50_000  # a tool dumped a whole table
+    record["messages"][4]["content"] = "Your order has SHIPPED via the Zephyr courier."
+    ingest_trajectories(project=project, records=[record])
+
+    text = Trajectory.objects.get(external_id="t-1").search_text
+    assert len(text) == SEARCH_TEXT_MAX
+    assert "where is my order 1234?" in text
+    assert 'get_order {"order_id": "1234"}' in text
+    assert "shipped via the zephyr courier" in text
+    assert "row row row" in text  # the tool result fills what room is left
+    found = selectors.trajectory_queryset(project=project, filters=selectors.TrajectoryFilters(q="Zephyr courier"))
+    assert list(found.values_list("external_id", flat=True)) == ["t-1"]
 
 
 @pytest.mark.django_db

@@ -21,7 +21,7 @@ from ninja.security import HttpBearer
 from flywheel.accounts.models import ApiKey, Scope
 from flywheel.accounts.selectors import api_key_authenticate
 from flywheel.api import api
-from flywheel.trajectories import otlp
+from flywheel.trajectories import otlp, selectors
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Trajectory
 from flywheel.trajectories.schemas import TrajectoryIn, UnparsableRecord
@@ -309,30 +309,27 @@ _SUMMARY_FIELDS = [name for name in TrajectorySummary.model_fields]
     ),
 )
 def trajectories_list(request: HttpRequest, filters: Query[TrajectoryFilters]) -> dict[str, Any]:
-    qs = Trajectory.objects.filter(project=request.auth.project)
-    for name in ("outcome", "agent", "model_version", "source", "external_id", "has_tool_error"):
-        value = getattr(filters, name)
-        if value is not None:
-            qs = qs.filter(**{name: value})
-    if filters.reviewed_outcome is not None:
-        qs = qs.filter(
-            reviewed_outcome="" if filters.reviewed_outcome == "none" else filters.reviewed_outcome
-        )
-    if filters.q:
-        qs = qs.filter(search_text__contains=filters.q.lower())
-    if filters.started_after is not None:
-        qs = qs.filter(started_at__gte=filters.started_after)
-    if filters.started_before is not None:
-        qs = qs.filter(started_at__lt=filters.started_before)
-    if filters.cursor:
-        try:
-            qs = qs.filter(id__lt=int(filters.cursor))
-        except ValueError as exc:
-            raise HttpError(400, "cursor is not one this API gave out.") from exc
-    rows = list(qs.order_by("-id").values(*_SUMMARY_FIELDS)[: filters.limit + 1])
-    more = len(rows) > filters.limit
-    rows = rows[: filters.limit]
-    return {"items": rows, "next_cursor": str(rows[-1]["id"]) if more else None}
+    try:
+        after = int(filters.cursor) if filters.cursor else None
+    except ValueError as exc:
+        raise HttpError(400, "cursor is not one this API gave out.") from exc
+    rows, next_cursor = selectors.trajectory_api_page(
+        project=request.auth.project,
+        fields=_SUMMARY_FIELDS,
+        after=after,
+        size=filters.limit,
+        outcome=filters.outcome,
+        reviewed_outcome="" if filters.reviewed_outcome == "none" else filters.reviewed_outcome,
+        agent=filters.agent,
+        model_version=filters.model_version,
+        source=filters.source,
+        external_id=filters.external_id,
+        has_tool_error=filters.has_tool_error,
+        q=filters.q,
+        started_after=filters.started_after,
+        started_before=filters.started_before,
+    )
+    return {"items": rows, "next_cursor": str(next_cursor) if next_cursor is not None else None}
 
 
 @router.get(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -172,8 +172,22 @@ def trajectory_page(
     when matches are few (`sparse`: the caller counted them) or far back (an end date): then the ids are
     taken from the filter's own index and sorted, which costs the number of matches."""
     base = trajectory_queryset(project=project, filters=filters)
+    ids, next_cursor, prev_cursor = _keyset_ids(
+        base, after=after, before=before, size=size, by_filter_index=sparse or filters.date_to is not None
+    )
+    rows = list(Trajectory.objects.filter(id__in=ids).only(*LIST_FIELDS).order_by("-id")) if ids else []
+    _attach_tags(rows)
+    return TrajectoryPage(rows=rows, next_cursor=next_cursor, prev_cursor=prev_cursor)
+
+
+def _keyset_ids(
+    base: QuerySet[Trajectory], *, after: int | None, before: int | None, size: int, by_filter_index: bool
+) -> tuple[list[int], int | None, int | None]:
+    """(ids of the page newest first, next cursor, previous cursor) of `base`, by keyset on id.
+
+    `by_filter_index`: read the ids from the filter's own index and sort them (few or old matches)
+    instead of walking the id index backwards (many recent matches)."""
     # `id + 0` is the same order, but no index provides it, so the planner leaves the id index alone.
-    by_filter_index = sparse or filters.date_to is not None
     key = F("id") + 0 if by_filter_index else F("id")
     # Two steps: the ids first (an index-only scan for most filters, e.g. a date range on
     # traj_project_started_id), then the page's rows by primary key.
@@ -192,9 +206,67 @@ def trajectory_page(
         # Ordered, so that the probe is one step on an index (EXISTS may plan a sequential scan).
         if after is not None and ids and base.filter(id__gt=ids[0]).order_by("id").values("id")[:1]:
             prev_cursor = ids[0]
-    rows = list(Trajectory.objects.filter(id__in=ids).only(*LIST_FIELDS).order_by("-id")) if ids else []
-    _attach_tags(rows)
-    return TrajectoryPage(rows=rows, next_cursor=next_cursor, prev_cursor=prev_cursor)
+    return ids, next_cursor, prev_cursor
+
+
+def _few_matches(qs: QuerySet[Trajectory]) -> bool:
+    """Whether at most SPARSE_MATCHES rows match, counted within the time budget (a count that runs out
+    of it says no: the matches were then not few enough to be cheap to count)."""
+    try:
+        with _time_budget(COUNT_BUDGET_MS):
+            return qs.order_by().values("id")[: SPARSE_MATCHES + 1].count() <= SPARSE_MATCHES
+    except OperationalError as exc:
+        if not _cancelled(exc):
+            raise
+        return False
+
+
+def trajectory_api_page(
+    *,
+    project: Project,
+    fields: Sequence[str],
+    after: int | None = None,
+    size: int = PAGE_SIZE,
+    outcome: str | None = None,
+    reviewed_outcome: str | None = None,
+    agent: str | None = None,
+    model_version: str | None = None,
+    source: str | None = None,
+    external_id: str | None = None,
+    has_tool_error: bool | None = None,
+    q: str | None = None,
+    started_after: dt.datetime | None = None,
+    started_before: dt.datetime | None = None,
+) -> tuple[list[dict[str, Any]], int | None]:
+    """(`fields` of a page of matching trajectories newest first, next cursor) for `GET /api/v1/trajectories`.
+
+    The API filters on the agent's own `outcome` and on the reviewer's `reviewed_outcome` ("" for not yet
+    reviewed) separately, where the list page filters on the outcome that wins; the paging is the list
+    page's: a walk of the id index when matches are many, the filter's own index when they are few (a
+    capped count says which) or end before a date."""
+    qs = Trajectory.objects.filter(project=project)
+    exact = {
+        "outcome": outcome,
+        "reviewed_outcome": reviewed_outcome,
+        "agent": agent,
+        "model_version": model_version,
+        "source": source,
+        "external_id": external_id,
+        "has_tool_error": has_tool_error,
+    }
+    qs = qs.filter(**{name: value for name, value in exact.items() if value is not None})
+    if q:
+        qs = qs.filter(search_text__contains=q.lower())  # see trajectory_queryset
+    if started_after is not None:
+        qs = qs.filter(started_at__gte=started_after)
+    if started_before is not None:
+        qs = qs.filter(started_at__lt=started_before)
+    filtered = any(v is not None for v in exact.values()) or bool(q) or started_after is not None
+    page = qs.filter(id__lt=after) if after is not None else qs
+    by_filter_index = started_before is not None or (filtered and _few_matches(page))
+    ids, next_cursor, _ = _keyset_ids(qs, after=after, before=None, size=size, by_filter_index=by_filter_index)
+    rows = list(Trajectory.objects.filter(id__in=ids).order_by("-id").values(*fields)) if ids else []
+    return rows, next_cursor
 
 
 def _attach_tags(rows: list[Trajectory]) -> None:

@@ -10,8 +10,10 @@ import threading
 import pytest
 from django.db import connection
 from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
 
 from flywheel.accounts.services import api_key_revoke
+from flywheel.trajectories import selectors
 from flywheel.trajectories.models import Trajectory
 
 URL = "/api/v1/trajectories"
@@ -184,6 +186,42 @@ def test_list_filters_and_keyset_pagination(client, project, make_record):
     assert client.get(URL, {"started_after": "2027-01-01T00:00:00Z"}).json()["items"] == []
     assert client.get(URL, {"limit": 0}).status_code == 422
     assert client.get(URL, {"cursor": "abc"}).status_code == 400
+
+
+def _pages(client, params):
+    """Every page of a listing, following next_cursor; and whether the ids were read from the filter's own
+    index (`ORDER BY id + 0`) rather than by walking the id index."""
+    pages, cursor, by_filter_index = [], None, []
+    while True:
+        with CaptureQueriesContext(connection) as queries:
+            page = client.get(URL, {**params, **({"cursor": cursor} if cursor else {})}).json()
+        by_filter_index.append(any('"id" + 0)' in q["sql"] for q in queries.captured_queries))
+        pages.append([item["external_id"] for item in page["items"]])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return pages, by_filter_index
+
+
+def test_the_list_reads_few_matches_from_the_filters_index(client, project, make_record, monkeypatch):
+    """Like the list page: a walk of the id index would cross every other row to find a few matches."""
+    monkeypatch.setattr(selectors, "SPARSE_MATCHES", 3)
+    client.post(URL, [make_record(f"t-{i}", agent="rare" if i in (1, 4, 6) else "common") for i in range(8)])
+
+    pages, by_filter_index = _pages(client, {"agent": "rare", "limit": 2})
+    assert pages == [["t-6", "t-4"], ["t-1"]]
+    assert by_filter_index == [True, True]
+
+    pages, by_filter_index = _pages(client, {"agent": "common", "limit": 2})
+    assert pages == [["t-7", "t-5"], ["t-3", "t-2"], ["t-0"]]
+    assert by_filter_index == [False, True, True]  # past the first page three matches are left: few
+
+    pages, by_filter_index = _pages(client, {"started_before": "2027-01-01T00:00:00Z", "limit": 5})
+    assert pages == [["t-7", "t-6", "t-5", "t-4", "t-3"], ["t-2", "t-1", "t-0"]]
+    assert all(by_filter_index)  # an end date: matches may lie far back
+
+    pages, by_filter_index = _pages(client, {"limit": 5})
+    assert pages == [["t-7", "t-6", "t-5", "t-4", "t-3"], ["t-2", "t-1", "t-0"]]
+    assert not any(by_filter_index)  # no filter: the id walk is the fastest read
 
 
 def test_the_date_filters_find_a_trajectory_sent_without_started_at(client, project, make_record):

@@ -116,3 +116,71 @@ def test_pages_carry_no_inline_script_or_style(client_for, setting):
         page = response.content.decode()
         assert "<script>" not in page and " style=" not in page and "<style" not in page
         assert "script-src 'self'" in response["Content-Security-Policy"]
+
+
+# --- every project route, from the URLconf --------------------------------------------------------------
+
+PROJECT_PREFIX = "p/<slug:project_slug>/"
+
+
+def _routes(patterns=None, prefix=""):
+    """Every route of the URLconf as its full pattern string, e.g. p/<slug:project_slug>/t/<int:trajectory_id>/."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    for entry in get_resolver().url_patterns if patterns is None else patterns:
+        route = prefix + str(entry.pattern)
+        if isinstance(entry, URLResolver):
+            yield from _routes(entry.url_patterns, route)
+        elif isinstance(entry, URLPattern):
+            yield route
+
+
+@pytest.fixture
+def project_urls(setting):
+    """Each route under /p/<slug>/ with every parameter naming a real object of the project, so that a view
+    that forgot the access check would answer 200 (or act), not 404 for want of the object."""
+    import re
+
+    from flywheel.trajectories.ingest import ingest_trajectories
+    from flywheel.trajectories.models import Tag, Trajectory, Upload
+
+    project = setting["project"]
+    record = {"external_id": "t-1", "messages": [{"role": "user", "content": "hi"}]}
+    assert ingest_trajectories(project=project, records=[record]).accepted == 1
+    values = {
+        "project_slug": project.slug,
+        "trajectory_id": Trajectory.objects.get(project=project).pk,
+        "tag_id": Tag.objects.create(project=project, name="t").pk,
+        "upload_id": Upload.objects.create(project=project, filename="a.jsonl", content=b"{}", status="failed").pk,
+        "user_id": setting["viewer"].pk,
+        "key_id": setting["key"].api_key.pk,
+    }
+    urls = []
+    for route in _routes():
+        if not route.startswith(PROJECT_PREFIX):
+            continue
+        names = re.findall(r"<(?:\w+:)?(\w+)>", route)
+        missing = [name for name in names if name not in values]
+        assert not missing, f"{route}: add an object of the project for {missing} to this fixture"
+        urls.append("/" + re.sub(r"<(?:\w+:)?(\w+)>", lambda m: str(values[m.group(1)]), route))
+    assert len(urls) >= 10, urls  # the settings, review and upload routes were all found
+    return urls
+
+
+def _answer(client, url):
+    """The response to the method the route takes: GET, or POST where GET is not allowed."""
+    response = client.get(url)
+    return client.post(url) if response.status_code == 405 else response
+
+
+def test_every_project_route_sends_anonymous_users_to_log_in(client, project_urls):
+    for url in project_urls:
+        response = _answer(client, url)
+        assert response.status_code == 302, url
+        assert response["Location"].startswith(reverse("login") + "?next="), url
+
+
+def test_every_project_route_is_404_to_a_non_member(client_for, make_user, project_urls):
+    client = client_for(make_user("outsider"))
+    for url in project_urls:
+        assert _answer(client, url).status_code == 404, url

@@ -46,6 +46,41 @@ def test_the_page_needs_the_reviewer_role(client_for, project, make_user, make_m
     assert client_for(reviewer).get(url).status_code == 200
 
 
+@pytest.fixture
+def failed_upload(project):
+    return Upload.objects.create(
+        project=project, filename="a.jsonl", content=b"{}\n", size_bytes=3, status=UploadStatus.FAILED, error="boom"
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("method", "name"), [("get", "upload_detail"), ("post", "upload_retry")])
+def test_an_upload_needs_the_reviewer_role(client_for, project, make_user, make_membership, failed_upload, method, name):
+    url = reverse(name, args=[project.slug, failed_upload.pk])
+
+    anonymous = getattr(client_for(None), method)(url)
+    assert anonymous.status_code == 302
+    assert anonymous["Location"].startswith(reverse("login") + "?next=")
+    assert getattr(client_for(make_user()), method)(url).status_code == 404  # not a member
+    viewer = make_user()
+    make_membership(viewer, project, "viewer")
+    denied = getattr(client_for(viewer), method)(url)
+    assert denied.status_code == 403
+    assert "reviewer role" in denied.content.decode()
+    failed_upload.refresh_from_db()
+    assert (failed_upload.status, failed_upload.attempts) == (UploadStatus.FAILED, 0)  # no retry ran
+
+
+@pytest.mark.django_db
+def test_an_upload_of_another_project_is_404(client_for, project, make_project, reviewer, failed_upload):
+    other = make_project(owner=reviewer)
+    client = client_for(reviewer)
+    assert client.get(reverse("upload_detail", args=[other.slug, failed_upload.pk])).status_code == 404
+    assert client.post(reverse("upload_retry", args=[other.slug, failed_upload.pk])).status_code == 404
+    failed_upload.refresh_from_db()
+    assert failed_upload.status == UploadStatus.FAILED
+
+
 @pytest.mark.django_db
 def test_a_small_file_is_ingested_at_once_with_per_line_errors(client_for, project, reviewer, make_record):
     bad = make_record("t-bad")

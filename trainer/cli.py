@@ -7,9 +7,11 @@ prints an `{"event": "error", "step": ..., "message": ...}` line and exits with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -72,27 +74,20 @@ def cmd_evaluate(args: argparse.Namespace, events: EventLog) -> int:
 
         model = PeftModel.from_pretrained(model, args.adapter)
     model.eval()
-    if args.engine == "vllm":
-        from trainer.config import GRPOConfig
-        from trainer.rollout.vllm import VLLMEngine
+    with contextlib.ExitStack() as scratch:
+        if args.engine == "vllm":
+            # Evaluation never syncs a new policy, so the engine's adapter folder stays empty: a temp dir that
+            # goes away with the run, never a folder beside (or above) the user's files.
+            work_dir = scratch.enter_context(tempfile.TemporaryDirectory(prefix="flywheel-evaluate-"))
+            engine: Any = vllm_eval_engine(args.model, tokenizer, args.adapter, work_dir)
+        else:
+            engine = HFEngine(model, tokenizer)
+        import torch
 
-        rank = 16
-        if args.adapter:  # vLLM must be told the largest LoRA rank it will be asked to load
-            rank = json.loads((Path(args.adapter) / "adapter_config.json").read_text()).get("r", rank)
-        engine: Any = VLLMEngine(args.model, tokenizer, GRPOConfig(r=rank),
-                                 work_dir=Path(args.out or ".").resolve().parent)
-        if args.adapter:
-            from vllm.lora.request import LoRARequest
-
-            engine.lora_request = LoRARequest("eval", 1, args.adapter)
-    else:
-        engine = HFEngine(model, tokenizer)
-    import torch
-
-    torch.manual_seed(args.seed)
-    metrics, cases = evaluate_rows(engine, tokenizer, rows, samples_per_prompt=args.samples,
-                                   temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                   max_turns=args.max_turns, keep_messages=True)
+        torch.manual_seed(args.seed)
+        metrics, cases = evaluate_rows(engine, tokenizer, rows, samples_per_prompt=args.samples,
+                                       temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                                       max_turns=args.max_turns, keep_messages=True)
     for case in cases:
         events.emit("eval", case=case)
     if args.out:
@@ -102,26 +97,60 @@ def cmd_evaluate(args: argparse.Namespace, events: EventLog) -> int:
     return 0
 
 
-def cmd_score(args: argparse.Namespace, out: Any) -> int:
+def vllm_eval_engine(model_path: str, tokenizer: Any, adapter: str | None, work_dir: str | Path) -> Any:
+    """A vLLM engine that samples the base model, or the given adapter as one fixed LoRA request."""
+    from trainer.config import GRPOConfig
+    from trainer.rollout.vllm import VLLMEngine
+
+    rank = 16
+    if adapter:  # vLLM must be told the largest LoRA rank it will be asked to load
+        rank = json.loads((Path(adapter) / "adapter_config.json").read_text()).get("r", rank)
+    engine = VLLMEngine(model_path, tokenizer, GRPOConfig(r=rank), work_dir=work_dir)
+    if adapter:
+        from vllm.lora.request import LoRARequest
+
+        engine.lora_request = LoRARequest("eval", 1, str(Path(adapter).resolve()))
+    return engine
+
+
+def _objects(path: str, what: str) -> list[dict[str, Any]]:
     from trainer.config import read_jsonl
+
+    rows = read_jsonl(path)
+    for i, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: {what} row {i} is not a JSON object")
+    return rows
+
+
+def _unscored(cid: Any, check: str, reason: str) -> dict[str, Any]:
+    """The score row of a case that could not be judged: the same fields as any other, a reward of 0 and
+    `error` saying why, so a consumer that reads only reward/passed/failure still counts it as failed."""
+    return {"id": cid, "reward": 0.0, "passed": False, "failure": "invalid_format",
+            "checks": {check: {"ok": False, "reason": reason}}, "error": reason}
+
+
+def cmd_score(args: argparse.Namespace, out: Any) -> int:
+    """One `{id, reward, passed, failure, checks}` line per case. A case without a completion or with a bad
+    verifier spec still gets its line (with `error`), the others are scored, and the exit status is 1."""
     from trainer.verifiers import score
 
-    completions = {str(r.get("id")): r.get("completion") for r in read_jsonl(args.completions)}
+    completions = {str(r.get("id")): r.get("completion") for r in _objects(args.completions, "completions")}
+    cases = _objects(args.cases, "cases")
     status = 0
-    for case in read_jsonl(args.cases):
-        cid = str(case.get("id"))
-        if cid not in completions:
-            out.write(json.dumps({"id": case.get("id"), "error": "no completion with this id"}) + "\n")
-            status = 1
-            continue
-        try:
-            s = score(case["verifier"], completions[cid], tools=case.get("tools"))
-        except Exception as exc:  # a bad spec in one case should not hide the other cases' scores
-            out.write(json.dumps({"id": case.get("id"), "error": error_message(exc)}) + "\n")
-            status = 1
-            continue
-        out.write(json.dumps({"id": case.get("id"), "reward": s.reward, "passed": s.passed,
-                              "failure": s.failure, "checks": s.checks}, default=str) + "\n")
+    for case in cases:
+        cid = case.get("id")
+        if str(cid) not in completions:
+            row = _unscored(cid, "completion", "no completion with this id")
+        else:
+            try:
+                s = score(case["verifier"], completions[str(cid)], tools=case.get("tools"))
+            except Exception as exc:  # a bad spec in one case should not hide the other cases' scores
+                row = _unscored(cid, "verifier", error_message(exc))
+            else:
+                row = {"id": cid, **s.to_dict()}
+        status = status or int("error" in row)
+        out.write(json.dumps(row, default=str) + "\n")
     out.flush()
     return status
 
@@ -134,15 +163,22 @@ def cmd_demo(args: argparse.Namespace, events: EventLog) -> int:
 
     t0 = time.perf_counter()
     work = Path(args.workdir)
-    tiny = work / "tiny"
-    if not (tiny / "tiny.json").exists():
-        build_tiny(tiny, log=lambda e: events.emit(**{**e, "event": "step", "phase": "build-tiny"}))
+    if args.model:  # an existing model directory (a tiny model built before, or any local model)
+        model = Path(args.model)
+        if not model.is_dir():
+            raise FileNotFoundError(f"--model {args.model}: not a model directory")
+    else:
+        model = work / "tiny"
+        if not (model / "tiny.json").exists():
+            build_tiny(model, log=lambda e: events.emit(**{**e, "event": "step", "phase": "build-tiny"}))
     job = work / f"demo-seed{args.seed}-{int(time.time())}"
     job.mkdir(parents=True)
-    write_jsonl(job / "train.jsonl", generate_tasks(400, seed=args.seed, split="train", difficulty="single"))
-    write_jsonl(job / "holdout.jsonl", generate_tasks(100, seed=args.seed, split="holdout", difficulty="single"))
+    write_jsonl(job / "train.jsonl",
+                generate_tasks(args.train_prompts, seed=args.seed, split="train", difficulty="single"))
+    write_jsonl(job / "holdout.jsonl",
+                generate_tasks(args.holdout_prompts, seed=args.seed, split="holdout", difficulty="single"))
     config = demo_config(args.steps, args.seed)
-    spec = JobSpec(model=str(tiny.resolve()), job_dir=job, train=job / "train.jsonl",
+    spec = JobSpec(model=str(model.resolve()), job_dir=job, train=job / "train.jsonl",
                    holdout=job / "holdout.jsonl", config=config, mlflow=args.mlflow)
     (job / "spec.json").write_text(json.dumps({k: v for k, v in spec.to_dict().items() if k != "job_dir"}))
 
@@ -197,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=40)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--workdir", default=str(DEFAULT_WORKDIR))
+    d.add_argument("--model", help="use this model directory instead of building the tiny model in WORKDIR/tiny")
+    d.add_argument("--train-prompts", type=int, default=400, help="generated train tasks")
+    d.add_argument("--holdout-prompts", type=int, default=100, help="generated holdout tasks (4 samples each)")
     d.add_argument("--mlflow", action="store_true", help="also log to MLflow (a sqlite store in the job dir)")
     d.add_argument("--threads", type=int, default=None)
     return p
@@ -206,10 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     stdout = claim_stdout()
-    if args.command == "score":
-        return cmd_score(args, stdout)
     events = EventLog(stdout, keep=False)
     try:
+        if args.command == "score":  # verifiers only: no torch, no transformers
+            return cmd_score(args, stdout)
         _quiet_libraries()
         _threads(getattr(args, "threads", None))
         handler = {"build-tiny": cmd_build_tiny, "train": cmd_train, "evaluate": cmd_evaluate,
@@ -218,12 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         from trainer.runner import JobFailed
 
+        log_traceback()
         if not isinstance(exc, JobFailed):  # a JobFailed has already reported its step
-            log_traceback()
-            events.emit("error", step=0, message=f"{args.command} failed before training started: "
-                        f"{error_message(exc)}")
-        else:
-            log_traceback()
+            when = " before training started" if args.command in ("train", "demo") else ""
+            events.emit("error", step=0, message=f"{args.command} failed{when}: {error_message(exc)}")
         return 1
     finally:
         sys.stderr.flush()

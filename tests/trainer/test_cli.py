@@ -122,6 +122,93 @@ def test_score_command(tmp_path):
     assert set(rows[0]) == {"id", "reward", "passed", "failure", "checks"}
 
 
+def test_score_unscorable_cases_keep_the_row_contract(tmp_path):
+    tools = [{"type": "function", "function": {"name": "create_task", "parameters": {
+        "type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}}}]
+    good = {"type": "tool_call", "expected_calls": [{"name": "create_task", "arguments": {"title": "x"}}]}
+    cases = [{"id": "ok", "tools": tools, "verifier": good}, {"id": "lost", "tools": tools, "verifier": good},
+             {"id": "bad", "tools": tools, "verifier": {"type": "python", "code": "1"}}]
+    call = '<tool_call>{"name": "create_task", "arguments": {"title": "x"}}</tool_call>'
+    completions = [{"id": "ok", "completion": call}, {"id": "bad", "completion": call}]
+    (tmp_path / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
+    (tmp_path / "completions.jsonl").write_text("".join(json.dumps(c) + "\n" for c in completions))
+    code, rows, _ = run_cli("score", str(tmp_path / "cases.jsonl"), str(tmp_path / "completions.jsonl"))
+    assert code == 1  # something could not be scored: the caller must know, but every case has its line
+    assert [r["id"] for r in rows] == ["ok", "lost", "bad"]
+    assert rows[0]["passed"] is True and "error" not in rows[0]
+    for row, check in ((rows[1], "completion"), (rows[2], "verifier")):
+        assert {"id", "reward", "passed", "failure", "checks", "error"} == set(row)
+        assert row["reward"] == 0.0 and row["passed"] is False and row["failure"] == "invalid_format"
+        assert row["checks"][check]["ok"] is False and row["checks"][check]["reason"] == row["error"]
+    assert "no completion" in rows[1]["error"] and "unknown verifier type" in rows[2]["error"]
+
+
+def test_score_bad_files_are_an_error_event(tmp_path):
+    (tmp_path / "cases.jsonl").write_text('{"id": "a", "verifier": {"type": "regex", "pattern": "a"}}\n{oops\n')
+    (tmp_path / "completions.jsonl").write_text('{"id": "a", "completion": "a"}\n')
+    for cases, completions, needle in [
+        (tmp_path / "missing.jsonl", tmp_path / "completions.jsonl", "missing.jsonl"),
+        (tmp_path / "cases.jsonl", tmp_path / "missing.jsonl", "missing.jsonl"),
+        (tmp_path / "cases.jsonl", tmp_path / "completions.jsonl", "cases.jsonl:2"),  # names the bad line
+    ]:
+        code, events, stderr = run_cli("score", str(cases), str(completions))
+        assert code == 1, stderr[-2000:]
+        assert len(events) == 1 and events[0]["event"] == "error", events
+        assert events[0]["message"].startswith("score failed: ") and needle in events[0]["message"]
+    (tmp_path / "completions.jsonl").write_text('["a", "a"]\n')
+    code, events, _ = run_cli("score", str(tmp_path / "cases.jsonl"), str(tmp_path / "completions.jsonl"))
+    assert code == 1 and events[-1]["event"] == "error" and "not a JSON object" in events[-1]["message"]
+
+
+def _single_turn_rows(tasks: list[dict]) -> list[dict]:
+    """Workplace requests as single-turn tool-call cases with `"env": null` (the platform may write it)."""
+    rows = []
+    for t in tasks:
+        call = next(m for m in t["solution"] if m.get("tool_calls"))["tool_calls"][0]["function"]
+        rows.append({"id": t["id"], "messages": t["messages"], "tools": t["tools"], "env": None,
+                     "verifier": {"type": "tool_call", "expected_calls": [
+                         {"name": call["name"], "arguments": json.loads(call["arguments"])}]}})
+    return rows
+
+
+def test_no_holdout_best_is_the_newest_and_env_null_rows_train(tiny_model, job_dir, workplace_tasks):
+    (job_dir / "holdout.jsonl").unlink()
+    (job_dir / "regression.jsonl").unlink()
+    from trainer.config import write_jsonl
+
+    write_jsonl(job_dir / "train.jsonl", _single_turn_rows(workplace_tasks["train"][:8]))
+    spec = write_spec(job_dir, tiny_model)  # max_steps 2, eval_interval 1: a checkpoint after each step
+    code, events, stderr = run_cli("train", "--spec", str(spec))
+    assert code == 0, stderr[-3000:]
+    steps = [e for e in events if e["event"] == "step"]
+    assert len(steps) == 2 and all(e["turns"] == 1.0 for e in steps if "turns" in e)  # single-turn episodes
+    checkpoints = [e for e in events if e["event"] == "checkpoint"]
+    assert [(c["step"], c["best"], c["best_step"]) for c in checkpoints] == [(1, True, 1), (2, True, 2)]
+    done = events[-1]
+    assert done["event"] == "done" and done["step"] == 2 and done["best_step"] == 2
+    assert done["holdout_before"] is None and done["holdout_after"] == {}
+    best = (Path(done["adapter"]) / "adapter_model.safetensors").read_bytes()
+    assert best == (job_dir / "checkpoints" / "step-000002" / "adapter" / "adapter_model.safetensors").read_bytes()
+    assert best == (Path(done["last_adapter"]) / "adapter_model.safetensors").read_bytes()
+
+
+def test_demo_prints_before_and_after(tiny_model, tmp_path):
+    work = tmp_path / "demo"
+    code, events, stderr = run_cli("demo", "--steps", "2", "--model", str(tiny_model), "--workdir", str(work),
+                                   "--train-prompts", "40", "--holdout-prompts", "4", "--threads", "1")
+    assert code == 0, stderr[-3000:]
+    done = events[-1]
+    assert done["event"] == "done" and done["step"] == 2 and done["seconds"] > 0
+    for key in ("holdout_before", "holdout_after"):
+        metrics = done[key]
+        assert {"success_rate", "invalid_output_rate", "unsafe_action_rate", "mean_reward"} <= set(metrics)
+        assert metrics["n"] == 4 * 4  # 4 holdout prompts x 4 samples
+        assert 0.0 <= metrics["success_rate"] <= 1.0
+    assert [e["step"] for e in events if e["event"] == "step"] == [1, 2]
+    assert not (work / "tiny").exists()  # --model: nothing rebuilt
+    assert Path(done["job_dir"], "adapters", "best", "adapter_model.safetensors").exists()
+
+
 @pytest.mark.parametrize("bad, field", [({"nope": 1}, "nope"), ({"config": {"lr": 1}}, "lr")])
 def test_spec_errors_name_the_field(tmp_path, tiny_model, bad, field):
     from trainer.config import SpecError, load_spec

@@ -12,7 +12,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
-    FLYWHEEL_VAR_DIR=/data
+    FLYWHEEL_VAR_DIR=/data \
+    FLYWHEEL_STATIC_ROOT=/app/staticfiles
 
 RUN apt-get update \
     && apt-get install -y --no-install-recommends curl libpq5 \
@@ -29,10 +30,11 @@ COPY templates ./templates
 COPY static ./static
 RUN pip install -e ".${EXTRAS:+[${EXTRAS}]}"
 
-# Static files are collected into the image; whitenoise serves them.
+# Static files are collected into the image, at FLYWHEEL_STATIC_ROOT (outside the /data volume, which would
+# hide them); in production whitenoise serves them from there and nowhere else.
 RUN SECRET_KEY=build-only FLYWHEEL_ENV=production DATABASE_URL=sqlite:////tmp/build.sqlite3 \
-    FLYWHEEL_VAR_DIR=/app/var python manage.py collectstatic --noinput \
-    && rm -f /tmp/build.sqlite3
+    FLYWHEEL_VAR_DIR=/tmp/build-var python manage.py collectstatic --noinput \
+    && rm -rf /tmp/build.sqlite3 /tmp/build-var
 
 # Named volumes mounted on these folders take their owner from the image.
 RUN useradd --create-home --uid 1000 flywheel && mkdir -p /data /mlartifacts && chown flywheel /data /mlartifacts

@@ -92,15 +92,25 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "static"
-# Serve straight from the finders in development and tests; production runs collectstatic.
-WHITENOISE_USE_FINDERS = True
+# Where collectstatic writes and whitenoise serves from. The image collects at build time into a folder
+# of the image (Dockerfile), not under the data volume, which would hide what the build put there.
+STATIC_ROOT = Path(get_env("FLYWHEEL_STATIC_ROOT", str(VAR_DIR / "static")))
+# Development and tests serve straight from the finders; production serves what collectstatic collected.
+WHITENOISE_USE_FINDERS = not PRODUCTION
 WHITENOISE_AUTOREFRESH = DEBUG
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # htmx reads it to send X-CSRFToken
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+if PRODUCTION:
+    # Production runs behind a TLS-terminating proxy (README, "Production"), which must set
+    # X-Forwarded-Proto itself and drop what the client sent.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    # Browsers send HSTS only over HTTPS; 0 turns it off (say, while trying TLS out).
+    SECURE_HSTS_SECONDS = get_env("SECURE_HSTS_SECONDS", 365 * 24 * 3600, cast=int)
 
 # Ingestion limits. A request over the limit is refused with 413 naming the limit.
 FLYWHEEL_MAX_REQUEST_BYTES = get_env("FLYWHEEL_MAX_REQUEST_BYTES", 20 * 1024 * 1024, cast=int)

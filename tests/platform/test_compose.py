@@ -119,3 +119,21 @@ def test_the_dockerfile_installs_torch_first_then_the_extras():
     assert "ARG EXTRAS" in dockerfile
     assert "collectstatic" in dockerfile
     assert re.search(r"^USER (?!root)\w+", dockerfile, re.M), "the image must not run as root"
+
+
+def test_static_files_are_collected_where_production_serves_them(services):
+    """The image collects into FLYWHEEL_STATIC_ROOT and the running containers serve from the same folder,
+    which no volume hides (production serves collected files only: no finders)."""
+    dockerfile = (REPO / "Dockerfile").read_text()
+    declared = re.search(r"FLYWHEEL_STATIC_ROOT=(\S+)", dockerfile)
+    assert declared, "the Dockerfile must set FLYWHEEL_STATIC_ROOT in its ENV"
+    static_root = declared.group(1)
+    collect = next(line for line in dockerfile.split("RUN ") if "collectstatic" in line)
+    assert "FLYWHEEL_STATIC_ROOT" not in collect, "collectstatic must write where the runtime reads"
+    assert re.search(rf"^ENV (.*\\\n)*.*FLYWHEEL_STATIC_ROOT={re.escape(static_root)}", dockerfile, re.M)
+    for name in APP_SERVICES:
+        env = services[name]["environment"]
+        assert env.get("FLYWHEEL_STATIC_ROOT", static_root) == static_root, name
+        for volume in services[name].get("volumes", []):
+            target = volume.split(":")[1]
+            assert not (static_root + "/").startswith(target.rstrip("/") + "/"), f"{name}: {volume} hides {static_root}"

@@ -63,6 +63,11 @@ class GRPOConfig:
     train_batch_size: int = field(
         default=32, metadata={"help": "Sequences per forward/backward micro-batch (gradients are accumulated)."}
     )
+    share_prompt_prefix: bool = field(
+        default=True,
+        metadata={"help": "Run each group's prompt through the training forward once, its G completions "
+                          "attending to it (same logprobs and gradients, fewer tokens)."},
+    )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
 

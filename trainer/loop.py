@@ -16,7 +16,7 @@ import torch
 from trainer.batching import collate, token_logprobs
 from trainer.config import GRPOConfig, JobSpec
 from trainer.evaluation import make_env_for
-from trainer.losses import group_advantages, policy_loss, token_entropy, zero_variance_groups
+from trainer.losses import group_advantages, policy_loss, zero_variance_groups
 from trainer.rollout.episodes import Episode, run_episodes, start_episodes
 from trainer.runner import JobRunner
 from trainer.tracking import EventLog
@@ -79,20 +79,23 @@ def optimize(run: JobRunner, episodes: list[Episode], rewards: torch.Tensor) -> 
             if ep.truncated:
                 batch.loss_mask[i] = 0
     n_tokens = float(batch.loss_mask.sum().clamp(min=1))
-    # Similar lengths together: micro-batches pad less. Normalisers are the whole step's.
-    order = sorted(range(len(episodes)), key=lambda i: len(episodes[i].token_ids))
+    # A group's episodes together (they share a prompt), similar lengths together (micro-batches pad less).
+    # Normalisers are the whole step's.
+    order = sorted(range(len(episodes)), key=lambda i: (int(batch.prompts[i]), len(episodes[i].token_ids)))
     micro = [order[i:i + cfg.train_batch_size] for i in range(0, len(order), cfg.train_batch_size)]
     mbs = [batch.select(idx) for idx in micro]
     use_is = cfg.importance_sampling_correction and all(ep.has_sampler_logprobs for ep in episodes)
+    share = cfg.share_prompt_prefix
 
     old, ref = [], []
     with torch.no_grad():
         for mb in mbs:
             # With one pass the "old" policy is the current one: its logprobs are the detached ones below.
-            old.append(token_logprobs(model, mb, cfg.temperature)[0] if cfg.num_iterations > 1 else None)
+            old.append(token_logprobs(model, mb, cfg.temperature, share_prefix=share)[0]
+                       if cfg.num_iterations > 1 else None)
             if cfg.beta != 0.0:
                 with model.disable_adapter():  # the reference is the base model: no second copy in memory
-                    ref.append(token_logprobs(model, mb, cfg.temperature)[0])
+                    ref.append(token_logprobs(model, mb, cfg.temperature, share_prefix=share)[0])
             else:
                 ref.append(None)
 
@@ -103,7 +106,7 @@ def optimize(run: JobRunner, episodes: list[Episode], rewards: torch.Tensor) -> 
         run.optimizer.zero_grad(set_to_none=True)
         for k, (idx, mb) in enumerate(zip(micro, mbs, strict=True)):
             mask = mb.loss_mask.to(device)
-            logp, logits = token_logprobs(model, mb, cfg.temperature)
+            logp, ent = token_logprobs(model, mb, cfg.temperature, entropy=it == 0, share_prefix=share)
             old_logp = old[k] if old[k] is not None else logp.detach()
             is_w = None
             if use_is:  # truncated IS: the sampler is not exactly the trainer (vLLM kernels, merged LoRA)
@@ -119,10 +122,8 @@ def optimize(run: JobRunner, episodes: list[Episode], rewards: torch.Tensor) -> 
             sums["loss"] += loss.item()
             sums["clip_fraction"] += m["clip_fraction"] * tok_share
             sums["kl"] += m.get("kl", 0.0) * tok_share
-            if it == 0:
-                with torch.no_grad():
-                    ent = token_entropy(logits)
-                    sums["entropy"] += float((ent * mask[:, mb.start:]).sum()) / n_tokens
+            if ent is not None:
+                sums["entropy"] += float((ent * mask).sum()) / n_tokens
         grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, cfg.max_grad_norm))
         run.optimizer.step()
     out = {k: v / (cfg.num_iterations if k in ("loss", "clip_fraction", "kl", "is_weight") else 1)

@@ -102,9 +102,3 @@ def policy_loss(
     if kl is not None:
         metrics["kl"] = ((kl * mask).sum() / mask.sum().clamp(min=1.0)).item()
     return loss, metrics
-
-
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the sampling distribution at each position, (B, T)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)

@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    "ninja",  # serves the API docs page's Swagger UI from its own static files, not a CDN
     "flywheel.accounts",
     "flywheel.trajectories",
 ]

@@ -7,6 +7,7 @@ Handlers stay thin: parsing lives here, the writes in `ingest.ingest_trajectorie
 
 from __future__ import annotations
 
+import io
 import json
 import zlib
 from datetime import datetime
@@ -22,9 +23,9 @@ from flywheel.accounts.models import ApiKey, Scope
 from flywheel.accounts.selectors import api_key_authenticate
 from flywheel.api import api
 from flywheel.trajectories import otlp, selectors
-from flywheel.trajectories.ingest import ingest_trajectories
+from flywheel.trajectories.ingest import ingest_trajectories, jsonl_records
 from flywheel.trajectories.models import Trajectory
-from flywheel.trajectories.schemas import TrajectoryIn, UnparsableRecord
+from flywheel.trajectories.schemas import TrajectoryIn
 
 NDJSON_TYPES = frozenset(
     {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
@@ -114,10 +115,12 @@ def media_type(request: HttpRequest) -> str:
     return (request.content_type or "").split(";")[0].strip().lower()
 
 
-def parse_records(body: bytes, content_type: str) -> list[Any]:
-    """One object, a JSON array, or NDJSON (one object a line; a line that is not JSON is rejected alone)."""
+def parse_records(body: bytes, content_type: str) -> tuple[list[int], list[Any]]:
+    """(indexes, records) of one object, a JSON array, or NDJSON (one object a line; a line that is not JSON
+    is rejected alone). An index is the record's position in the array, or its line (from 0) in NDJSON."""
     if content_type in NDJSON_TYPES:
-        return parse_ndjson(body)
+        numbered = list(jsonl_records(io.BytesIO(body)))
+        return [index for index, _ in numbered], [record for _, record in numbered]
     try:
         payload = json.loads(body)
     except UnicodeDecodeError as exc:
@@ -128,23 +131,10 @@ def parse_records(body: bytes, content_type: str) -> list[Any]:
         hint = " (for one object a line, send Content-Type: application/x-ndjson)" if b"}\n{" in body else ""
         raise HttpError(400, f"The body is not valid JSON: {exc}{hint}") from exc
     if isinstance(payload, dict):
-        return [payload]
+        return [0], [payload]
     if isinstance(payload, list):
-        return payload
+        return list(range(len(payload))), payload
     raise HttpError(400, "The body must be a trajectory object or an array of them.")
-
-
-def parse_ndjson(body: bytes) -> list[Any]:
-    """NDJSON lines as records; blank lines are skipped, an unparsable line becomes an `UnparsableRecord`."""
-    records: list[Any] = []
-    for number, line in enumerate(body.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            records.append(UnparsableRecord(f"line {number} is not valid JSON: {exc}"))
-    return records
 
 
 def json_response(payload: Any, status: int = 200) -> HttpResponse:
@@ -164,7 +154,9 @@ class FieldError(Schema):
 
 
 class Rejection(Schema):
-    index: int = Field(description="Position of the record in the batch (the line, from 0, for NDJSON)")
+    index: int = Field(
+        description="Position of the record in the array; for NDJSON its line, from 0, blank lines counted"
+    )
     external_id: str | int | None
     errors: list[FieldError]
 
@@ -284,13 +276,13 @@ _INGEST_BODY = {
 )
 def trajectories_ingest(request: HttpRequest) -> HttpResponse:
     body = read_body(request)
-    records = parse_records(body, media_type(request))
+    indexes, records = parse_records(body, media_type(request))
     limit = settings.FLYWHEEL_MAX_BATCH_RECORDS
     if len(records) > limit:
         raise HttpError(
             413, f"The batch has {len(records)} records; the limit is {limit} (FLYWHEEL_MAX_BATCH_RECORDS)."
         )
-    result = ingest_trajectories(project=request.auth.project, records=records, source="api")
+    result = ingest_trajectories(project=request.auth.project, records=records, source="api", indexes=indexes)
     status = 422 if records and not result.accepted else 200
     return json_response(result.to_dict(), status=status)
 

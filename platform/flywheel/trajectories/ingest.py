@@ -12,7 +12,9 @@ date filters, which read `started_at` alone, find it; a replay without `started_
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -23,13 +25,14 @@ from django.utils import timezone
 
 from flywheel.accounts.models import Project
 from flywheel.trajectories.models import Trajectory
-from flywheel.trajectories.schemas import TrajectoryIn, validate_record
+from flywheel.trajectories.schemas import TrajectoryIn, UnparsableRecord, validate_record
 
 TITLE_MAX = 200
 # Characters. Enough for a reviewer's text search; small because search_text carries a trigram index,
 # whose upkeep is a large share of the cost of an insert.
 SEARCH_TEXT_MAX = 8_000
 UPSERT_CHUNK = 1_000  # rows per INSERT statement
+JSONL_CHUNK = 1_000  # JSONL lines per ingest call when a file is streamed
 
 # Columns the agent owns: set on insert and overwritten by a replay. The review columns are not here.
 _REPLACED = (
@@ -85,6 +88,34 @@ def rejection(index: int, record: Any, errors: list[dict[str, str]]) -> dict[str
     if not isinstance(external_id, str | int | None):
         external_id = None
     return {"index": index, "external_id": external_id, "errors": errors}
+
+
+# --- JSONL ----------------------------------------------------------------------------------------------
+
+
+def jsonl_records(lines: Iterable[bytes]) -> Iterator[tuple[int, Any]]:
+    """(line index from 0, record) for each non-blank line of JSONL, as a binary file iterates them.
+
+    The API's NDJSON bodies, UI uploads and `manage.py ingest` all read JSONL here. A line that is not JSON
+    becomes an `UnparsableRecord`, which ingestion rejects alone; blank lines are skipped but counted, so
+    that the index is the line's."""
+    for index, line in enumerate(lines):
+        if index == 0:
+            line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, as some editors write
+        if not line.strip():
+            continue
+        try:
+            yield index, json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            # The line is the record's index; where in the line JSON broke is in `exc`.
+            yield index, UnparsableRecord(f"not valid JSON: {exc}")
+
+
+def jsonl_chunks(lines: Iterable[bytes], size: int = JSONL_CHUNK) -> Iterator[tuple[list[int], list[Any]]]:
+    """`jsonl_records` `size` at a time, as (line indexes, records): what `ingest_trajectories` takes."""
+    numbered = jsonl_records(lines)
+    while chunk := list(itertools.islice(numbered, size)):
+        yield [index for index, _ in chunk], [record for _, record in chunk]
 
 
 # --- derived fields --------------------------------------------------------------------------------------
@@ -237,17 +268,21 @@ def _row(
 # --- the service -----------------------------------------------------------------------------------------
 
 
-def ingest_trajectories(*, project: Project, records: list[Any], source: str = "api") -> IngestResult:
+def ingest_trajectories(
+    *, project: Project, records: list[Any], source: str = "api", indexes: Sequence[int] | None = None
+) -> IngestResult:
     """Validate each record and upsert the valid ones into `project`; say what became of every record.
 
-    `rejected[i].index` is the record's position in `records`. A record whose external_id appears again
-    later in the same batch is superseded by the later one (counted as an update)."""
+    `rejected[i].index` is the record's position in `records`, or `indexes[position]` when given (a JSONL
+    record's line). A record whose external_id appears again later in the same batch is superseded by the
+    later one (counted as an update)."""
     result = IngestResult()
     now = timezone.now()
     rows: dict[str, dict[str, Any]] = {}  # external_id -> row; the last record with an id wins
-    for index, record in enumerate(records):
+    for position, record in enumerate(records):
         parsed, errors = validate_record(record)
         if errors:
+            index = indexes[position] if indexes is not None else position
             result.rejected.append(rejection(index, record, errors))
             continue
         result.accepted += 1

@@ -8,7 +8,6 @@ with the reason, and Retry runs the whole file again, which is safe because inge
 from __future__ import annotations
 
 import io
-import json
 import logging
 from datetime import timedelta
 
@@ -23,13 +22,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
-from flywheel.trajectories.ingest import IngestResult, ingest_trajectories
+from flywheel.trajectories.ingest import JSONL_CHUNK, IngestResult, ingest_trajectories, jsonl_chunks
 from flywheel.trajectories.models import Upload, UploadStatus
-from flywheel.trajectories.schemas import UnparsableRecord
 
 logger = logging.getLogger(__name__)
 
-CHUNK_LINES = 1_000  # lines per ingest call (and per progress update)
+CHUNK_LINES = JSONL_CHUNK  # lines per ingest call (and per progress update)
 MAX_KEPT_ERRORS = 500  # per-line errors kept on the row; the count is always exact
 INLINE_MAX_BYTES = 512 * 1024  # files up to this size are ingested in the request
 STALE_AFTER = timedelta(minutes=15)  # a run in `processing` this long has lost its worker
@@ -131,23 +129,9 @@ def upload_process(*, upload_id: int) -> Upload:
     try:
         total = IngestResult()
         kept: list[dict] = []
-        records: list = []
-        numbers: list[int] = []
-        for line_number, line in enumerate(io.BytesIO(upload.content), start=1):
-            if line_number == 1:
-                line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark, as some editors write
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-                records.append(UnparsableRecord(f"not valid JSON: {exc}"))
-            numbers.append(line_number)
-            if len(records) >= CHUNK_LINES:
-                _ingest_chunk(upload, records, numbers, total, kept)
-                records, numbers = [], []
-        if records:
-            _ingest_chunk(upload, records, numbers, total, kept)
+        for indexes, records in jsonl_chunks(io.BytesIO(upload.content), CHUNK_LINES):
+            line_number = indexes[0] + 1
+            _ingest_chunk(upload, indexes, records, total, kept)
     except Exception as exc:
         logger.exception("upload %s failed near line %s", upload_id, line_number)
         Upload.objects.filter(pk=upload_id).update(
@@ -162,15 +146,13 @@ def upload_process(*, upload_id: int) -> Upload:
 
 
 def _ingest_chunk(
-    upload: Upload, records: list, numbers: list[int], total: IngestResult, kept: list[dict]
+    upload: Upload, indexes: list[int], records: list, total: IngestResult, kept: list[dict]
 ) -> None:
-    result = ingest_trajectories(project=upload.project, records=records, source="upload")
+    result = ingest_trajectories(project=upload.project, records=records, source="upload", indexes=indexes)
     total.merge(result)
     for item in result.rejected:
         if len(kept) < MAX_KEPT_ERRORS:
-            kept.append(
-                {"line": numbers[item["index"]], "external_id": item["external_id"], "errors": item["errors"]}
-            )
+            kept.append({"line": item["index"] + 1, "external_id": item["external_id"], "errors": item["errors"]})
     Upload.objects.filter(pk=upload.pk).update(
         lines_done=F("lines_done") + len(records),
         accepted=total.accepted,

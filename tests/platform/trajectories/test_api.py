@@ -44,14 +44,16 @@ def test_array_with_a_bad_record(client, project, make_record):
     assert Trajectory.objects.filter(project=project).count() == 2
 
 
-def test_ndjson_with_a_broken_line(client, project, make_record):
-    lines = [json.dumps(make_record("t-1")), "{not json", "", json.dumps(make_record("t-2"))]
+def test_ndjson_rejections_name_the_line_counting_blank_ones(client, project, make_record):
+    bad = json.dumps(make_record("t-bad", outcome="great"))
+    lines = [json.dumps(make_record("t-1")), "", "{not json", "  ", bad, json.dumps(make_record("t-2"))]
     response = client.post(URL, body="\n".join(lines) + "\n", content_type="application/x-ndjson")
     assert response.status_code == 200
     body = response.json()
     assert body["accepted"] == 2
-    assert body["rejected"][0]["index"] == 1
-    assert "line 2 is not valid JSON" in body["rejected"][0]["errors"][0]["message"]
+    assert [(r["index"], r["external_id"]) for r in body["rejected"]] == [(2, None), (4, "t-bad")]
+    assert "not valid JSON" in body["rejected"][0]["errors"][0]["message"]
+    assert body["rejected"][1]["errors"][0]["field"] == "outcome"
 
 
 def test_replay_updates(client, project, make_record):

@@ -222,3 +222,24 @@ def test_a_broker_that_is_down_leaves_a_retryable_upload(project, make_record, m
     assert "broker unreachable" in upload.error
     monkeypatch.setattr(upload_module, "INLINE_MAX_BYTES", 10_000)
     assert upload_module.upload_retry(upload=upload).status == UploadStatus.DONE
+
+
+@pytest.mark.django_db
+def test_the_api_an_upload_and_the_command_report_the_same_lines(
+    tmp_path, client_for, api_client, api_key, project, reviewer, make_record
+):
+    lines = [json.dumps(make_record("t-1")), "", "{broken", json.dumps(make_record("t-bad", outcome="great"))]
+    content = ("\n".join(lines) + "\n").encode()
+
+    api = api_client.with_key(api_key).post("/api/v1/trajectories", body=content, content_type="application/x-ndjson")
+    assert [r["index"] + 1 for r in api.json()["rejected"]] == [3, 4]  # the API counts lines from 0
+
+    post_file(client_for(reviewer), project, content)
+    assert [r["line"] for r in Upload.objects.get(project=project).rejected] == [3, 4]
+
+    path = tmp_path / "runs.jsonl"
+    path.write_bytes(content)
+    err = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("ingest", str(path), "--project", project.slug, "--strict", stdout=io.StringIO(), stderr=err)
+    assert [line.split(":")[0] for line in err.getvalue().splitlines()] == ["line 3", "line 4 (t-bad)"]

@@ -3,17 +3,13 @@ stdin) through the same service as the API, streaming it in chunks, and report e
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from flywheel.accounts.models import Project
-from flywheel.trajectories.ingest import IngestResult, ingest_trajectories
-from flywheel.trajectories.schemas import UnparsableRecord
-
-CHUNK_LINES = 1_000
+from flywheel.trajectories.ingest import IngestResult, ingest_trajectories, jsonl_chunks
 
 
 class Command(BaseCommand):
@@ -39,24 +35,9 @@ class Command(BaseCommand):
         except OSError as exc:
             raise CommandError(f"Cannot read {options['file']}: {exc}") from exc
         total = IngestResult()
-        records: list[Any] = []
-        numbers: list[int] = []
         with stream:
-            for number, line in enumerate(stream, start=1):
-                if number == 1:
-                    line = line.removeprefix(b"\xef\xbb\xbf")
-                if not line.strip():
-                    continue
-                try:
-                    records.append(json.loads(line))
-                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-                    records.append(UnparsableRecord(f"not valid JSON: {exc}"))
-                numbers.append(number)
-                if len(records) >= CHUNK_LINES:
-                    self._chunk(project, records, numbers, total, options["source"])
-                    records, numbers = [], []
-            if records:
-                self._chunk(project, records, numbers, total, options["source"])
+            for indexes, records in jsonl_chunks(stream):
+                self._chunk(project, indexes, records, total, options["source"])
         rejected = len(total.rejected)
         self.stdout.write(
             f"{total.accepted} accepted ({total.created} created, {total.updated} updated), {rejected} rejected "
@@ -66,12 +47,12 @@ class Command(BaseCommand):
             raise CommandError(f"{rejected} line(s) rejected")
 
     def _chunk(
-        self, project: Project, records: list[Any], numbers: list[int], total: IngestResult, source: str
+        self, project: Project, indexes: list[int], records: list[Any], total: IngestResult, source: str
     ) -> None:
-        result = ingest_trajectories(project=project, records=records, source=source)
+        result = ingest_trajectories(project=project, records=records, source=source, indexes=indexes)
         for item in result.rejected:
             for error in item["errors"]:
-                where = f"line {numbers[item['index']]}"
+                where = f"line {item['index'] + 1}"
                 if item["external_id"] is not None:
                     where += f" ({item['external_id']})"
                 self.stderr.write(f"{where}: {error['field'] or '(the line)'}: {error['message']}")

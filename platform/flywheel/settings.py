@@ -116,6 +116,8 @@ if PRODUCTION:
 # Ingestion limits. A request over the limit is refused with 413 naming the limit.
 FLYWHEEL_MAX_REQUEST_BYTES = get_env("FLYWHEEL_MAX_REQUEST_BYTES", 20 * 1024 * 1024, cast=int)
 FLYWHEEL_MAX_BATCH_RECORDS = get_env("FLYWHEEL_MAX_BATCH_RECORDS", 5000, cast=int)
+# A JSONL file uploaded in the UI is held in memory and in one database row while it is ingested.
+FLYWHEEL_MAX_UPLOAD_BYTES = get_env("FLYWHEEL_MAX_UPLOAD_BYTES", 5 * FLYWHEEL_MAX_REQUEST_BYTES, cast=int)
 DATA_UPLOAD_MAX_MEMORY_SIZE = FLYWHEEL_MAX_REQUEST_BYTES + 1024 * 1024
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 

@@ -34,8 +34,7 @@ STALE_AFTER = timedelta(minutes=15)  # a run in `processing` this long has lost 
 
 
 def max_upload_bytes() -> int:
-    # The file is held in memory and in one database row while it is ingested, hence a bound.
-    return getattr(settings, "FLYWHEEL_MAX_UPLOAD_BYTES", 5 * settings.FLYWHEEL_MAX_REQUEST_BYTES)
+    return settings.FLYWHEEL_MAX_UPLOAD_BYTES
 
 
 # --- services --------------------------------------------------------------------------------------------

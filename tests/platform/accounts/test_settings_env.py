@@ -132,3 +132,13 @@ def test_production_serves_the_collected_static_files(tmp_path):
     )  # fmt: skip
     assert empty.returncode == 0, empty.stderr
     assert empty.stdout.split() == ["404"]
+
+
+def test_the_upload_limit_defaults_to_five_requests_and_comes_from_the_environment():
+    code = "print(settings.FLYWHEEL_MAX_REQUEST_BYTES, settings.FLYWHEEL_MAX_UPLOAD_BYTES)"
+    default = _run_in_settings(code, FLYWHEEL_MAX_REQUEST_BYTES="1000", FLYWHEEL_MAX_UPLOAD_BYTES="")
+    assert default.returncode == 0, default.stderr
+    assert default.stdout.split() == ["1000", "5000"]
+    chosen = _run_in_settings(code, FLYWHEEL_MAX_UPLOAD_BYTES="123456")
+    assert chosen.returncode == 0, chosen.stderr
+    assert chosen.stdout.split()[1] == "123456"

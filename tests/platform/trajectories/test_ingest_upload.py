@@ -105,6 +105,21 @@ def test_a_small_file_is_ingested_at_once_with_per_line_errors(client_for, proje
 
 
 @pytest.mark.django_db
+def test_a_file_over_the_upload_limit_is_refused_naming_it(client_for, project, reviewer, make_record, settings):
+    content = jsonl([make_record("t-1")])
+    settings.FLYWHEEL_MAX_UPLOAD_BYTES = len(content) - 1
+    response = post_file(client_for(reviewer), project, content)
+    assert response.status_code == 400
+    assert f"the limit is {len(content) - 1} bytes" in response.content.decode()
+    with pytest.raises(upload_module.UploadRefused, match="the limit is"):
+        upload_module.upload_create(project=project, filename="a.jsonl", content=content)
+    assert not Upload.objects.exists()
+
+    settings.FLYWHEEL_MAX_UPLOAD_BYTES = len(content)
+    assert post_file(client_for(reviewer), project, content).status_code == 302
+
+
+@pytest.mark.django_db
 def test_empty_and_missing_files_are_refused(client_for, project, reviewer):
     client = client_for(reviewer)
     assert client.post(reverse("upload", args=[project.slug]), {}).status_code == 400

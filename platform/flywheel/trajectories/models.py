@@ -18,6 +18,10 @@ class Outcome(models.TextChoices):
     UNKNOWN = "unknown", "Unknown"
 
 
+# Where a trajectory came in: the REST API, a UI upload, OTLP, `manage.py ingest`, the demo seeding.
+SOURCES = ("api", "upload", "otlp", "cli", "demo")
+
+
 class Tag(models.Model):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tags")
     name = models.CharField(max_length=64)
@@ -44,7 +48,7 @@ class Trajectory(models.Model):
     usage = models.JSONField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
-    source = models.CharField(max_length=16, default="api")  # api | upload | otlp | cli | demo
+    source = models.CharField(max_length=16, default="api")  # one of SOURCES
 
     # Derived at ingestion, for filtering and for the list page.
     message_count = models.PositiveIntegerField(default=0)

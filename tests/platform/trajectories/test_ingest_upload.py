@@ -220,6 +220,18 @@ def test_manage_py_ingest(tmp_path, project, make_record):
         call_command("ingest", str(path), project="nope")
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("source", ["backfill-from-the-old-system", "made-up", ""])
+def test_manage_py_ingest_refuses_an_unknown_source(tmp_path, project, make_record, source):
+    path = tmp_path / "runs.jsonl"
+    path.write_bytes(jsonl([make_record("t-1")]))
+    with pytest.raises(CommandError, match=r"--source .* is not one of: api, upload, otlp, cli, demo"):
+        call_command("ingest", str(path), "--project", project.slug, "--source", source, stdout=io.StringIO())
+    assert not Trajectory.objects.exists()
+    call_command("ingest", str(path), "--project", project.slug, "--source", "demo", stdout=io.StringIO())
+    assert Trajectory.objects.get().source == "demo"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_broker_that_is_down_leaves_a_retryable_upload(project, make_record, monkeypatch):
     from flywheel.trajectories import tasks

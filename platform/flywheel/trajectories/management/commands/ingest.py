@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from flywheel.accounts.models import Project
 from flywheel.trajectories.ingest import IngestResult, ingest_trajectories, jsonl_chunks
+from flywheel.trajectories.models import SOURCES
 
 
 class Command(BaseCommand):
@@ -19,13 +20,18 @@ class Command(BaseCommand):
         parser.add_argument("file", help="path of the .jsonl file, or - for stdin")
         parser.add_argument("--project", required=True, help="slug of the project")
         parser.add_argument(
-            "--source", default="cli", help="recorded as the trajectories' source (default cli)"
+            "--source",
+            default="cli",
+            help=f"recorded as the trajectories' source: one of {', '.join(SOURCES)} (default cli)",
         )
         parser.add_argument(
             "--strict", action="store_true", help="exit with an error when any line is rejected"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Checked here rather than by argparse `choices`: call_command(source=...) bypasses the parser.
+        if options["source"] not in SOURCES:
+            raise CommandError(f"--source {options['source']!r} is not one of: {', '.join(SOURCES)}.")
         try:
             project = Project.objects.get(slug=options["project"])
         except Project.DoesNotExist as exc:

@@ -21,6 +21,20 @@ def test_ci_script_is_executable_valid_bash_and_points_at_the_services():
     assert text.rstrip().endswith("make test")
 
 
+def test_ci_starts_the_newest_postgresql_and_makes_redis_folders_first(tmp_path):
+    text = (REPO / ".ci" / "run").read_text()
+    pick = re.search(r'pg_ctlcluster --skip-systemctl-redirect "\$\((.+?)\)" main start', text).group(1)
+    assert "/etc/postgresql" in pick
+    for version in ("9.6", "15", "16"):  # what an upgrade can leave behind
+        (tmp_path / version).mkdir()
+    chosen = subprocess.run(
+        ["bash", "-c", pick.replace("/etc/postgresql", str(tmp_path))], capture_output=True, text=True, check=True
+    )
+    assert chosen.stdout.strip() == "16"
+    make_dirs = text.index("mkdir -p /var/lib/redis /var/log/redis")
+    assert make_dirs < text.index("redis-server --daemonize yes")
+
+
 def _dry_run(target: str) -> str:
     # -B: as if nothing were built yet, so the setup recipe shows even where the stamp is fresh.
     result = subprocess.run(

@@ -6,6 +6,8 @@ into the base for the duration of `generate` (fp32 only: merge/unmerge in bf16 w
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import GenerationConfig, LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -59,6 +61,24 @@ class HFEngine:
             and next(self.model.parameters()).dtype == torch.float32
         )
 
+    def _shared_prefill(self, prompts: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor,
+                        device: torch.device) -> Any:
+        """A KV cache of every prompt but its last token, computed once per distinct prompt and indexed out
+        to its rows: a group's G samples share one prompt, so prefill costs 1/G. None when nothing repeats."""
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        if len(distinct) == len(prompts) or input_ids.shape[1] < 2:
+            return None
+        first = torch.tensor([rows.index(u) for u in range(len(distinct))])
+        ids, mask = input_ids[first, :-1], attention[first, :-1]
+        # Positions as generate derives them from the attention mask, so the cache is the one it would build.
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        out = self.model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                         use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        cache.batch_select_indices(torch.tensor(rows, device=device))
+        return cache
+
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float) -> list[Generation]:
         if not prompts:
@@ -85,6 +105,7 @@ class HFEngine:
             out = self.model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device),
                 generation_config=gen_config, logits_processor=[recorder],
+                past_key_values=self._shared_prefill(prompts, input_ids, attention, device),
             )
         finally:
             if merged:

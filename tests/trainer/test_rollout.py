@@ -65,6 +65,70 @@ def test_multi_turn_episode_masks_observations(tiny_model, workplace_tasks):
     assert tok.decode(ep.token_ids) == rendered
 
 
+# A Qwen2.5-style ChatML template: tools in the system turn, calls as `<tool_call>\n{json}\n</tool_call>`,
+# consecutive tool results in one user turn, and every turn closed by `<|im_end|>\n`.
+CHATML_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}{%- for t in tools %}{{- '\\n' }}{{- t | tojson }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' or (m.role == 'assistant' and not m.tool_calls) %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
+    "{%- if m.content %}{{- '\\n' + m.content }}{%- endif %}"
+    "{%- for c in m.tool_calls %}{{- '\\n<tool_call>\\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' }}"
+    "{%- if c.function.arguments is string %}{{- c.function.arguments }}"
+    "{%- else %}{{- c.function.arguments | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_multi_turn_tokens_match_a_chatml_rendering(tiny_model, workplace_tasks):
+    """With ChatML, the sampled turn stops at <|im_end|> but the template puts a newline after it: the
+    episode's tokens must still be exactly the tokens of the rendered conversation (what serving sees)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model, local_files_only=True)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = CHATML_TEMPLATE
+    task = workplace_tasks["train"][0]
+    turns = []
+    for m in task["solution"]:  # each turn as this template renders it, so a faithful model would sample it
+        calls = [f'\n<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": '
+                 f'{json.dumps(json.loads(c["function"]["arguments"]), ensure_ascii=False)}}}\n</tool_call>'
+                 for c in m.get("tool_calls") or []]
+        turns.append("".join(calls)[1:] if calls else m["content"])
+    eps = start_episodes([task], 1, tok, make_env_for)
+    run_episodes(ScriptedEngine(tok, turns), tok, eps, max_new_tokens=64, temperature=1.0, max_turns=None,
+                 max_seq_len=2048)
+    ep = eps[0]
+    assert ep.score.passed and ep.turns == len(turns) == 2, ep.score
+    rendered = tok.apply_chat_template(ep.messages, tools=task["tools"], tokenize=False)
+    full = tok(rendered, add_special_tokens=False)["input_ids"]
+    # The episode ends on the sampled <|im_end|>; the rendering closes that last turn with "\n" only.
+    assert ep.token_ids == full[: len(ep.token_ids)]
+    assert tok.decode(full[len(ep.token_ids):]) == "\n"
+    # Each model turn starts right after the rendering of the conversation so far plus the generation prompt.
+    starts = [i for i in range(ep.prompt_len, len(ep.mask)) if ep.mask[i] and not ep.mask[i - 1]]
+    assistant_at = [i for i, m in enumerate(ep.messages) if m["role"] == "assistant"]
+    assert len(starts) == len(assistant_at) == 2
+    for start, k in zip(starts, assistant_at, strict=True):
+        context = tok.apply_chat_template(ep.messages[:k], tools=task["tools"], add_generation_prompt=True,
+                                          tokenize=False)
+        assert ep.token_ids[:start] == tok(context, add_special_tokens=False)["input_ids"]
+
+
 def test_hf_sampler_logprobs_match_trainer(tiny_model, workplace_tasks):
     torch.manual_seed(0)
     base, tok = load_model(tiny_model, device="cpu")

@@ -1,8 +1,9 @@
 """Drive a rollout engine through environments: one episode per (task, sample), all turns batched.
 
 The token sequence of an episode is built incrementally, never re-rendered: the prompt, then each turn's
-sampled ids exactly as sampled (trained on, mask 1), then the rendered tool observations and the next
-generation prompt (context only, mask 0). That keeps the trainer's logprobs on the very tokens sampled.
+sampled ids exactly as sampled (trained on, mask 1), then what the template renders after the turn's end
+token, the tool observations and the next generation prompt (context only, mask 0). That keeps the
+trainer's logprobs on the very tokens sampled, and the context the one the served model sees.
 """
 
 from __future__ import annotations
@@ -47,9 +48,15 @@ def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 
 
 def observation_ids(tokenizer: PreTrainedTokenizerBase, history: list[dict], new: list[dict],
-                    tools: list[dict] | None) -> list[int]:
+                    tools: list[dict] | None, end_id: int | None = None) -> list[int]:
     """Tokens of the tool messages and the next generation prompt: the rendered conversation's suffix
-    past what the history (ending with the assistant turn) already renders to."""
+    past what the history (ending with the assistant turn) already renders to.
+
+    `end_id` is the token the sampled turn stopped on. A template may close a turn with more than that
+    token (ChatML renders `<|im_end|>\n`): the sampled ids stop at `<|im_end|>`, so what the template puts
+    after it belongs to this suffix too, or the model would see `<|im_end|><|im_start|>` in training and
+    `<|im_end|>\n<|im_start|>` when served.
+    """
     before = render(tokenizer, history, tools, generation_prompt=False)
     after = render(tokenizer, history + new, tools, generation_prompt=True)
     if not after.startswith(before):
@@ -57,8 +64,14 @@ def observation_ids(tokenizer: PreTrainedTokenizerBase, history: list[dict], new
         i = 0
         while i < min(len(before), len(after)) and before[i] == after[i]:
             i += 1
-        before = before[:i]
-    return encode(tokenizer, after[len(before):])
+        return encode(tokenizer, after[i:])
+    cut = len(before)
+    end = tokenizer.decode([end_id]) if end_id is not None else ""
+    at = before.rfind(end) if end else -1
+    # Only a whitespace tail: anything else means that token did not close the last turn in the rendering.
+    if at >= 0 and not before[at + len(end):].strip():
+        cut = at + len(end)
+    return encode(tokenizer, after[cut:])
 
 
 def start_episodes(rows: list[dict], n: int, tokenizer: PreTrainedTokenizerBase,
@@ -119,7 +132,8 @@ def run_episodes(
                 ep.token_ids.append(eos_id)
                 ep.mask.append(0)
                 ep.sampler_logprobs.append(0.0)
-            obs = observation_ids(tokenizer, history + assistant, observations, ep.env.tools)
+            obs = observation_ids(tokenizer, history + assistant, observations, ep.env.tools,
+                                  end_id=ep.token_ids[-1])
             if len(ep.token_ids) + len(obs) + max_new_tokens > max_seq_len:
                 ep.done = ep.truncated = True
                 continue

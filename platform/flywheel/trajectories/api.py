@@ -409,15 +409,10 @@ def otlp_traces(request: HttpRequest) -> HttpResponse:
     else:
         raise HttpError(415, f"Content-Type {kind!r}: send application/x-protobuf or application/json.")
     outcome = otlp.otlp_ingest(project=request.auth.project, spans=spans)
-    if as_json:
-        payload: dict[str, Any] = {}
-        if outcome.rejected_spans:
-            payload["partialSuccess"] = {
-                "rejectedSpans": str(outcome.rejected_spans),
-                "errorMessage": outcome.error_message,
-            }
-        return json_response(payload)
-    return HttpResponse(otlp.export_response(outcome), content_type="application/x-protobuf")
+    return HttpResponse(
+        otlp.export_response(outcome, as_json=as_json),
+        content_type="application/json" if as_json else "application/x-protobuf",
+    )
 
 
 API_DESCRIPTION = (

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
@@ -712,7 +713,9 @@ def otlp_ingest(*, project: Project, spans: list[Span]) -> OtlpOutcome:
     return outcome
 
 
-def export_response(outcome: OtlpOutcome) -> bytes:
+def export_response(outcome: OtlpOutcome, *, as_json: bool) -> bytes:
+    """The ExportTraceServiceResponse, in the request's encoding. Rejected spans, and traces skipped (a
+    warning: rejected_spans 0 with a message, as the OTLP spec allows), fill partial_success in both."""
     response = ExportTraceServiceResponse()
     if outcome.rejected_spans or outcome.error_message:
         response.partial_success.CopyFrom(
@@ -720,4 +723,7 @@ def export_response(outcome: OtlpOutcome) -> bytes:
                 rejected_spans=outcome.rejected_spans, error_message=outcome.error_message
             )
         )
+    if as_json:
+        # The protobuf JSON mapping OTLP/JSON uses: camelCase names, int64 as a string, zero values left out.
+        return json.dumps(json_format.MessageToDict(response), separators=(",", ":")).encode()
     return response.SerializeToString()

@@ -374,24 +374,36 @@ def test_a_trace_split_over_exports_is_merged_and_a_replay_changes_nothing(clien
     assert t.latency_ms == 400
 
 
-def test_a_trace_without_llm_spans_is_skipped_with_a_message(client, project):
+def post_as(client, request: ExportTraceServiceRequest, encoding: str) -> dict[str, Any]:
+    """Post in `encoding` ("protobuf" or "json"); the ExportTraceServiceResponse as OTLP/JSON would spell it."""
+    if encoding == "json":
+        response = client.post(URL, body=as_otlp_json(request), content_type="application/json")
+        assert response["Content-Type"] == "application/json"
+        return {"status": response.status_code, **response.json()}
+    response = post_protobuf(client, request)
+    assert response["Content-Type"] == "application/x-protobuf"
+    return {"status": response.status_code, **MessageToDict(ExportTraceServiceResponse.FromString(response.content))}
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_a_trace_without_llm_spans_is_skipped_with_a_message(client, project, encoding):
     trace = os.urandom(16)
-    response = post_protobuf(
-        client, export([span(trace, 1, "GET /health", 0, 5, {"http.method": "GET"}, parent=None)])
-    )
-    assert response.status_code == 200
-    parsed = ExportTraceServiceResponse.FromString(response.content)
-    assert "no LLM or tool span" in parsed.partial_success.error_message
+    answer = post_as(client, export([span(trace, 1, "GET /health", 0, 5, {"http.method": "GET"}, parent=None)]), encoding)
+    assert answer == {
+        "status": 200,
+        "partialSuccess": {"errorMessage": "1 trace(s) had no LLM or tool span and were skipped"},
+    }
     assert not Trajectory.objects.exists()
 
 
-def test_llm_spans_without_content_are_rejected_with_the_reason(client, project):
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_llm_spans_without_content_are_rejected_with_the_reason(client, project, encoding):
     trace = os.urandom(16)
     attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m", "gen_ai.usage.input_tokens": 3}
-    response = post_protobuf(client, export([span(trace, 1, "chat m", 0, 5, attrs, parent=None)]))
-    parsed = ExportTraceServiceResponse.FromString(response.content)
-    assert parsed.partial_success.rejected_spans == 1
-    assert "content capture" in parsed.partial_success.error_message
+    answer = post_as(client, export([span(trace, 1, "chat m", 0, 5, attrs, parent=None)]), encoding)
+    assert answer["status"] == 200
+    assert answer["partialSuccess"]["rejectedSpans"] == "1"
+    assert "content capture" in answer["partialSuccess"]["errorMessage"]
     assert not Trajectory.objects.exists()
 
 

@@ -7,13 +7,14 @@ config, learning rate (constant), step count and seed; TRL with use_vllm=False, 
 scale_rewards="group", beta=0. Holdout success is measured the same way for both (our evaluator, sampled,
 several samples per prompt). Last line: JSON {ours_s_per_step, trl_s_per_step, speedup, ours_gain, trl_gain}.
 
-    .venv/bin/python bench/grpo_vs_trl.py [--model DIR] [--steps 20] [--threads 2]
+    .venv/bin/python bench/grpo_vs_trl.py [--model DIR] [--steps 30] [--threads 1] [--seed 0]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -111,14 +112,14 @@ def run_trl(args, cfg: GRPOConfig, train, holdout, work: Path) -> tuple[float, f
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="a model dir; default: build the tiny model into a temp dir")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=30)
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--holdout", type=int, default=100)
-    p.add_argument("--eval-samples", type=int, default=4)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--holdout", type=int, default=200)
+    p.add_argument("--eval-samples", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -146,7 +147,9 @@ def main() -> None:
     result = {"ours_s_per_step": round(ours_s, 3), "trl_s_per_step": round(trl_s, 3),
               "speedup": round(trl_s / ours_s, 2), "ours_gain": round(ours_after - before, 3),
               "trl_gain": round(trl_after - before, 3), "baseline": round(before, 3), "steps": args.steps,
-              "holdout_samples": args.holdout * args.eval_samples}
+              "holdout_samples": args.holdout * args.eval_samples,
+              # Standard error of one gain (a difference of two rates on that many samples each).
+              "gain_se": round(math.sqrt(2 * before * (1 - before) / (args.holdout * args.eval_samples)), 3)}
     print(f"ours {ours_s:.2f} s/step vs TRL {trl_s:.2f} s/step: {result['speedup']}x; "
           f"gain ours {result['ours_gain']:+.3f}, TRL {result['trl_gain']:+.3f}")
     print(json.dumps(result))

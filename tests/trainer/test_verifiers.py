@@ -471,6 +471,29 @@ class TestHostile:
         assert validate_spec(tc([{"name": "f", "arguments": {"x": {"regex": "a" * 5000}}}]))
         assert validate_spec({"type": "regex", "pattern": "(?<=a)b"})  # lookbehind: not in RE2
 
+    def test_a_tool_schema_pattern_runs_on_re2(self):
+        # The tool's own schema carries the pattern; the model's argument is the hostile text. Python's re
+        # needs minutes for this one (nested quantifiers, no match); both validation paths must answer at once.
+        tools = [{"type": "function", "function": {"name": "tag", "parameters": {
+            "type": "object", "properties": {"label": {"type": "string", "pattern": "^(a|aa)+$"}},
+            "required": ["label"]}}}]
+        spec = tc([{"name": "tag", "arguments": {"label": {"any": True}}}])
+        hostile = "a" * 60 + "!"
+        for cached in (True, False):  # the fast path (cached) and the full jsonschema validator
+            if cached:
+                r = check(spec, msg(("tag", {"label": hostile})), tools=tools)
+            else:
+                with caches_disabled():
+                    r = check(spec, msg(("tag", {"label": hostile})), tools=tools)
+            assert r.failure == "wrong_arguments" and "does not match" in json.dumps(r.checks), r.checks
+        assert check(spec, msg(("tag", {"label": "aaaa"})), tools=tools).passed
+
+    def test_a_tool_schema_pattern_re2_cannot_run_is_a_schema_problem(self):
+        tools = [{"type": "function", "function": {"name": "tag", "parameters": {
+            "type": "object", "properties": {"label": {"type": "string", "pattern": r"(a)\1"}}}}}]
+        r = check(tc([{"name": "tag", "arguments": {"label": "aa"}}]), msg(("tag", {"label": "aa"})), tools=tools)
+        assert "invalid parameters schema" in json.dumps(r.checks), r.checks
+
     def test_hostile_text_parses_in_linear_time(self):
         assert parse_completion("<tool_call>" * 20000).error
         assert parse_completion('{"name": ' * 20000).error

@@ -10,9 +10,10 @@ in jsonschema's favour (tests compare the two on many instances).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
+
+from trainer.verifiers.matchers import compile_regex
 
 FastCheck = Callable[[Any], bool]
 
@@ -121,8 +122,8 @@ def compile_fast(schema: Any) -> FastCheck | None:
             if not isinstance(val, str):
                 return None
             try:
-                compiled = re.compile(val)  # what jsonschema itself uses for "pattern"
-            except re.error:
+                compiled = compile_regex(val)  # RE2, as the full validator runs it (schemas.py)
+            except ValueError:
                 return None
             checks.append(lambda v, p=compiled: not isinstance(v, str) or p.search(v) is not None)
         else:

@@ -172,6 +172,13 @@ class ErrorOut(Schema):
     detail: str
 
 
+class RpcStatusOut(Schema):
+    """google.rpc.Status, the OTLP/HTTP error body (protobuf, or this JSON for OTLP/JSON requests)."""
+
+    code: int = Field(description="gRPC status code, e.g. 3 INVALID_ARGUMENT, 16 UNAUTHENTICATED")
+    message: str
+
+
 class TrajectorySummary(Schema):
     id: int
     external_id: str
@@ -364,12 +371,15 @@ def trajectory_detail(request: HttpRequest, trajectory_id: int) -> dict[str, Any
 # --- OTLP/HTTP -------------------------------------------------------------------------------------------
 
 otlp_router = Router(tags=["otlp"])
+OTLP_PATH = "/otlp/v1/traces"
+OTLP_PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 
 
 @otlp_router.post(
-    "/otlp/v1/traces",
+    OTLP_PATH,
     auth=ingest_auth,
-    response={200: None, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 413: ErrorOut, 415: ErrorOut},
+    response={200: None, 400: RpcStatusOut, 401: RpcStatusOut, 403: RpcStatusOut, 413: RpcStatusOut,
+              415: RpcStatusOut},
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -388,13 +398,14 @@ otlp_router = Router(tags=["otlp"])
         "OpenInference TOOL) become one conversation in time order, without repeating the history each LLM "
         "call re-sends. Spans of a trace sent in a later request are merged into its trajectory. The answer is "
         "an ExportTraceServiceResponse in the request's encoding; traces that could not be stored are counted "
-        "in partial_success.rejected_spans, with the reason in error_message."
+        "in partial_success.rejected_spans, with the reason in error_message. Errors (400, 401, 403, 413, 415) "
+        "are a google.rpc.Status in the request's encoding, as OTLP/HTTP specifies."
     ),
 )
 def otlp_traces(request: HttpRequest) -> HttpResponse:
     body = read_body(request)
     kind = media_type(request)
-    if kind == "application/x-protobuf" or kind == "application/protobuf":
+    if kind in OTLP_PROTOBUF_TYPES:
         try:
             spans = otlp.spans_from_protobuf(body)
         except otlp.OtlpError as exc:
@@ -414,6 +425,20 @@ def otlp_traces(request: HttpRequest) -> HttpResponse:
         content_type="application/json" if as_json else "application/x-protobuf",
     )
 
+
+def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    """Every API error is `{"detail": ...}`, but on the OTLP endpoint, where OTLP/HTTP asks for a
+    google.rpc.Status in the request's encoding (exporters log its message)."""
+    if request.path.endswith(OTLP_PATH):
+        as_json = media_type(request) not in OTLP_PROTOBUF_TYPES
+        return HttpResponse(
+            otlp.error_status(exc.status_code, str(exc), as_json=as_json), status=exc.status_code,
+            content_type="application/json" if as_json else "application/x-protobuf",
+        )
+    return api.create_response(request, {"detail": str(exc)}, status=exc.status_code)
+
+
+api.add_exception_handler(HttpError, _http_error)
 
 API_DESCRIPTION = (
     "Authenticate with a project API key: `Authorization: Bearer KEY`. A key belongs to one project, so no "

@@ -26,6 +26,7 @@ from typing import Any
 from django.db import connection, transaction
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
+from google.rpc import status_pb2 as rpc_status
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceRequest,
@@ -711,6 +712,18 @@ def otlp_ingest(*, project: Project, spans: list[Span]) -> OtlpOutcome:
         first = item["errors"][0]
         outcome.errors.append(f"trace {trace_id}: {first['field']}: {first['message']}")
     return outcome
+
+
+# gRPC status codes (google.rpc.Code) for the HTTP errors the endpoint answers with.
+_GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 5, 413: 8, 415: 3, 429: 8}
+
+
+def error_status(http_status: int, message: str, *, as_json: bool) -> bytes:
+    """An error answer as OTLP/HTTP wants it: a google.rpc.Status in the request's encoding."""
+    status = rpc_status.Status(code=_GRPC_CODES.get(http_status, 2), message=message)
+    if as_json:
+        return json.dumps(json_format.MessageToDict(status), separators=(",", ":")).encode()
+    return status.SerializeToString()
 
 
 def export_response(outcome: OtlpOutcome, *, as_json: bool) -> bytes:

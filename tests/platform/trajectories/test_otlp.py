@@ -10,7 +10,8 @@ import os
 from typing import Any
 
 import pytest
-from google.protobuf.json_format import MessageToDict
+from google.protobuf.json_format import MessageToDict, ParseDict
+from google.rpc.status_pb2 import Status as RpcStatus
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -431,18 +432,38 @@ def test_a_root_span_error_is_a_failure(client, project):
     assert Trajectory.objects.get(project=project).outcome == "failure"
 
 
+def rpc_status(response) -> RpcStatus:
+    """The error body OTLP/HTTP asks for: a google.rpc.Status in the request's encoding."""
+    if response["Content-Type"] == "application/x-protobuf":
+        return RpcStatus.FromString(response.content)
+    assert response["Content-Type"] == "application/json"
+    return ParseDict(response.json(), RpcStatus())
+
+
 def test_bad_payloads(client):
-    assert client.post(URL, body=b"\xff\xff\xff", content_type="application/x-protobuf").status_code == 400
-    assert client.post(URL, body="{nope", content_type="application/json").status_code == 400
-    assert client.post(URL, body="x", content_type="text/plain").status_code == 415
+    response = client.post(URL, body=b"\xff\xff\xff", content_type="application/x-protobuf")
+    assert response.status_code == 400
+    status = rpc_status(response)
+    assert response["Content-Type"] == "application/x-protobuf" and status.code == 3 and status.message
+    response = client.post(URL, body="{nope", content_type="application/json")
+    assert response.status_code == 400 and response["Content-Type"] == "application/json"
+    assert rpc_status(response).code == 3 and "JSON" in rpc_status(response).message
+    response = client.post(URL, body="x", content_type="text/plain")
+    assert response.status_code == 415 and "application/x-protobuf" in rpc_status(response).message
 
 
 def test_auth(api_client, project, make_api_key):
     body = export(openinference_agent(os.urandom(16))).SerializeToString()
-    assert api_client.post(URL, body=body, content_type="application/x-protobuf").status_code == 401
+    response = api_client.post(URL, body=body, content_type="application/x-protobuf")
+    assert response.status_code == 401
+    assert rpc_status(response).code == 16 and "Bearer" in rpc_status(response).message  # UNAUTHENTICATED
     read_only = make_api_key(project, scopes=["read"])
-    assert (
-        api_client.post(URL, body=body, content_type="application/x-protobuf", key=read_only).status_code
-        == 403
-    )
+    response = api_client.post(URL, body=body, content_type="application/x-protobuf", key=read_only)
+    assert response.status_code == 403 and rpc_status(response).code == 7  # PERMISSION_DENIED
+    assert "scope" in rpc_status(response).message
     assert not Trajectory.objects.exists()
+
+
+def test_errors_elsewhere_in_the_api_stay_json_detail(api_client):
+    response = api_client.post("/api/v1/trajectories", body=b"{}", content_type="application/json")
+    assert response.status_code == 401 and "detail" in response.json()

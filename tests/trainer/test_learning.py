@@ -14,6 +14,11 @@ from trainer.tracking import EventLog
 
 pytestmark = pytest.mark.slow
 HOLDOUT_SAMPLES = 8
+# 80 steps: at 50 one seed in three stayed under the 3-sigma margin (+0.05); by 80 each is near +0.10.
+STEPS = 80
+# The control runs long enough for a length reward to show what it does (success falls), not as long as
+# the real run: its completions are the longest there are, so its steps are the slowest.
+WRONG_REWARD_STEPS = 30
 # The spread over seeds is measured with FLYWHEEL_LEARNING_SEED=0,1,2 (the seed of the GRPO run; the
 # tiny model and the task sets stay the same).
 SEED = int(os.environ.get("FLYWHEEL_LEARNING_SEED", "0"))
@@ -42,7 +47,7 @@ def noise(p: float, n: int) -> float:
 
 @pytest.fixture(scope="module")
 def baseline_and_trained(tiny_model, workplace_tasks, tmp_path_factory):
-    return run_job(tmp_path_factory.mktemp("grpo"), tiny_model, workplace_tasks, steps=50)
+    return run_job(tmp_path_factory.mktemp("grpo"), tiny_model, workplace_tasks, steps=STEPS)
 
 
 def test_grpo_raises_holdout_success(baseline_and_trained):
@@ -64,7 +69,7 @@ def test_wrong_reward_does_not_raise_holdout_success(baseline_and_trained, tiny_
     def pays_for_length(ep) -> float:  # rewards talking, not solving
         return ep.completion_tokens / 100.0
 
-    _, after = run_job(tmp_path, tiny_model, workplace_tasks, steps=10, reward_fn=pays_for_length,
+    _, after = run_job(tmp_path, tiny_model, workplace_tasks, steps=WRONG_REWARD_STEPS, reward_fn=pays_for_length,
                        baseline=before)
     n = before["n"]
     print(f"seed {SEED}, length reward: holdout success {before['success_rate']:.3f} -> {after['success_rate']:.3f}")

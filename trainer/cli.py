@@ -199,7 +199,7 @@ def demo_config(steps: int, seed: int) -> Any:
 
     return GRPOConfig(
         num_prompts_per_step=16, num_generations_per_prompt=8, max_new_tokens=48, temperature=1.0,
-        learning_rate=2e-3, max_steps=steps, eval_interval=max(steps, 1), eval_samples_per_prompt=4,
+        learning_rate=1e-3, max_steps=steps, eval_interval=max(steps, 1), eval_samples_per_prompt=4,
         loss_type="grpo", beta=0.0, scale_rewards="group", r=16, alpha=32, seed=seed, train_batch_size=64,
     )
 
@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("cases")
     s.add_argument("completions")
     d = sub.add_parser("demo", help="tiny model + workplace tasks: baseline, GRPO, holdout again")
-    d.add_argument("--steps", type=int, default=40)
+    d.add_argument("--steps", type=int, default=80)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--workdir", default=str(DEFAULT_WORKDIR))
     d.add_argument("--model", help="use this model directory instead of building the tiny model in WORKDIR/tiny")

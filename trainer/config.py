@@ -106,8 +106,9 @@ class GRPOConfig:
     )
     greater_is_better: bool | None = field(
         default=None,
-        metadata={"help": "Whether a higher metric_for_best_model is better; None = False for *_rate metrics "
-                          "that count failures (invalid_output_rate, unsafe_action_rate), else True."},
+        metadata={"help": "Whether a higher metric_for_best_model is better; None = False for the metrics in "
+                          "LOWER_IS_BETTER (invalid_output_rate, unsafe_action_rate, mean_completion_tokens), "
+                          "else True."},
     )
 
     # --- LoRA -----------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ TORCH := torch==2.13.0
 N ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: setup run test bench lint
+.PHONY: setup run test bench fuzz lint
 
 setup: $(STAMP)
 
@@ -37,6 +37,14 @@ bench: setup
 	  [ -e "$$script" ] || continue; found=1; \
 	  echo "== $$script"; $(PY) "$$script"; \
 	done; [ $$found -eq 1 ] || echo "make bench: no benchmarks in bench/"
+
+# The fuzz tests with many more examples than the suite runs (FUZZ_EXAMPLES each). The OTLP fuzz needs
+# PostgreSQL: export DATABASE_URL (and CELERY_BROKER_URL) as CI does, or it skips.
+FUZZ_EXAMPLES ?= 500
+fuzz: setup
+	FLYWHEEL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -n 0 --hypothesis-show-statistics \
+	  tests/platform/trajectories/test_ingest_fuzz.py tests/platform/trajectories/test_otlp_fuzz.py \
+	  tests/platform/test_api_schemathesis.py
 
 lint: setup
 	$(PY) -m ruff check .

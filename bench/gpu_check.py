@@ -1,10 +1,13 @@
-"""GPU check (called by bench/gpu_check.sh): a ~0.5B Qwen2-architecture model built locally from a config
-(random init, no download), a few GRPO steps with HF generate and, when `import vllm` works, with vLLM.
-Prints rollout tokens/s, step time and GPU memory per engine; last line JSON.
+"""GPU check (called by bench/gpu_check.sh): a Qwen2-architecture model built here with `build-tiny` (the
+tiny model's tokenizer and SFT warm start at a larger size, trained on the GPU; no download), then a few GRPO
+steps with HF generate and, when `import vllm` works, with vLLM. Prints rollout tokens/s, step time and GPU
+memory per engine; last line JSON.
 
-The model is random, so the verifier reward would be 0 everywhere; the check pays a small length reward
-instead so that advantages, gradients and optimizer steps are real work. It measures speed, not learning.
-`--tiny` shrinks everything so the CPU-capable parts can be dry-run anywhere.
+The warm start teaches the model to call the workplace tools and to end its turn (emit EOS), so the
+verifier's rewards vary within groups and the gradients are real: each engine's line reports the reward
+spread, the share of groups with nothing to learn and the gradient norm, and says `no_gradient` when every
+step had a zero gradient (a check that measured nothing). `--tiny` shrinks everything so the same code path
+can be dry-run on CPU.
 """
 
 from __future__ import annotations
@@ -21,34 +24,23 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from trainer.config import GRPOConfig, JobSpec, write_jsonl  # noqa: E402
-from trainer.envs import replay  # noqa: E402
 from trainer.envs.workplace import generate_tasks  # noqa: E402
 from trainer.loop import train_grpo  # noqa: E402
-from trainer.tiny import _render, train_tokenizer  # noqa: E402
+from trainer.tiny import build_tiny  # noqa: E402
 from trainer.tracking import EventLog  # noqa: E402
 
-QWEN2_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1_000_000.0,
-                 max_position_embeddings=4096)
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-            num_key_value_heads=1, vocab_size=2048, tie_word_embeddings=True, max_position_embeddings=1024)
+# The GPU model: 8 layers of hidden 512 (about 26M parameters with the 1k-token workplace vocabulary),
+# warm-started for 1000 steps; --tiny: the CPU test model's size with a short warm start (a dry run).
+SIZES = {"gpu": dict(hidden=512, layers=8, heads=8, steps=1000), "tiny": dict(hidden=64, layers=2, heads=2, steps=60)}
 
 
-def build_model(out: Path, tiny: bool) -> int:
-    tasks = generate_tasks(200, seed=0, split="train")
-    tok = train_tokenizer([_render(replay(t, t["solution"])[0], t["tools"]) for t in tasks])
-    cfg = Qwen2Config(**(TINY if tiny else QWEN2_05B), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      bos_token_id=None)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16 if torch.cuda.is_available() and not tiny else torch.float32)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return sum(p.numel() for p in model.parameters())
+def build_model(out: Path, tiny: bool) -> dict:
+    size = SIZES["tiny" if tiny else "gpu"]
+    device = "cuda" if torch.cuda.is_available() and not tiny else "cpu"
+    build_tiny(out, arch="qwen2", device=device, **size)
+    return json.loads((out / "tiny.json").read_text())
 
 
 def gpu_used_gib() -> float | None:
@@ -64,7 +56,7 @@ def run_engine(engine: str, model_dir: Path, work: Path, args) -> dict:
     write_jsonl(job / "train.jsonl", generate_tasks(200, seed=0, split="train", difficulty="single"))
     cfg = GRPOConfig(
         num_prompts_per_step=args.prompts, num_generations_per_prompt=args.generations,
-        max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, learning_rate=1e-5, max_steps=args.steps,
+        max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, learning_rate=1e-4, max_steps=args.steps,
         eval_on_start=False, eval_interval=args.steps, rollout_engine=engine, r=16, alpha=32,
         train_batch_size=args.micro_batch, vllm_gpu_memory_utilization=args.vllm_memory,
         max_seq_len=1024,
@@ -74,7 +66,7 @@ def run_engine(engine: str, model_dir: Path, work: Path, args) -> dict:
         torch.cuda.reset_peak_memory_stats()
     events = EventLog(None)
     t0 = time.perf_counter()
-    train_grpo(spec, events, reward_fn=lambda ep: min(ep.completion_tokens, 64) / 64)
+    train_grpo(spec, events)  # the verifier's reward: the warm-started model sometimes solves a task
     steps = [e for e in events.events if e["event"] == "step"]
     later = steps[1:] or steps  # the first step pays for compilation and allocator warm-up
     result = {
@@ -83,7 +75,13 @@ def run_engine(engine: str, model_dir: Path, work: Path, args) -> dict:
         "step_time_s": round(sum(s["step_time"] for s in later) / len(later), 3),
         "rollout_time_s": round(sum(s["rollout_time"] for s in later) / len(later), 3),
         "train_time_s": round(sum(s["train_time"] for s in later) / len(later), 3),
+        "reward_std": round(sum(s["reward_std"] for s in steps) / len(steps), 3),
+        "frac_zero_variance_groups": round(sum(s["frac_zero_variance_groups"] for s in steps) / len(steps), 3),
+        "grad_norm": round(max(s.get("grad_norm", 0.0) for s in steps), 4),
+        "completion_length": round(sum(s.get("completion_length", 0.0) for s in steps) / len(steps), 1),
     }
+    if result["grad_norm"] == 0:
+        result["no_gradient"] = "every step had equal rewards in every group: the timings are not of real updates"
     if torch.cuda.is_available():
         result["trainer_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         result["device_used_gib"] = gpu_used_gib()
@@ -98,17 +96,19 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--max-turns", type=int, default=1)
+    p.add_argument("--max-turns", type=int, default=None, help="default: the task's own (call, then answer)")
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--vllm-memory", type=float, default=0.35)
     p.add_argument("--engines", default="hf,vllm")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     t0 = time.perf_counter()
-    n_params = build_model(work / "model", args.tiny)
+    meta = build_model(work / "model", args.tiny)
+    n_params = meta["parameters"]
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    print(json.dumps({"model": "qwen2-tiny" if args.tiny else "qwen2-0.5b", "parameters": n_params,
-                      "device": device, "build_s": round(time.perf_counter() - t0, 1)}), flush=True)
+    print(json.dumps({"model": f"qwen2-{meta['layers']}x{meta['hidden']}", "parameters": n_params,
+                      "sft_steps": meta["steps"], "device": device, "build_s": round(time.perf_counter() - t0, 1)}),
+          flush=True)
     results = []
     for engine in args.engines.split(","):
         if engine == "vllm":

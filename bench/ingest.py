@@ -27,6 +27,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -229,6 +231,77 @@ def measure(name: str, port: int, key: str, records: list[dict], batch: int, cli
     }
 
 
+def bench_env(db_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a server (and of `manage.py`) on `db_url`: production-like, no broker, quiet, and
+    no per-key rate limit (a bench measures ingestion, not the limiter; bench/rate_limit.py measures that)."""
+    name = urlsplit(db_url).path.lstrip("/") or "bench"
+    return {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "DEBUG": "false",
+        "DATABASE_CONN_MAX_AGE": "600",
+        "FLYWHEEL_VAR_DIR": str(Path(os.environ.get("TMPDIR", "/tmp")) / name),
+        "CELERY_BROKER_URL": "memory://",
+        "PYTHONPATH": str(ROOT),
+        "LOG_LEVEL": "WARNING",
+        "FLYWHEEL_API_RATE_PER_S": "0",
+        **extra,
+    }
+
+
+@contextmanager
+def scratch_database(admin_url: str) -> Iterator[str]:
+    """A new database on the server `admin_url` names, migrated; yields its URL and drops it afterwards."""
+    db_name = f"flywheel_bench_{uuid.uuid4().hex[:8]}"
+    db_url = urlsplit(admin_url)._replace(path=f"/{db_name}").geturl()
+    psql(admin_url, f'CREATE DATABASE "{db_name}"')
+    try:
+        subprocess.run([PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=bench_env(db_url), check=True)
+        yield db_url
+    finally:
+        psql(admin_url, f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+
+
+def create_api_key(env: dict[str, str], slug: str = "bench") -> str:
+    """A new project `slug` in the database of `env` and a raw API key of it with the ingest scope."""
+    return subprocess.run(
+        [PY, "manage.py", "shell", "-c",
+         "from flywheel.accounts.services import project_create, api_key_create;"
+         f"p = project_create(slug={slug!r});"
+         "print(api_key_create(project=p, name='bench', scopes=['ingest']).raw_key)"],
+        cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+    ).stdout.strip().splitlines()[-1]  # fmt: skip
+
+
+@contextmanager
+def gunicorn(env: dict[str, str], workers: int, *options: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """gunicorn serving the app on a free port of 127.0.0.1, up (GET /healthz answers) before it is yielded
+    as (process, port); stopped gracefully afterwards, so that every request it took has finished."""
+    port = free_port()
+    server = subprocess.Popen(
+        [PY, "-m", "gunicorn", "flywheel.wsgi", "-w", str(workers), "-b", f"127.0.0.1:{port}",
+         "--keep-alive", "30", "--timeout", "120", "--log-level", "warning", *options],
+        cwd=ROOT, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/healthz")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise SystemExit("gunicorn did not come up")
+            time.sleep(0.2)
+        yield server, port
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trajectories", type=int, default=20_000)
@@ -244,66 +317,22 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    admin = urlsplit(args.database_url)
-    db_name = f"flywheel_bench_{uuid.uuid4().hex[:8]}"
-    db_url = admin._replace(path=f"/{db_name}").geturl()
-    env = {
-        **os.environ,
-        "DATABASE_URL": db_url,
-        "DEBUG": "false",
-        "DATABASE_CONN_MAX_AGE": "600",
-        "FLYWHEEL_VAR_DIR": str(Path(os.environ.get("TMPDIR", "/tmp")) / db_name),
-        "CELERY_BROKER_URL": "memory://",
-        "PYTHONPATH": str(ROOT),
-        "LOG_LEVEL": "WARNING",
-    }
-    psql(args.database_url, f'CREATE DATABASE "{db_name}"')
-    server = None
-    try:
-        subprocess.run([PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-        key = subprocess.run(
-            [PY, "manage.py", "shell", "-c",
-             "from flywheel.accounts.services import project_create, api_key_create;"
-             "p = project_create(slug='bench');"
-             "print(api_key_create(project=p, name='bench', scopes=['ingest']).raw_key)"],
-            cwd=ROOT, env=env, check=True, capture_output=True, text=True,
-        ).stdout.strip().splitlines()[-1]  # fmt: skip
-        port = free_port()
-        server = subprocess.Popen(
-            [PY, "-m", "gunicorn", "flywheel.wsgi", "-w", str(args.workers), "-b", f"127.0.0.1:{port}",
-             "--keep-alive", "30", "--timeout", "120", "--log-level", "warning"],
-            cwd=ROOT, env=env,
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/healthz")
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("gunicorn did not come up")
-            time.sleep(0.2)
+    with scratch_database(args.database_url) as db_url:
+        env = bench_env(db_url)
+        key = create_api_key(env)
+        with gunicorn(env, args.workers) as (server, port):
+            global METER
+            METER = CpuMeter(server.pid, args.database_url, urlsplit(db_url).path.lstrip("/"))
+            # Warm every worker (imports, connections) before any clock starts.
+            measure("warm-up", port, key, [synthetic(i, "warm") for i in range(60)], 5, args.workers * 2)
 
-        global METER
-        METER = CpuMeter(server.pid, args.database_url, db_name)
-        # Warm every worker (imports, connections) before any clock starts.
-        measure("warm-up", port, key, [synthetic(i, "warm") for i in range(60)], 5, args.workers * 2)
-
-        batched = [synthetic(i, "batched") for i in range(args.trajectories)]
-        single = [synthetic(i, "single") for i in range(args.baseline_trajectories)]
-        results = [
-            measure(f"batch of {args.batch}", port, key, batched, args.batch, args.clients),
-            measure("one per request (baseline)", port, key, single, 1, args.clients),
-            measure(f"replay, batch of {args.batch}", port, key, batched, args.batch, args.clients),
-        ]
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=30)
-        psql(args.database_url, f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+            batched = [synthetic(i, "batched") for i in range(args.trajectories)]
+            single = [synthetic(i, "single") for i in range(args.baseline_trajectories)]
+            results = [
+                measure(f"batch of {args.batch}", port, key, batched, args.batch, args.clients),
+                measure("one per request (baseline)", port, key, single, 1, args.clients),
+                measure(f"replay, batch of {args.batch}", port, key, batched, args.batch, args.clients),
+            ]
 
     print(
         f"{'run':<28} {'trajectories':>12} {'requests':>8} {'traj/s':>9} {'p50 ms':>8} {'p95 ms':>8} "

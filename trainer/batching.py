@@ -3,7 +3,9 @@
 The G episodes of a group start with the same prompt. `token_logprobs` can run each distinct prompt
 through the model once and let its G continuations attend to that one copy (prefix sharing): the prompt
 is usually most of an episode's tokens, so the training forward and backward shrink by about that share,
-with the same logprobs and gradients as the full forward.
+with the same logprobs and gradients as the full forward. Either way the decoder's final hidden states go
+to the LM head only at the positions that train, a chunk at a time (`trainer.logprobs`): full
+(batch, length, vocabulary) logits never exist.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedModel
 
+from trainer.logprobs import LogitsFn, chunk_tokens, head_logprobs
 from trainer.rollout.episodes import Episode
 
 
@@ -21,7 +25,6 @@ class Batch:
     attention_mask: torch.Tensor  # (B, L)
     loss_mask: torch.Tensor  # (B, L-1): 1 where target token t+1 is the model's own
     sampler_logprobs: torch.Tensor  # (B, L-1)
-    start: int  # first target position any row trains on: logits before it are never computed
     prompt_lens: torch.Tensor  # (B,) tokens of the row's prompt
     prompts: torch.Tensor  # (B,) rows with the same value share their first prompt_lens tokens
 
@@ -31,11 +34,8 @@ class Batch:
     def select(self, idx: list[int]) -> Batch:
         """A micro-batch, trimmed to its own longest row."""
         width = int(self.attention_mask[idx].sum(dim=1).max())
-        lm = self.loss_mask[idx, : width - 1]
-        nz = lm.sum(dim=0).nonzero()
-        start = int(nz[0]) if len(nz) else 0
-        return Batch(self.input_ids[idx, :width], self.attention_mask[idx, :width], lm,
-                     self.sampler_logprobs[idx, : width - 1], start, self.prompt_lens[idx], self.prompts[idx])
+        return Batch(self.input_ids[idx, :width], self.attention_mask[idx, :width], self.loss_mask[idx, : width - 1],
+                     self.sampler_logprobs[idx, : width - 1], self.prompt_lens[idx], self.prompts[idx])
 
 
 def collate(episodes: list[Episode], pad_id: int) -> Batch:
@@ -55,52 +55,87 @@ def collate(episodes: list[Episode], pad_id: int) -> Batch:
         sampler[i, : k - 1] = torch.tensor(ep.sampler_logprobs[1:])
         # Keyed by the tokens themselves: two rounds of sampling may reuse group numbers.
         prompts.append(prompt_ids.setdefault(tuple(ep.token_ids[: ep.prompt_len]), len(prompt_ids)))
-    start = min(ep.prompt_len for ep in episodes) - 1
-    return Batch(input_ids, attention, loss_mask, sampler, max(start, 0),
-                 torch.tensor([ep.prompt_len for ep in episodes]), torch.tensor(prompts))
+    return Batch(input_ids, attention, loss_mask, sampler, torch.tensor([ep.prompt_len for ep in episodes]),
+                 torch.tensor(prompts))
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0, *, entropy: bool = False,
-                   share_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprobs (B, L-1) of each next token under `model` at the sampling temperature and, if asked, the
-    entropy (B, L-1) of those distributions (no gradient). Positions that are prompt-only may be zeros
-    (prompts never train). `share_prefix` computes each distinct prompt once (see the module docstring)."""
-    if share_prefix and len(batch.prompts.unique()) < len(batch):
-        logits, targets, cols = _shared_prefix_logits(model, batch)
+                   share_prefix: bool = False, chunk_size: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs (B, L-1) of the tokens the model trains on (`loss_mask`) under `model` at the sampling
+    temperature and, if asked, the entropy (B, L-1) of those distributions (no gradient); zeros elsewhere:
+    prompts, observations and padding never reach the head. The head runs `chunk_size` tokens at a time
+    (`trainer.logprobs`; default: about 128 MB of float32 logits a chunk). `share_prefix` computes each
+    distinct prompt once (see the module docstring)."""
+    lm = _causal_lm(model)
+    rows, cols = batch.loss_mask.nonzero(as_tuple=True)
+    if share_prefix and len(batch.prompts.unique()) < len(batch) and _keeps_cache(lm):
+        hidden = _shared_prefix_hidden(lm, batch, rows, cols)
     else:
-        logits, targets, cols = _full_logits(model, batch)
-    logits = logits.float() / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    ent = None
-    if entropy:
-        with torch.no_grad():
-            ent = _place(-(logp_all.exp() * logp_all).sum(dim=-1), cols, batch)
-    return _place(logp, cols, batch), ent
+        hidden = _full_hidden(lm, batch, rows, cols)
+    device = hidden.device
+    targets = batch.input_ids[rows, cols + 1].to(device)
+    head = lm.get_output_embeddings()
+    size = chunk_size or chunk_tokens(head.weight.shape[0])
+    logp, ent = head_logprobs(hidden, targets, _logits_fn(lm, temperature), chunk_size=size, entropy=entropy)
+    index = (rows.to(device), cols.to(device))
+    zeros = torch.zeros(batch.loss_mask.shape, device=device)
+    return zeros.index_put(index, logp), (zeros.index_put(index, ent) if ent is not None else None)
 
 
-def _place(values: torch.Tensor, cols: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Scatter per-target values into the batch's (B, L-1) layout; columns past the end fall off."""
-    width = batch.input_ids.shape[1] - 1
-    out = torch.zeros(values.shape[0], width + values.shape[1], device=values.device, dtype=values.dtype)
-    return out.scatter(1, cols.to(values.device), values)[:, :width]
+def _causal_lm(model: torch.nn.Module) -> PreTrainedModel:
+    """The transformers model under a PEFT wrapper (LoRA layers are injected into it in place)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _full_logits(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    device = next(model.parameters()).device
-    width = batch.input_ids.shape[1]
-    keep = width - batch.start  # logits for the last `keep` positions; the final one predicts nothing
-    out = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                logits_to_keep=keep, use_cache=False)
-    targets = batch.input_ids[:, batch.start + 1:].to(device)
-    cols = torch.arange(batch.start, width - 1).expand(len(batch), -1)
-    return out.logits[:, :-1], targets, cols
+def _keeps_cache(lm: PreTrainedModel) -> bool:
+    # Under gradient checkpointing a training-mode layer drops past_key_values (a replay in the backward would
+    # write the cache twice), so the prompt's KV cache would never be built: no sharing then.
+    return not (lm.training and lm.is_activation_checkpointing)
 
 
-def _shared_prefix_logits(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+# Config fields with which a CausalLM's forward rescales its logits in ways the head below does not.
+_UNSUPPORTED_LOGIT_TRANSFORMS = ("logits_scaling", "lm_head_multiplier", "output_multiplier")
+
+
+def _logits_fn(lm: PreTrainedModel, temperature: float) -> LogitsFn:
+    """Hidden states (N, H) -> the float32 logits the sampler drew from, as the model's own forward makes them
+    (Gemma's soft-capping, Cohere's logit_scale), divided by the temperature."""
+    config = lm.config.get_text_config()
+    for name in _UNSUPPORTED_LOGIT_TRANSFORMS:
+        if getattr(config, name, None) not in (None, 1, 1.0):
+            raise ValueError(f"{type(lm).__name__}: config.{name} rescales the logits; the trainer's head "
+                             "does not support it")
+    head = lm.get_output_embeddings()
+    scale = getattr(config, "logit_scale", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+
+    def logits(h: torch.Tensor) -> torch.Tensor:
+        x = head(h).float()
+        if scale is not None:
+            x = x * scale
+        if cap:
+            x = torch.tanh(x / cap) * cap
+        # In place: one chunk-sized tensor fewer; nothing before needs x for its backward (tanh keeps its output).
+        return x.div_(temperature) if temperature != 1.0 else x
+
+    return logits
+
+
+def _full_hidden(lm: PreTrainedModel, batch: Batch, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Final hidden states (N, H) at the (rows, cols) positions, each row run in full."""
+    device = lm.device
+    out = lm.get_decoder()(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
+                           use_cache=False)
+    return out.last_hidden_state[rows.to(device), cols.to(device)]
+
+
+def _shared_prefix_hidden(lm: PreTrainedModel, batch: Batch, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """Distinct prompts, left-padded, in one forward with a KV cache; the cache is then indexed out to
-    every row and the rows' continuations attend to it. Autograd flows through the cache into the prompt."""
-    device = next(model.parameters()).device
+    every row and the rows' continuations attend to it. Autograd flows through the cache into the prompt.
+    Final hidden states (N, H) at the (rows, cols) positions, which lie at or after each row's last prompt token."""
+    device = lm.device
+    decoder = lm.get_decoder()
     pad = 0  # any id: padding is masked out
     _, row_prompt = torch.unique(batch.prompts, return_inverse=True)  # row -> distinct prompt
     n_prompts = int(row_prompt.max()) + 1
@@ -113,8 +148,8 @@ def _shared_prefix_logits(model: torch.nn.Module, batch: Batch) -> tuple[torch.T
         p = int(plen[i])
         pre_ids[u, lp - p:] = batch.input_ids[i, :p]
         pre_mask[u, lp - p:] = 1
-    out = model(input_ids=pre_ids.to(device), attention_mask=pre_mask.to(device),
-                position_ids=(pre_mask.cumsum(-1) - 1).clamp(min=0).to(device), use_cache=True, logits_to_keep=1)
+    out = decoder(input_ids=pre_ids.to(device), attention_mask=pre_mask.to(device),
+                  position_ids=(pre_mask.cumsum(-1) - 1).clamp(min=0).to(device), use_cache=True)
     cache = out.past_key_values
     cache.batch_select_indices(row_prompt.to(device))
 
@@ -127,9 +162,12 @@ def _shared_prefix_logits(model: torch.nn.Module, batch: Batch) -> tuple[torch.T
         p, s = int(plen[i]), int(slen[i])
         suf_ids[i, :s] = batch.input_ids[i, p:p + s]
         suf_mask[i, :s] = 1
-    out2 = model(input_ids=suf_ids.to(device), attention_mask=torch.cat([pre_mask[row_prompt], suf_mask], 1).to(device),
-                 position_ids=(plen[:, None] + torch.arange(ls)).to(device), past_key_values=cache, use_cache=True)
+    out2 = decoder(input_ids=suf_ids.to(device), attention_mask=torch.cat([pre_mask[row_prompt], suf_mask], 1).to(device),
+                   position_ids=(plen[:, None] + torch.arange(ls)).to(device), past_key_values=cache, use_cache=True)
     # The prompt's last position predicts the first continuation token; continuation position j predicts j+1.
-    logits = torch.cat([out.logits[:, -1:][row_prompt.to(device)], out2.logits[:, :-1]], dim=1)
-    cols = plen[:, None] - 1 + torch.arange(ls)
-    return logits, suf_ids.to(device), cols
+    # So row i's target column c reads the prompt's last hidden state at c = plen - 1, else continuation c - plen.
+    k = cols - (plen[rows] - 1)
+    if bool((k < 0).any()):
+        raise ValueError("a loss_mask position lies inside its row's prompt; prompts never train")
+    hidden = torch.cat([out.last_hidden_state[:, -1:][row_prompt.to(device)], out2.last_hidden_state[:, :-1]], dim=1)
+    return hidden[rows.to(device), k.to(device)]

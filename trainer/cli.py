@@ -39,7 +39,8 @@ def cmd_build_tiny(args: argparse.Namespace, events: EventLog) -> int:
     from trainer.tiny import build_tiny
 
     t0 = time.perf_counter()
-    path = build_tiny(args.out, steps=args.steps, seed=args.seed, log=lambda e: events.emit(**e))
+    path = build_tiny(args.out, steps=args.steps, seed=args.seed, arch=args.arch, hidden=args.hidden,
+                      layers=args.layers, heads=args.heads, device=args.device, log=lambda e: events.emit(**e))
     meta = json.loads((Path(path) / "tiny.json").read_text())
     events.emit("done", path=str(path), **meta, total_seconds=round(time.perf_counter() - t0, 2))
     return 0
@@ -63,24 +64,26 @@ def cmd_train(args: argparse.Namespace, events: EventLog) -> int:
 def cmd_evaluate(args: argparse.Namespace, events: EventLog) -> int:
     from trainer.config import read_jsonl, write_jsonl
     from trainer.evaluation import evaluate_rows
-    from trainer.models import load_model
+    from trainer.models import load_model, load_tokenizer
     from trainer.rollout.hf import HFEngine
 
     t0 = time.perf_counter()
     rows = read_jsonl(args.suite)
-    model, tokenizer = load_model(args.model)
-    if args.adapter:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, args.adapter)
-    model.eval()
     with contextlib.ExitStack() as scratch:
         if args.engine == "vllm":
-            # Evaluation never syncs a new policy, so the engine's adapter folder stays empty: a temp dir that
-            # goes away with the run, never a folder beside (or above) the user's files.
+            # vLLM holds the model (and the adapter) itself: a second copy in transformers would only take
+            # GPU memory. Evaluation never syncs a new policy, so the engine's adapter folder stays empty: a
+            # temp dir that goes away with the run, never a folder beside (or above) the user's files.
+            tokenizer = load_tokenizer(args.model)
             work_dir = scratch.enter_context(tempfile.TemporaryDirectory(prefix="flywheel-evaluate-"))
             engine: Any = vllm_eval_engine(args.model, tokenizer, args.adapter, work_dir)
         else:
+            model, tokenizer = load_model(args.model)
+            if args.adapter:
+                from peft import PeftModel
+
+                model = PeftModel.from_pretrained(model, args.adapter)
+            model.eval()
             engine = HFEngine(model, tokenizer)
         import torch
 
@@ -105,7 +108,9 @@ def vllm_eval_engine(model_path: str, tokenizer: Any, adapter: str | None, work_
     rank = 16
     if adapter:  # vLLM must be told the largest LoRA rank it will be asked to load
         rank = json.loads((Path(adapter) / "adapter_config.json").read_text()).get("r", rank)
-    engine = VLLMEngine(model_path, tokenizer, GRPOConfig(r=rank), work_dir=work_dir)
+    # No training here: the sampler's logprobs feed no loss, so no importance-sampling correction to keep.
+    engine = VLLMEngine(model_path, tokenizer, GRPOConfig(r=rank, importance_sampling_correction=False),
+                        work_dir=work_dir)
     if adapter:
         from vllm.lora.request import LoRARequest
 
@@ -207,10 +212,15 @@ def demo_config(steps: int, seed: int) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build-tiny", help="build the tiny CPU model into OUT")
+    b = sub.add_parser("build-tiny", help="build the tiny CPU model (or a larger one of its kind) into OUT")
     b.add_argument("out")
     b.add_argument("--steps", type=int, default=1000, help="SFT warm-start steps")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
+    b.add_argument("--hidden", type=int, default=128, help="hidden size (the MLP is twice that)")
+    b.add_argument("--layers", type=int, default=2)
+    b.add_argument("--heads", type=int, default=2)
+    b.add_argument("--device", default="cpu", help="where to train it: cpu or cuda")
     b.add_argument("--threads", type=int, default=None)
     t = sub.add_parser("train", help="run a training job from its spec.json")
     t.add_argument("--spec", required=True)

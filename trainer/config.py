@@ -38,12 +38,22 @@ class GRPOConfig:
     max_new_tokens: int = field(default=64, metadata={"help": "Token limit of one model turn."})
     max_turns: int | None = field(
         default=None,
-        metadata={"help": "Model turns per episode; None takes the task's env.max_turns, 1 is single-turn."},
+        metadata={"help": "Caps the model turns of an episode; None = the task's env.max_turns (else "
+                          "trainer.envs.DEFAULT_MAX_TURNS), 1 = single-turn."},
     )
     max_seq_len: int = field(
         default=2048, metadata={"help": "Hard cap on prompt + all turns; an episode that reaches it ends."}
     )
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of rollouts."})
+    top_p: float = field(
+        default=1.0,
+        metadata={"help": "Nucleus sampling of rollouts and evaluation; 1 = off. The loss corrects for the "
+                          "truncation by importance sampling (needs importance_sampling_correction)."},
+    )
+    top_k: int = field(
+        default=0,
+        metadata={"help": "Sample among the k most likely tokens; 0 = off. Corrected for like top_p."},
+    )
     rollout_engine: str = field(default="hf", metadata={"help": "`hf` (transformers generate) or `vllm` (GPU)."})
     vllm_gpu_memory_utilization: float = field(
         default=0.5, metadata={"help": "Fraction of GPU memory vLLM may take (the trainer needs the rest)."}
@@ -67,6 +77,17 @@ class GRPOConfig:
         default=True,
         metadata={"help": "Run each group's prompt through the training forward once, its G completions "
                           "attending to it (same logprobs and gradients, fewer tokens)."},
+    )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={"help": "Recompute each layer's activations in the backward instead of keeping them (far less "
+                          "memory, about a third more compute); the gradient forward then runs without prefix "
+                          "sharing (layers drop the KV cache under checkpointing)."},
+    )
+    bf16: bool = field(
+        default=True,
+        metadata={"help": "Autocast the training forwards to bfloat16 on a CUDA GPU (logprobs, entropy and loss "
+                          "stay float32); no effect on CPU."},
     )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
@@ -133,6 +154,18 @@ class GRPOConfig:
                 raise SpecError(f"config.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.temperature <= 0:
             raise SpecError("config.temperature must be > 0 for sampled rollouts")
+        if self.max_turns is not None and (isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int)
+                                           or self.max_turns < 1):
+            raise SpecError(f"config.max_turns must be null or an integer >= 1, got {self.max_turns!r}")
+        if not 0 < self.top_p <= 1:
+            raise SpecError(f"config.top_p must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise SpecError(f"config.top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if (self.top_p < 1 or self.top_k > 0) and not self.importance_sampling_correction:
+            # The sampler's distribution is the truncated one; only the IS weight tells the loss so.
+            raise SpecError("config.top_p/top_k truncate the sampling distribution and the loss accounts for that "
+                            "through importance sampling: set importance_sampling_correction to true, or leave "
+                            "top_p at 1 and top_k at 0")
         if not 0 <= self.epsilon < 1:
             raise SpecError(f"config.epsilon must be in [0, 1), got {self.epsilon!r}")
 

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 
 from trainer.batching import collate, token_logprobs
 from trainer.config import GRPOConfig, JobSpec
+from trainer.envs import max_turns
 from trainer.evaluation import make_env_for
 from trainer.losses import group_advantages, policy_loss, zero_variance_groups
+from trainer.models import enable_gradient_checkpointing
 from trainer.rollout.episodes import Episode, run_episodes, start_episodes
 from trainer.runner import JobRunner
 from trainer.tracking import EventLog
@@ -88,7 +91,7 @@ def optimize(run: JobRunner, episodes: list[Episode], rewards: torch.Tensor) -> 
     share = cfg.share_prompt_prefix
 
     old, ref = [], []
-    with torch.no_grad():
+    with torch.no_grad(), _precision(cfg, device):
         for mb in mbs:
             # With one pass the "old" policy is the current one: its logprobs are the detached ones below.
             old.append(token_logprobs(model, mb, cfg.temperature, share_prefix=share)[0]
@@ -106,7 +109,8 @@ def optimize(run: JobRunner, episodes: list[Episode], rewards: torch.Tensor) -> 
         run.optimizer.zero_grad(set_to_none=True)
         for k, (idx, mb) in enumerate(zip(micro, mbs, strict=True)):
             mask = mb.loss_mask.to(device)
-            logp, ent = token_logprobs(model, mb, cfg.temperature, entropy=it == 0, share_prefix=share)
+            with _precision(cfg, device):
+                logp, ent = token_logprobs(model, mb, cfg.temperature, entropy=it == 0, share_prefix=share)
             old_logp = old[k] if old[k] is not None else logp.detach()
             is_w = None
             if use_is:  # truncated IS: the sampler is not exactly the trainer (vLLM kernels, merged LoRA)
@@ -136,10 +140,19 @@ def optimize(run: JobRunner, episodes: list[Episode], rewards: torch.Tensor) -> 
     return out
 
 
+def _precision(cfg: GRPOConfig, device: torch.device) -> AbstractContextManager:
+    # bf16 matmuls for the forwards on a GPU; the head's logits are upcast, so logprobs stay float32.
+    if cfg.bf16 and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
 def train_grpo(spec: JobSpec, events: EventLog, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
     run = JobRunner(spec, events)
     cfg = run.cfg
-    turns = cfg.max_turns or max(int((r.get("env") or {}).get("max_turns") or 1) for r in run.train_rows)
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(run.model)
+    turns = max(max_turns(r, cfg.max_turns) for r in run.train_rows)
     run.max_completion_length = cfg.max_new_tokens * turns  # Dr. GRPO's constant normaliser
     try:
         run.maybe_eval_start()
@@ -150,6 +163,7 @@ def train_grpo(spec: JobSpec, events: EventLog, *, reward_fn: RewardFn | None = 
             episodes, rewards, stats = sample_groups(run, reward_fn)
             t_rollout = time.perf_counter() - t0
             if episodes:
+                run.release_rollout_memory()  # vLLM sleeps through the update; the next generate wakes it
                 stats |= optimize(run, episodes, rewards)
             # else: every group had equal rewards even after refilling; nothing to learn from this step.
             step_time = time.perf_counter() - t0

@@ -25,13 +25,19 @@ def load_model(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype is None:
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     model.to(device)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """The model directory's tokenizer, with a pad token (the EOS when the model has none)."""
+    tokenizer = AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def lora_config(config: GRPOConfig, model: PreTrainedModel) -> LoraConfig:
@@ -59,3 +65,15 @@ def attach_lora(
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward instead of keeping them (transformers'
+    activation checkpointing, non-reentrant)."""
+    lm = model.get_base_model() if isinstance(model, PeftModel) else model
+    lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    # With LoRA the embeddings are frozen, so what enters the first checkpointed layer does not require grad:
+    # a reentrant checkpoint (what older transformers and peft's helpers pick) would then hand back outputs
+    # without grad and the adapter would learn nothing. Making the embeddings' output require grad rules
+    # that out whichever kind runs; it costs one (B, T, H) gradient.
+    lm.enable_input_require_grads()

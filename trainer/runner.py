@@ -74,6 +74,13 @@ class JobRunner:
         self.state["mlflow_run_id"] = self.tracker.run_id
         self.engine = make_engine(cfg, self.model, self.tokenizer, model_path=spec.model, work_dir=self.job)
 
+    def release_rollout_memory(self) -> None:
+        """Before an update: an engine that holds GPU memory of its own (vLLM) gives it back until its next
+        generate. The HF engine samples with the trainer's own model and has nothing to free."""
+        sleep = getattr(self.engine, "sleep", None)
+        if sleep is not None:
+            sleep()
+
     # --- evaluation ---------------------------------------------------------------------------------
     def evaluate(self, step: int, rows: list[dict], split: str = "holdout") -> dict[str, Any]:
         cfg = self.cfg

@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from trainer.envs.workplace.world import DATES, TIMES
 from trainer.models import load_model
@@ -123,9 +123,12 @@ def noisy_solution(task: dict[str, Any], rng: random.Random) -> list[dict[str, A
 
 def build_tiny(out: str | Path, *, n_tasks: int = 2000, steps: int = 1000, noise: float = 0.35, seed: int = 0,
                hidden: int = 128, layers: int = 2, heads: int = 2, batch_size: int = 16, lr: float = 3e-3,
-               difficulty: str | None = "single",
+               difficulty: str | None = "single", arch: str = "llama", device: str = "cpu",
                log: Any = None) -> Path:
-    """Build, warm-start and save the tiny model; returns its directory (a normal HF model folder)."""
+    """Build, warm-start and save the tiny model; returns its directory (a normal HF model folder).
+
+    `arch="qwen2"` builds the same model as a Qwen2 (what the GPU check serves with vLLM); hidden, layers
+    and heads make it larger, and `device` trains it on a GPU."""
     from trainer.envs.workplace import generate_tasks
 
     t0 = time.perf_counter()
@@ -146,12 +149,13 @@ def build_tiny(out: str | Path, *, n_tasks: int = 2000, steps: int = 1000, noise
     texts = [_render(replay(t, t["solution"])[0], t["tools"]) for t in tasks[:300]]
     tokenizer = train_tokenizer(texts)
     examples = build_examples(rows, tokenizer)
-    config = LlamaConfig(
+    config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    config = config_class(
         vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=1024, tie_word_embeddings=True,
         bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
-    model = LlamaForCausalLM(config)
+    model = model_class(config).to(device)
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
 
@@ -166,7 +170,8 @@ def build_tiny(out: str | Path, *, n_tasks: int = 2000, steps: int = 1000, noise
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    meta = {"n_tasks": n_tasks, "steps": steps, "noise": noise, "seed": seed, "examples": len(examples),
+    meta = {"arch": arch, "hidden": hidden, "layers": layers, "heads": heads,
+            "n_tasks": n_tasks, "steps": steps, "noise": noise, "seed": seed, "examples": len(examples),
             "parameters": sum(p.numel() for p in params), "seconds": round(time.perf_counter() - t0, 1)}
     (out / "tiny.json").write_text(json.dumps(meta, indent=1))
     load_model(out, device="cpu")  # prove it loads back through the real-model path

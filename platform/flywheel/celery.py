@@ -1,4 +1,5 @@
-"""The one Celery app. Tasks live in each app's `tasks.py` and are found by autodiscovery."""
+"""The one Celery app. Tasks live in each app's `tasks.py` and are found by autodiscovery; the outbox sweep,
+which serves every app, is defined here and scheduled by CELERY_BEAT_SCHEDULE (settings)."""
 
 import os
 
@@ -9,3 +10,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "flywheel.settings")
 app = Celery("flywheel")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@app.task(name="flywheel.outbox_sweep", ignore_result=True)
+def outbox_sweep_task() -> dict[str, int]:
+    """Send again the work that never reached a worker (flywheel.outbox)."""
+    from flywheel.outbox import outbox_sweep  # Django is set up by the time a worker runs a task
+
+    return outbox_sweep()

@@ -4,6 +4,7 @@ MLflow on a local SQLite store)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -22,7 +23,7 @@ ALLOWED_HOSTS = get_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "t
 CSRF_TRUSTED_ORIGINS = get_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "flywheel.accounts.apps.SuperuserAdminConfig",  # django.contrib.admin, for superusers only
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -30,12 +31,15 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "ninja",  # serves the API docs page's Swagger UI from its own static files, not a CDN
+    "axes",  # login attempts limited per client address and per account (AXES_* below)
     "flywheel.accounts",
     "flywheel.trajectories",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A database that is away answers 503 + Retry-After, not 500 (flywheel.db_errors).
+    "flywheel.db_errors.DatabaseUnavailableMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -45,6 +49,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "flywheel.accounts.middleware.ContentSecurityPolicyMiddleware",
+    # Last, as django-axes asks: it turns a refused login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "flywheel.urls"
@@ -70,17 +76,30 @@ DATABASES = {
     "default": dj_database_url.parse(
         get_env("DATABASE_URL", f"sqlite:///{VAR_DIR / 'flywheel.sqlite3'}"),
         conn_max_age=get_env("DATABASE_CONN_MAX_AGE", 60, cast=int),
+        # A kept connection is checked before a request reuses it: after a database restart the next
+        # request reconnects instead of failing on the dead connection.
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # WAL lets the web server and the worker share the file without "database is locked".
-    DATABASES["default"].setdefault("OPTIONS", {})["init_command"] = (
-        "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;"
+    # `make run`: the web server and the worker write one file. WAL lets readers go on beside the writer.
+    # A transaction that reads then writes (the portable upsert) must take the write lock when it begins:
+    # a deferred one that reads first cannot wait for a writer when it upgrades, and SQLite answers
+    # "database is locked" at once. Then "timeout" (seconds) is how long a writer waits for its turn.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        init_command="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        transaction_mode="IMMEDIATE",
+        timeout=get_env("SQLITE_BUSY_TIMEOUT_S", 30, cast=int),
     )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+# AxesStandaloneBackend first: it refuses a locked-out address or account before any password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "project_list"
@@ -116,9 +135,40 @@ if PRODUCTION:
 # Ingestion limits. A request over the limit is refused with 413 naming the limit.
 FLYWHEEL_MAX_REQUEST_BYTES = get_env("FLYWHEEL_MAX_REQUEST_BYTES", 20 * 1024 * 1024, cast=int)
 FLYWHEEL_MAX_BATCH_RECORDS = get_env("FLYWHEEL_MAX_BATCH_RECORDS", 5000, cast=int)
+# What one OTLP trace may grow to across exports (a long-lived trace must not grow without bound); spans and
+# messages past these are dropped, and the export's answer says so in partial_success.
+FLYWHEEL_OTLP_MAX_SPANS_PER_TRACE = get_env("FLYWHEEL_OTLP_MAX_SPANS_PER_TRACE", 2000, cast=int)
+FLYWHEEL_OTLP_MAX_MESSAGES_PER_TRACE = get_env("FLYWHEEL_OTLP_MAX_MESSAGES_PER_TRACE", 1000, cast=int)
 # A JSONL file uploaded in the UI is held in memory and in one database row while it is ingested.
 FLYWHEEL_MAX_UPLOAD_BYTES = get_env("FLYWHEEL_MAX_UPLOAD_BYTES", 5 * FLYWHEEL_MAX_REQUEST_BYTES, cast=int)
 DATA_UPLOAD_MAX_MEMORY_SIZE = FLYWHEEL_MAX_REQUEST_BYTES + 1024 * 1024
+
+# Abuse limits (README, "Abuse limits"). The client address is REMOTE_ADDR; behind N reverse proxies that
+# each append to X-Forwarded-For (production's TLS proxy: 1), set FLYWHEEL_TRUSTED_PROXY_COUNT=N. Left at 0,
+# a client cannot forge its address, but behind a proxy every client then shares the proxy's address.
+FLYWHEEL_TRUSTED_PROXY_COUNT = get_env("FLYWHEEL_TRUSTED_PROXY_COUNT", 0, cast=int)
+# API: a token bucket per key, spent by every request (0 turns it off), answering 429 with Retry-After.
+FLYWHEEL_API_RATE_PER_S = get_env("FLYWHEEL_API_RATE_PER_S", 50.0, cast=float)
+FLYWHEEL_API_BURST = get_env("FLYWHEEL_API_BURST", 200, cast=int)
+# API: unknown or revoked keys, a bucket per client address (an IPv6 /64); when it is empty, every request
+# from that address gets 429 until it refills. 0 turns it off.
+FLYWHEEL_API_AUTH_FAILURES_PER_MIN = get_env("FLYWHEEL_API_AUTH_FAILURES_PER_MIN", 10.0, cast=float)
+FLYWHEEL_API_AUTH_FAILURE_BURST = get_env("FLYWHEEL_API_AUTH_FAILURE_BURST", 20, cast=int)
+# Logins (the login page and the admin's), by django-axes: after FLYWHEEL_LOGIN_FAILURE_LIMIT failures from
+# one address, or for one username, within the cool-off, that address or account is refused (even with the
+# right password) until the cool-off has passed since its latest failure. 0 turns it off.
+FLYWHEEL_LOGIN_FAILURE_LIMIT = get_env("FLYWHEEL_LOGIN_FAILURE_LIMIT", 10, cast=int)
+AXES_ENABLED = FLYWHEEL_LOGIN_FAILURE_LIMIT > 0
+AXES_FAILURE_LIMIT = max(1, FLYWHEEL_LOGIN_FAILURE_LIMIT)
+AXES_COOLOFF_TIME = timedelta(minutes=max(1, get_env("FLYWHEEL_LOGIN_COOLOFF_MINUTES", 15, cast=int)))
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]  # each alone: either one reaching the limit locks
+AXES_CLIENT_IP_CALLABLE = "flywheel.accounts.ratelimit.client_address"
+AXES_LOCKOUT_CALLABLE = "flywheel.accounts.views.login_locked_out"
+# Attempts while locked out are not counted, so the time the lockout page names stays true. A success does
+# not reset the count either: else an attacker could clear an address's count by logging in to their own
+# account between guesses.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_RESET_ON_SUCCESS = False
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 
 # Celery: a filesystem broker by default, so one machine runs a worker with no server.
@@ -141,6 +191,24 @@ CELERY_TASK_ACKS_LATE = True  # a worker that dies mid-task leaves the message f
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ROUTES = {"flywheel.training.*": {"queue": "gpu"}}
 CELERY_TASK_DEFAULT_QUEUE = "default"
+# Work that never reached a worker (a broker down at commit, a lost message, a worker that died) is sent
+# again by a sweep that Celery beat runs (flywheel.outbox): `make run` and the compose stack's CPU worker
+# embed beat (-B). A row waiting longer than FLYWHEEL_REQUEUE_AFTER_S is sent again.
+FLYWHEEL_SWEEP_INTERVAL_S = get_env("FLYWHEEL_SWEEP_INTERVAL_S", 30, cast=float)
+FLYWHEEL_REQUEUE_AFTER_S = get_env("FLYWHEEL_REQUEUE_AFTER_S", 60, cast=float)
+# An upload's run holds a lease this long, renewed with every chunk; an expired lease may be taken over.
+FLYWHEEL_UPLOAD_LEASE_S = get_env("FLYWHEEL_UPLOAD_LEASE_S", 300, cast=float)
+# Triage detectors run on a worker after each ingest commits (flywheel.trajectories.triage); off: trajectories
+# stay untriaged until a maintainer re-runs triage on the project's Triage page.
+FLYWHEEL_TRIAGE = get_env("FLYWHEEL_TRIAGE", True, cast=bool)
+CELERY_BEAT_SCHEDULE = {
+    "outbox-sweep": {
+        "task": "flywheel.outbox_sweep",
+        "schedule": FLYWHEEL_SWEEP_INTERVAL_S,
+        "options": {"expires": FLYWHEEL_SWEEP_INTERVAL_S},  # a sweep not run in time is replaced by the next
+    },
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 MLFLOW_TRACKING_URI = get_env("MLFLOW_TRACKING_URI", f"sqlite:///{VAR_DIR / 'mlflow.db'}")
 MLFLOW_ARTIFACT_ROOT = get_env("MLFLOW_ARTIFACT_ROOT", str(VAR_DIR / "mlartifacts"))

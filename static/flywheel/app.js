@@ -110,6 +110,19 @@
     toast("Could not reach the server; nothing was changed.");
   });
 
+  // An outcome tab submits the filter form with its outcome, so that it carries what the form holds now: the
+  // tab's own link was rendered with the filters of its time, which a request still in flight may have
+  // changed. The form's requests replace one another (hx-sync), so the last one asked for is the one shown.
+  document.addEventListener("click", function (e) {
+    var tab = e.target.closest && e.target.closest("a[data-tab-outcome]");
+    var form = document.getElementById("filters");
+    var field = document.getElementById("f-outcome");
+    if (!tab || !form || !field || e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey) return;
+    e.preventDefault();
+    field.value = tab.dataset.tabOutcome;
+    form.requestSubmit();
+  });
+
   // The outcome tabs live in the swapped results: keep the form's hidden outcome field in step.
   document.addEventListener("htmx:afterSwap", function (e) {
     var inner = e.detail.target && e.detail.target.querySelector(".results-inner");

@@ -217,3 +217,23 @@ def test_spec_errors_name_the_field(tmp_path, tiny_model, bad, field):
     (tmp_path / "spec.json").write_text(json.dumps({"model": str(tiny_model), **bad}))
     with pytest.raises(SpecError, match=field):
         load_spec(tmp_path / "spec.json")
+
+
+def test_build_tiny_builds_a_qwen2_of_another_size(tmp_path):
+    """`build-tiny --arch qwen2 --hidden … --layers …`: the GPU check's model, a normal Qwen2 folder that
+    loads through the real-model path and ends its turns with the tokenizer's EOS."""
+    from trainer.cli import build_parser
+    from trainer.models import load_model
+    from trainer.tiny import build_tiny
+
+    args = build_parser().parse_args(["build-tiny", str(tmp_path / "m"), "--arch", "qwen2", "--hidden", "32",
+                                      "--layers", "3", "--heads", "4", "--steps", "2"])
+    assert (args.arch, args.hidden, args.layers, args.heads, args.device) == ("qwen2", 32, 3, 4, "cpu")
+    path = build_tiny(args.out, n_tasks=40, steps=args.steps, arch=args.arch, hidden=args.hidden,
+                      layers=args.layers, heads=args.heads, device=args.device)
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == "qwen2" and config["hidden_size"] == 32 and config["num_hidden_layers"] == 3
+    model, tokenizer = load_model(path, device="cpu")
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id == config["eos_token_id"]
+    assert json.loads((path / "tiny.json").read_text())["arch"] == "qwen2"

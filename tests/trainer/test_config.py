@@ -26,7 +26,12 @@ def test_dapo_switches_on_its_tricks():
 
 @pytest.mark.parametrize("bad, field", [({"loss_type": "ppo"}, "loss_type"), ({"scale_rewards": "x"}, "scale_rewards"),
                                         ({"num_generations_per_prompt": 0}, "num_generations_per_prompt"),
-                                        ({"learning_rat": 1.0}, "learning_rat")])
+                                        ({"learning_rat": 1.0}, "learning_rat"), ({"max_turns": 0}, "max_turns"),
+                                        ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": -1}, "top_k"),
+                                        ({"top_p": 0.9, "importance_sampling_correction": False},
+                                         "importance_sampling_correction"),
+                                        ({"top_k": 20, "importance_sampling_correction": False},
+                                         "importance_sampling_correction")])
 def test_errors_name_the_field(bad, field):
     with pytest.raises(SpecError, match=field):
         GRPOConfig.from_dict(bad)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.envs import Env, SingleTurnEnv, make_env, replay
+from trainer.envs import DEFAULT_MAX_TURNS, Env, SingleTurnEnv, make_env, max_turns, replay
 from trainer.envs.workplace import DESTRUCTIVE, READ_ONLY, TOOLS, WorkplaceEnv, generate_tasks
 from trainer.envs.workplace.world import EVENT_TITLES, TASK_TITLES, split_of
 from trainer.verifiers import FAILURES
@@ -149,6 +149,25 @@ def test_max_turns_ends_the_episode(train):
     assert [r.done for r in results] == [False] * (len(results) - 1) + [True]
     score = env.score()
     assert score.failure == "wrong_state" and score.checks["episode"]["finished"] is False
+
+
+def test_max_turns_has_one_resolution_and_one_default(train):
+    task = by_template(train, "set_status")
+    bare = {**task, "env": {k: v for k, v in task["env"].items() if k != "max_turns"}}
+    assert max_turns(bare) == DEFAULT_MAX_TURNS > 1 and max_turns(task) == task["env"]["max_turns"]
+    assert max_turns(bare, cap=2) == 2 and max_turns(task, cap=99) == task["env"]["max_turns"]  # a cap only lowers
+    assert max_turns(SINGLE) == max_turns({**SINGLE, "env": {"type": "single_turn"}}, cap=5) == 1
+    env = make_env(bare)  # the environment ends where the resolver says
+    env.reset()
+    results = [env.step(call("list_tasks")) for _ in range(DEFAULT_MAX_TURNS)]
+    assert [r.done for r in results] == [False] * (DEFAULT_MAX_TURNS - 1) + [True]
+
+
+@pytest.mark.parametrize("value", [0, -1, "3", 2.5, True])
+def test_a_bad_max_turns_names_the_task_and_field(train, value):
+    task = by_template(train, "set_status")
+    with pytest.raises(ValueError, match=rf"task {task['id']}: env\.max_turns must be an integer >= 1"):
+        max_turns({**task, "env": {**task["env"], "max_turns": value}})
 
 
 def test_invalid_format_ends_the_episode(train):

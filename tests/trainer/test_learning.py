@@ -1,5 +1,6 @@
 """Shown, not claimed: GRPO on workplace tasks raises sampled holdout success on CPU by a margin well
-outside its noise, and a deliberately wrong reward (one that pays for length) does not."""
+outside its noise, and a deliberately wrong reward (one that pays for length) does not, while it does buy
+what it pays for (longer completions): a trainer that does nothing fails both tests."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ STEPS = 80
 # The control runs long enough for a length reward to show what it does (success falls), not as long as
 # the real run: its completions are the longest there are, so its steps are the slowest.
 WRONG_REWARD_STEPS = 30
+# How much longer the length reward makes holdout completions at least (measured below, in the README).
+LENGTH_GROWTH = 1.3
 # The spread over seeds is measured with FLYWHEEL_LEARNING_SEED=0,1,2 (the seed of the GRPO run; the
 # tiny model and the task sets stay the same).
 SEED = int(os.environ.get("FLYWHEEL_LEARNING_SEED", "0"))
@@ -73,5 +76,10 @@ def test_wrong_reward_does_not_raise_holdout_success(baseline_and_trained, tiny_
     _, after = run_job(tmp_path, tiny_model, workplace_tasks, steps=WRONG_REWARD_STEPS, reward_fn=pays_for_length,
                        baseline=before)
     n = before["n"]
-    print(f"seed {SEED}, length reward: holdout success {before['success_rate']:.3f} -> {after['success_rate']:.3f}")
+    grown = after["mean_completion_tokens"] / before["mean_completion_tokens"]
+    print(f"seed {SEED}, length reward: holdout success {before['success_rate']:.3f} -> {after['success_rate']:.3f}, "
+          f"completion tokens {before['mean_completion_tokens']:.1f} -> {after['mean_completion_tokens']:.1f}")
+    # The trainer did learn, only what it was paid for: holdout completions got longer. Without this a
+    # trainer that changes nothing would pass (success would not rise either).
+    assert grown >= LENGTH_GROWTH, (before, after)
     assert after["success_rate"] <= before["success_rate"] + 2 * noise(before["success_rate"], n), (before, after)

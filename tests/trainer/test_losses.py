@@ -110,3 +110,34 @@ def test_group_advantages_by_hand():
     assert zero_variance_groups(rewards, 4).tolist() == [False, True]
     with pytest.raises(ValueError):
         group_advantages(rewards, 4, "global")
+
+
+def test_gspo_with_importance_sampling_weights_each_sequence_by_its_mean_token_weight():
+    """Truncated IS under GSPO: a sequence's clipped term times the mean of its tokens' IS weights (padding and
+    observations excluded), as TRL's token-weighted loss averaged per sequence; a weight of 0 removes the
+    sequence from the gradient."""
+    w = torch.tensor([[0.5, 2.0, 1.0], [1.5, 0.25, 9.0]])  # 9.0 sits on a masked position: it must not count
+    s0 = math.exp(((-1.0 + 1.2) + 0.0 + (-2.0 + 1.0)) / 3)
+    s1 = math.exp(((-0.2 + 0.6) + (-1.5 + 1.0)) / 2)
+    eps = 0.1
+
+    def seq(s: float, a: float) -> float:
+        return -min(s * a, max(min(s, 1 + eps), 1 - eps) * a)
+
+    expected = (seq(s0, 1.0) * (0.5 + 2.0 + 1.0) / 3 + seq(s1, -0.5) * (1.5 + 0.25) / 2) / 2
+    logp = LOGP.clone().requires_grad_(True)
+    loss, _ = policy_loss(logp, OLD, ADV, MASK, loss_type="gspo", epsilon=eps, is_weights=w)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    unweighted, _ = policy_loss(LOGP, OLD, ADV, MASK, loss_type="gspo", epsilon=eps)
+    assert abs(loss.item() - unweighted.item()) > 1e-3  # the weights did something
+
+    # d loss / d logp[0, t] = -A0 * s0 * mean(w0) / (3 * 2) on each real token (s0 is unclipped: A0 > 0, s0 < 1).
+    loss.backward()
+    grad0 = -1.0 * s0 * (3.5 / 3) / 3 / 2
+    assert logp.grad[0].tolist() == pytest.approx([grad0] * 3, rel=1e-5)
+
+    zero = w.clone()
+    zero[1] = 0.0
+    logp = LOGP.clone().requires_grad_(True)
+    policy_loss(logp, OLD, ADV, MASK, loss_type="gspo", epsilon=eps, is_weights=zero)[0].backward()
+    assert logp.grad[1].abs().sum().item() == 0.0 and logp.grad[0].abs().sum().item() > 0

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
+import shutil
 
 import torch
 
 from trainer.batching import collate, token_logprobs
 from trainer.config import GRPOConfig
+from trainer.envs import DEFAULT_MAX_TURNS
+from trainer.envs.workplace import TOOLS
 from trainer.evaluation import make_env_for
 from trainer.models import attach_lora, load_model
-from trainer.rollout import Generation
+from trainer.rollout import Generation, make_engine
 from trainer.rollout.episodes import run_episodes, start_episodes
 from trainer.rollout.hf import HFEngine
 
@@ -147,3 +151,115 @@ def test_hf_sampler_logprobs_match_trainer(tiny_model, workplace_tasks):
     diff = (logp - batch.sampler_logprobs)[mask].abs()
     assert mask.sum() > 20
     assert diff.max() < 1e-3, diff.max()
+
+
+def _policy(path, seed=0):
+    """The model at `path` with a non-zero LoRA adapter (merging it for generation changes the weights)."""
+    torch.manual_seed(seed)
+    base, tok = load_model(path, device="cpu")
+    model = attach_lora(base, GRPOConfig(r=4, alpha=8))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    return model, tok
+
+
+def test_hf_samples_from_our_config_not_the_models(tiny_model, workplace_tasks, tmp_path):
+    """A model whose generation_config.json brings sampling defaults of its own (as released models do):
+    none of them may reach sampling, or the sampler's distribution is not the one the loss assumes."""
+    rows = workplace_tasks["holdout"][:4]
+    model, tok = _policy(tiny_model)
+    prompt = tok.apply_chat_template(rows[0]["messages"], tools=rows[0]["tools"], add_generation_prompt=True,
+                                     tokenize=False)
+    with torch.no_grad():
+        logits = model(**tok(prompt, add_special_tokens=False, return_tensors="pt")).logits[0, -1]
+    first, second = logits.topk(2).indices.tolist()  # the turn's likeliest opening tokens
+    assert logits.softmax(-1)[first] > 0.3
+    local = tmp_path / "model"
+    shutil.copytree(tiny_model, local)
+    gen = json.loads((local / "generation_config.json").read_text())
+    gen.update(do_sample=True, temperature=0.3, top_k=3, top_p=0.5, min_p=0.2, typical_p=0.5,
+               repetition_penalty=1.5, no_repeat_ngram_size=2, min_new_tokens=12, suppress_tokens=[first],
+               bad_words_ids=[[second]])
+    (local / "generation_config.json").write_text(json.dumps(gen))
+    model, tok = _policy(local)
+    assert model.generation_config.suppress_tokens == [first]  # the model really carries them
+
+    torch.manual_seed(1)
+    eps = start_episodes(rows, 4, tok, make_env_for)
+    run_episodes(HFEngine(model, tok), tok, eps, max_new_tokens=24, temperature=1.0, max_turns=1, max_seq_len=1024)
+    batch = collate(eps, tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, batch, temperature=1.0)
+    mask = batch.loss_mask.bool()
+    diff = (logp - batch.sampler_logprobs)[mask].abs()
+    assert mask.sum() > 50
+    assert diff.max() < 1e-3, diff.max()  # the sampler's distribution is the trainer's
+    sampled = [ep.token_ids[ep.prompt_len] for ep in eps]
+    assert sampled.count(first) > len(sampled) // 2  # suppressed by the model's config, not by ours
+    with torch.no_grad():
+        full = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].log_softmax(-1)
+    # min_p=0.2 (a warper transformers applies after any processor of ours) would never let these through.
+    below_min_p = (logp < full.max(-1).values + math.log(0.2)) & mask
+    assert below_min_p.sum() >= 1  # 6 of 320 tokens on seed 1; exactly 0 whenever min_p reaches sampling
+    assert model.generation_config.suppress_tokens == [first]  # and the model's own config is left as it was
+
+
+def test_hf_top_k_top_p_logprobs_are_the_truncated_distribution(tiny_model, workplace_tasks):
+    """With top_k/top_p the sampler draws from the truncated, renormalised distribution and records its
+    logprobs; the loss corrects with min(pi_train / pi_sampler, C), which must then be <= 1."""
+    model, tok = _policy(tiny_model)
+    top_k, top_p, temperature = 4, 0.7, 1.2
+    engine = make_engine(GRPOConfig(top_k=top_k, top_p=top_p), model, tok)
+    torch.manual_seed(2)
+    eps = start_episodes(workplace_tasks["holdout"][:4], 4, tok, make_env_for)
+    run_episodes(engine, tok, eps, max_new_tokens=24, temperature=temperature, max_turns=1, max_seq_len=1024)
+    batch = collate(eps, tok.pad_token_id)
+    with torch.no_grad():
+        trainer_logp, _ = token_logprobs(model, batch, temperature=temperature)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1] / temperature
+    full = logits.log_softmax(-1)
+    rows, cols = batch.loss_mask.nonzero(as_tuple=True)
+    assert len(rows) > 50
+    truncated = 0
+    for i, t in zip(rows.tolist(), cols.tolist(), strict=True):
+        token = int(batch.input_ids[i, t + 1])
+        lp, order = full[i, t].sort(descending=True)
+        kept = lp[:top_k].exp() / lp[:top_k].exp().sum()  # top-k, renormalised, then the nucleus of that
+        n = int(((kept.cumsum(0) - kept) < top_p).sum())
+        assert token in order[:n].tolist()
+        expected = lp[(order == token).nonzero()[0, 0]] - lp[:n].logsumexp(0)
+        assert abs(float(batch.sampler_logprobs[i, t]) - float(expected)) < 1e-3
+        assert float(trainer_logp[i, t]) <= float(batch.sampler_logprobs[i, t]) + 1e-4  # IS weight <= 1
+        truncated += n < full.shape[-1]
+    assert truncated == len(rows)
+
+
+class _CallForever:
+    """Every turn lists the tasks: an episode runs until something other than the model ends it."""
+
+    def __init__(self, tokenizer):
+        text = '<tool_call>' + json.dumps({"name": "list_tasks", "arguments": {}}) + '</tool_call>'
+        self.ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+    def sync(self, model, version):
+        pass
+
+    def generate(self, prompts, *, max_new_tokens, temperature):
+        return [Generation(list(self.ids), [-0.5] * len(self.ids), True) for _ in prompts]
+
+
+def test_a_workplace_row_without_max_turns_gets_the_default_turns(tiny_model, workplace_tasks):
+    """One resolver, one default: the runner used to cut such a row after one turn while its environment
+    allowed six."""
+    _, tok = load_model(tiny_model, device="cpu")
+    task = workplace_tasks["train"][0]
+    task = {**task, "tools": list(TOOLS.values()),
+            "env": {k: v for k, v in task["env"].items() if k != "max_turns"}}
+    eps = start_episodes([task], 1, tok, make_env_for)
+    run_episodes(_CallForever(tok), tok, eps, max_new_tokens=64, temperature=1.0, max_turns=None, max_seq_len=4096)
+    assert eps[0].turns == DEFAULT_MAX_TURNS and not eps[0].truncated
+    eps = start_episodes([task], 1, tok, make_env_for)
+    run_episodes(_CallForever(tok), tok, eps, max_new_tokens=64, temperature=1.0, max_turns=2, max_seq_len=4096)
+    assert eps[0].turns == 2  # the config's max_turns caps it

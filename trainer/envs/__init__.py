@@ -10,11 +10,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from trainer.envs.base import Env, StepResult, assistant_message, parse_turn
+from trainer.envs.base import DEFAULT_MAX_TURNS, Env, StepResult, assistant_message, max_turns, parse_turn
 from trainer.verifiers import Score
 from trainer.verifiers import score as verify
 
-__all__ = ["Env", "SingleTurnEnv", "StepResult", "assistant_message", "make_env", "replay", "ENV_TYPES"]
+__all__ = ["DEFAULT_MAX_TURNS", "Env", "SingleTurnEnv", "StepResult", "assistant_message", "make_env", "max_turns",
+           "replay", "ENV_TYPES"]
 
 
 class SingleTurnEnv:

@@ -1,4 +1,5 @@
-"""What every environment shares: the Env protocol, a step's result, and assistant-message normalisation."""
+"""What every environment shares: the Env protocol, a step's result, the turn limit of an episode, and
+assistant-message normalisation."""
 
 from __future__ import annotations
 
@@ -7,6 +8,32 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from trainer.verifiers import ParsedCompletion, Score, parse_completion
+
+# Model turns of a multi-turn episode whose row does not say (`env.max_turns`). The only default: every
+# reader of a turn limit goes through `max_turns` below.
+DEFAULT_MAX_TURNS = 6
+
+
+def max_turns(task: dict[str, Any], cap: int | None = None) -> int:
+    """The number of model turns an episode of `task` may take; the one place that decides it.
+
+    The episode runner stops there, the workplace environment ends there, and Dr. GRPO's constant
+    normaliser counts on it. A single-turn row (no `env`, or `type: single_turn`) has one turn; any other
+    row has its `env.max_turns`, else `DEFAULT_MAX_TURNS`. `cap` (the config's `max_turns`, `evaluate
+    --max-turns`) lowers it and never raises it: the task's author bounds how long its world runs.
+    """
+    env = task.get("env")
+    if not isinstance(env, dict) or env.get("type", "single_turn") == "single_turn":
+        turns = 1
+    else:
+        value = env.get("max_turns")
+        if value is None:
+            turns = DEFAULT_MAX_TURNS
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"task {task.get('id')}: env.max_turns must be an integer >= 1, got {value!r}")
+        else:
+            turns = value
+    return turns if cap is None else min(turns, cap)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,16 @@ class Generation:
     finished: bool
 
 
+class PromptTooLong(ValueError):
+    """A prompt that leaves the engine no room for one token; `index` is its position in the batch, so the
+    caller can name the task (`run_episodes` does)."""
+
+    def __init__(self, index: int, length: int, limit: int) -> None:
+        super().__init__(f"its prompt is {length} tokens, and the engine takes at most {limit - 1} "
+                         f"(max_model_len {limit} = config.max_seq_len): shorten the task or raise max_seq_len")
+        self.index = index
+
+
 class RolloutEngine(Protocol):
     def generate(
         self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float
@@ -43,7 +53,7 @@ def make_engine(
     if config.rollout_engine == "hf":
         from trainer.rollout.hf import HFEngine
 
-        return HFEngine(model, tokenizer)
+        return HFEngine(model, tokenizer, top_k=config.top_k, top_p=config.top_p)
     from trainer.rollout.vllm import VLLMEngine  # lazy: vLLM exists only with the `gpu` extra
 
     if model_path is None or work_dir is None:

@@ -14,7 +14,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from trainer.rollout import RolloutEngine
+from trainer.envs.base import max_turns as turn_limit
+from trainer.rollout import PromptTooLong, RolloutEngine
 
 
 @dataclass
@@ -96,14 +97,20 @@ def run_episodes(
     engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, episodes: list[Episode], *,
     max_new_tokens: int, temperature: float, max_turns: int | None, max_seq_len: int,
 ) -> list[Episode]:
-    """Play every episode to the end, batching the active ones turn by turn, then score them."""
+    """Play every episode to the end, batching the active ones turn by turn, then score them.
+
+    An episode ends when its environment says so, at its turn limit (`trainer.envs.max_turns` of its row,
+    lowered to `max_turns` when given), or when its tokens would pass `max_seq_len`."""
     eos_id = tokenizer.eos_token_id
     while True:
         active = [ep for ep in episodes if not ep.done]
         if not active:
             break
-        gens = engine.generate([ep.token_ids for ep in active], max_new_tokens=max_new_tokens,
-                               temperature=temperature)
+        try:
+            gens = engine.generate([ep.token_ids for ep in active], max_new_tokens=max_new_tokens,
+                                   temperature=temperature)
+        except PromptTooLong as exc:  # the engine knows the limit, only we know whose prompt it is
+            raise ValueError(f"task {active[exc.index].row.get('id')!r}: {exc}") from exc
         for ep, gen in zip(active, gens, strict=True):
             ep.token_ids.extend(gen.token_ids)
             ep.mask.extend([1] * len(gen.token_ids))
@@ -124,8 +131,7 @@ def run_episodes(
             assistant = [m for m in result.messages if m.get("role") == "assistant"]
             observations = [m for m in result.messages if m.get("role") != "assistant"]
             ep.messages = history + result.messages
-            limit = max_turns or (ep.row.get("env") or {}).get("max_turns") or 1
-            if result.done or ep.turns >= limit or not observations:
+            if result.done or ep.turns >= turn_limit(ep.row, max_turns) or not observations:
                 ep.done = True
                 continue
             if not gen.finished:  # close the cut turn so the next context is well formed (not trained on)

@@ -91,3 +91,18 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname} @ {self.seen_at:%Y-%m-%d %H:%M:%S}"
+
+
+class RateBucket(models.Model):
+    """A token bucket of the API's abuse limits (`flywheel.accounts.ratelimit`): one row per API key and per
+    client address with failed keys. Rows change only through one atomic upsert, so every process (web
+    workers, the Celery worker) spends from the same bucket. A row missing is a full bucket."""
+
+    name = models.CharField(max_length=100, primary_key=True)  # "key:<api key id>" or "addr:<address>"
+    tokens = models.FloatField()
+    # Seconds since the epoch by the application's clock (a float keeps the refill one portable expression).
+    updated_at = models.FloatField()
+    granted = models.BooleanField(default=True)  # whether the last take got its tokens (the upsert returns it)
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.tokens:.2f}"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -71,11 +71,18 @@ def membership_add(*, project: Project, username: str, role: str) -> Membership:
     user = User.objects.filter(**{User.USERNAME_FIELD: username.strip()}).first()
     if user is None:
         raise MembershipError(f"there is no user named {username.strip()!r}; an admin creates accounts.")
+    already = MembershipError(
+        f"{user.get_username()} is already a member of {project.slug}; change their role instead."
+    )
     if Membership.objects.filter(project=project, user=user).exists():
-        raise MembershipError(
-            f"{user.get_username()} is already a member of {project.slug}; change their role instead."
-        )
-    return membership_set(project=project, user=user, role=role)
+        raise already
+    # The check above only words the common case; two adds at once both pass it, and the unique constraint
+    # decides. The insert runs in a savepoint so that the transaction stays usable after the refusal.
+    try:
+        with transaction.atomic():
+            return Membership.objects.create(project=project, user=user, role=Role(role))
+    except IntegrityError:
+        raise already from None
 
 
 @transaction.atomic

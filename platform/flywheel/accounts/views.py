@@ -7,12 +7,18 @@ and its error message, which app.js swaps in like a success."""
 
 from __future__ import annotations
 
+import math
+from datetime import datetime, timedelta
+
+from axes.helpers import get_client_username, get_cool_off
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from flywheel.accounts import selectors, services
+from flywheel.accounts import ratelimit, selectors, services
 from flywheel.accounts.access import project_view
 from flywheel.accounts.forms import ApiKeyCreateForm, MemberAddForm, MemberRoleForm
 from flywheel.accounts.models import Membership, Project, Role
@@ -154,3 +160,39 @@ def api_key_revoke(request: HttpRequest, project: Project, key_id: int) -> HttpR
         raise Http404("No such key.")
     services.api_key_revoke(api_key=api_key)
     return _section(request, project, "accounts/_api_keys.html", revoked=api_key)
+
+
+def _next_minute(moment: datetime) -> datetime:
+    # The page shows minutes: round up, so that "after 10:16" is never a minute too early.
+    whole = moment.replace(second=0, microsecond=0)
+    return whole if whole == moment else whole + timedelta(minutes=1)
+
+
+def login_locked_out(
+    request: HttpRequest, original_response: HttpResponse | None = None, credentials: dict | None = None
+) -> HttpResponse:
+    """django-axes's lockout answer (AXES_LOCKOUT_CALLABLE), for the login page and the admin's: 429 with
+    Retry-After and a page that says when logging in works again."""
+    now = timezone.now()
+    retry_at = ratelimit.login_lockout_end(
+        address=getattr(request, "axes_ip_address", None),
+        username=get_client_username(request, credentials),
+        now=now,
+    )
+    cool_off = get_cool_off(request)
+    # A row counts while its latest failure is within the cool-off, end included: say the next whole second.
+    seconds = int((retry_at - now).total_seconds()) + 1 if retry_at else int(cool_off.total_seconds())
+    response = render(
+        request,
+        "registration/locked_out.html",
+        {
+            "failure_limit": settings.AXES_FAILURE_LIMIT,
+            "cool_off_minutes": math.ceil(cool_off.total_seconds() / 60),
+            "retry_at": retry_at,
+            "retry_at_shown": retry_at and _next_minute(retry_at),
+            "retry_minutes": math.ceil(seconds / 60),
+        },
+        status=429,
+    )
+    response["Retry-After"] = str(seconds)
+    return response

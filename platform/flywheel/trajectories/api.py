@@ -10,20 +10,23 @@ from __future__ import annotations
 import io
 import json
 import zlib
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, UnreadablePostError
 from ninja import Field, Query, Router, Schema
 from ninja.errors import AuthenticationError, HttpError
 from ninja.security import HttpBearer
+from pydantic import field_validator
 
+from flywheel import db_errors
+from flywheel.accounts import ratelimit
 from flywheel.accounts.models import ApiKey, Scope
 from flywheel.accounts.selectors import api_key_authenticate
 from flywheel.api import api
 from flywheel.trajectories import otlp, selectors
-from flywheel.trajectories.ingest import ingest_trajectories, jsonl_records
+from flywheel.trajectories.ingest import ingest_trajectories, json_error_text, jsonl_records
 from flywheel.trajectories.models import Trajectory
 from flywheel.trajectories.schemas import TrajectoryIn
 
@@ -42,7 +45,9 @@ class ApiKeyAuth(HttpBearer):
     openapi_description = (
         "A project API key: `Authorization: Bearer KEY`. The key decides the project; keys carry the scopes "
         "`ingest` (POST) and `read` (GET). No or an unknown key: 401. A key without the scope, or a "
-        "`?project=SLUG` that is not the key's project: 403."
+        "`?project=SLUG` that is not the key's project: 403. Over a key's rate (FLYWHEEL_API_RATE_PER_S, "
+        "FLYWHEEL_API_BURST), or from an address that sent too many unknown keys "
+        "(FLYWHEEL_API_AUTH_FAILURES_PER_MIN): 429 with Retry-After in seconds."
     )
 
     def __init__(self, scope: str) -> None:
@@ -57,9 +62,14 @@ class ApiKeyAuth(HttpBearer):
         return self.authenticate(request, token.strip())
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
+        # An address that sent too many unknown keys is refused before its key is even looked up.
+        address = ratelimit.client_address(request)
+        ratelimit.api_address_check(address=address)
         api_key = api_key_authenticate(raw_key=token)
         if api_key is None:
+            ratelimit.api_address_failed(address=address)
             raise AuthenticationError(401, "Unknown or revoked API key.")
+        ratelimit.api_key_throttle(api_key_id=api_key.pk)
         if self.scope not in (api_key.scopes or []):
             raise HttpError(403, f"This API key lacks the '{self.scope}' scope.")
         named = request.GET.get("project")
@@ -92,9 +102,16 @@ def read_body(request: HttpRequest) -> bytes:
         raise HttpError(400, "Content-Length is not a number.") from exc
     if declared > limit:
         raise _too_large(declared)
-    body = request.read(limit + 1)
+    try:
+        body = request.read(limit + 1)
+    except UnreadablePostError as exc:  # the client reset the connection mid-body: its error, not ours
+        raise HttpError(400, f"The request body could not be read to its end: {exc}") from exc
     if len(body) > limit:
         raise _too_large(f"more than {limit}")
+    if len(body) < declared:
+        # The client went away mid-body. Parse nothing of it: an NDJSON prefix is valid and would be
+        # stored although the client, never answered, will send it again.
+        raise HttpError(400, f"The request body ended after {len(body)} of the {declared} bytes it declared.")
     encoding = (request.headers.get("Content-Encoding") or "identity").strip().lower()
     if encoding in ("gzip", "deflate"):
         # Decompress at most limit + 1 bytes: a small gzip bomb must not fill the memory.
@@ -130,6 +147,8 @@ def parse_records(body: bytes, content_type: str) -> tuple[list[int], list[Any]]
     except json.JSONDecodeError as exc:
         hint = " (for one object a line, send Content-Type: application/x-ndjson)" if b"}\n{" in body else ""
         raise HttpError(400, f"The body is not valid JSON: {exc}{hint}") from exc
+    except ValueError as exc:  # an integer of more digits than Python reads (4300)
+        raise HttpError(400, f"The body is not valid JSON: {json_error_text(exc)}") from exc
     if isinstance(payload, dict):
         return [0], [payload]
     if isinstance(payload, list):
@@ -221,6 +240,18 @@ class TrajectoryPage(Schema):
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page")
 
 
+class ValidationErrorOut(Schema):
+    """What the API answers (422) when a parameter does not validate: one entry per problem."""
+
+    detail: list[dict[str, Any]] = Field(
+        description="Each problem: `loc` (e.g. [\"query\", \"q\"]), `msg` (what is wrong), `type`"
+    )
+
+
+# PostgreSQL's text holds no NUL, so a filter with one could match nothing; its driver refuses the query.
+_NO_NUL = {"pattern": "^[^\\x00]*$"}
+
+
 class TrajectoryFilters(Schema):
     outcome: Literal["success", "failure", "unknown"] | None = Field(
         None, description="The agent's own outcome"
@@ -228,16 +259,59 @@ class TrajectoryFilters(Schema):
     reviewed_outcome: Literal["success", "failure", "unknown", "none"] | None = Field(
         None, description="The reviewer's outcome; `none`: not reviewed yet"
     )
-    agent: str | None = None
-    model_version: str | None = None
-    source: str | None = Field(None, description="api, upload, otlp, cli or demo")
-    external_id: str | None = None
+    agent: str | None = Field(None, json_schema_extra=_NO_NUL)
+    model_version: str | None = Field(None, json_schema_extra=_NO_NUL)
+    source: str | None = Field(None, description="api, upload, otlp, cli or demo", json_schema_extra=_NO_NUL)
+    external_id: str | None = Field(None, json_schema_extra=_NO_NUL)
     has_tool_error: bool | None = None
-    q: str | None = Field(None, description="Text the messages contain (case-insensitive)")
-    started_after: datetime | None = None
-    started_before: datetime | None = None
-    cursor: str | None = Field(None, description="From `next_cursor` of the previous page")
+    q: str | None = Field(
+        None,
+        max_length=selectors.MAX_SEARCH_CHARS,
+        description=(
+            f"Text the messages contain (case-insensitive), at most {selectors.MAX_SEARCH_CHARS} characters "
+            "(422 beyond)"
+        ),
+        json_schema_extra=_NO_NUL,
+    )
+    started_after: datetime | None = Field(None, description="Inclusive; a time without an offset is UTC")
+    started_before: datetime | None = Field(None, description="Exclusive; a time without an offset is UTC")
+    cursor: str | None = Field(
+        None, description="From `next_cursor` of the previous page", json_schema_extra={"pattern": "^[0-9]*$"}
+    )
     limit: int = Field(50, ge=1, le=LIST_MAX_LIMIT)
+
+    @field_validator("agent", "model_version", "source", "external_id", "q")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:
+            raise ValueError("must not contain a NUL character (no stored text has one)")
+        return value
+
+    @field_validator("started_after", "started_before", mode="before")
+    @classmethod
+    def _not_a_number(cls, value: Any) -> Any:
+        # pydantic would take "1700000000" or "0.5" as Unix time; the documented format is ISO 8601.
+        if isinstance(value, str):
+            try:
+                float(value)
+            except ValueError:
+                return value
+            raise ValueError("must be an ISO 8601 date-time such as 2026-12-01T10:00:00Z, not a number")
+        return value
+
+    @field_validator("started_after", "started_before")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        """In UTC, clamped to what a datetime holds there: SQLite's driver converts a bound to UTC, and
+        9999-12-31T23:00-05:00 would overflow into year 10000 (such a bound excludes nothing anyway)."""
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:
+            return (datetime.max if value.year > 1 else datetime.min).replace(tzinfo=UTC)
 
 
 # --- routes ----------------------------------------------------------------------------------------------
@@ -300,7 +374,10 @@ _SUMMARY_FIELDS = [name for name in TrajectorySummary.model_fields]
 @router.get(
     "/trajectories",
     auth=read_auth,
-    response={200: TrajectoryPage, 401: ErrorOut, 403: ErrorOut},
+    response={
+        200: TrajectoryPage, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 422: ValidationErrorOut, 429: ErrorOut,
+        503: ErrorOut,
+    },
     summary="List trajectories",
     description=(
         "Trajectories of the key's project, newest first, `limit` at a time. Keyset pagination: pass "
@@ -308,10 +385,10 @@ _SUMMARY_FIELDS = [name for name in TrajectorySummary.model_fields]
     ),
 )
 def trajectories_list(request: HttpRequest, filters: Query[TrajectoryFilters]) -> dict[str, Any]:
-    try:
-        after = int(filters.cursor) if filters.cursor else None
-    except ValueError as exc:
-        raise HttpError(400, "cursor is not one this API gave out.") from exc
+    # ASCII digits only: int() also takes " 12" and "١٢", which no next_cursor ever was.
+    if filters.cursor and not (filters.cursor.isascii() and filters.cursor.isdigit()):
+        raise HttpError(400, "cursor is not one this API gave out.")
+    after = int(filters.cursor) if filters.cursor else None
     rows, next_cursor = selectors.trajectory_api_page(
         project=request.auth.project,
         fields=_SUMMARY_FIELDS,
@@ -334,7 +411,10 @@ def trajectories_list(request: HttpRequest, filters: Query[TrajectoryFilters]) -
 @router.get(
     "/trajectories/{trajectory_id}",
     auth=read_auth,
-    response={200: TrajectoryDetail, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut},
+    response={
+        200: TrajectoryDetail, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ValidationErrorOut, 429: ErrorOut,
+        503: ErrorOut,
+    },
     summary="Read one trajectory",
     description="A trajectory of the key's project, messages included; 404 when the key's project has no such id.",
 )
@@ -398,8 +478,11 @@ OTLP_PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
         "OpenInference TOOL) become one conversation in time order, without repeating the history each LLM "
         "call re-sends. Spans of a trace sent in a later request are merged into its trajectory. The answer is "
         "an ExportTraceServiceResponse in the request's encoding; traces that could not be stored are counted "
-        "in partial_success.rejected_spans, with the reason in error_message. Errors (400, 401, 403, 413, 415) "
-        "are a google.rpc.Status in the request's encoding, as OTLP/HTTP specifies."
+        "in partial_success.rejected_spans, with the reason in error_message, and so are spans that do not "
+        "decode and spans past FLYWHEEL_OTLP_MAX_SPANS_PER_TRACE (messages past "
+        "FLYWHEEL_OTLP_MAX_MESSAGES_PER_TRACE, and values made storable, are named there too). Errors (400, "
+        "401, 403, 413: more traces than FLYWHEEL_MAX_BATCH_RECORDS, 415) are a google.rpc.Status in the "
+        "request's encoding, as OTLP/HTTP specifies."
     ),
 )
 def otlp_traces(request: HttpRequest) -> HttpResponse:
@@ -419,6 +502,13 @@ def otlp_traces(request: HttpRequest) -> HttpResponse:
         as_json = True
     else:
         raise HttpError(415, f"Content-Type {kind!r}: send application/x-protobuf or application/json.")
+    # A trace is one record: the batch limit of the REST endpoint counts traces here.
+    traces = len({span.trace_id for span in spans if not span.error})
+    limit = settings.FLYWHEEL_MAX_BATCH_RECORDS
+    if traces > limit:
+        raise HttpError(
+            413, f"The export has {traces} traces; the limit is {limit} (FLYWHEEL_MAX_BATCH_RECORDS)."
+        )
     outcome = otlp.otlp_ingest(project=request.auth.project, spans=spans)
     return HttpResponse(
         otlp.export_response(outcome, as_json=as_json),
@@ -428,17 +518,32 @@ def otlp_traces(request: HttpRequest) -> HttpResponse:
 
 def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     """Every API error is `{"detail": ...}`, but on the OTLP endpoint, where OTLP/HTTP asks for a
-    google.rpc.Status in the request's encoding (exporters log its message)."""
+    google.rpc.Status in the request's encoding (exporters log its message). An error's `headers` (such as
+    a 429's Retry-After) go onto the answer in both."""
     if request.path.endswith(OTLP_PATH):
         as_json = media_type(request) not in OTLP_PROTOBUF_TYPES
-        return HttpResponse(
+        response = HttpResponse(
             otlp.error_status(exc.status_code, str(exc), as_json=as_json), status=exc.status_code,
             content_type="application/json" if as_json else "application/x-protobuf",
         )
-    return api.create_response(request, {"detail": str(exc)}, status=exc.status_code)
+    else:
+        response = api.create_response(request, {"detail": str(exc)}, status=exc.status_code)
+    for name, value in getattr(exc, "headers", {}).items():
+        response[name] = value
+    return response
 
 
 api.add_exception_handler(HttpError, _http_error)
+
+
+def _database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """A database that is away: 503 with Retry-After (flywheel.db_errors), which clients and OTLP exporters
+    retry, in the same shape as every other error of the endpoint."""
+    return db_errors.database_unavailable(request, exc, _http_error(request, HttpError(503, db_errors.MESSAGE)))
+
+
+for _unavailable in db_errors.UNAVAILABLE:
+    api.add_exception_handler(_unavailable, _database_unavailable)
 
 API_DESCRIPTION = (
     "Authenticate with a project API key: `Authorization: Bearer KEY`. A key belongs to one project, so no "

@@ -25,7 +25,13 @@ from django.utils import timezone
 
 from flywheel.accounts.models import Project
 from flywheel.trajectories.models import Trajectory
-from flywheel.trajectories.schemas import TrajectoryIn, UnparsableRecord, validate_record
+from flywheel.trajectories.schemas import (
+    JSON_FIELDS,
+    TrajectoryIn,
+    UnparsableRecord,
+    printable,
+    validate_record,
+)
 
 TITLE_MAX = 200
 # Characters. Enough for a reviewer's text search; small because search_text carries a trigram index,
@@ -54,8 +60,10 @@ _REPLACED = (
     "title",
     "search_text",
     "updated_at",
+    "triage_version",  # 0: a replay is triaged again (flywheel.trajectories.triage)
 )
-_JSON_COLUMNS = frozenset({"messages", "tools", "feedback", "human_intervention", "usage", "metadata"})
+_JSON_COLUMNS = JSON_FIELDS  # one jsonb column per JSON field of the contract
+_EMPTY: dict[str, Any] = {"tools": [], "metadata": {}}  # what the contract defaults them to
 _INSERTED = ("project_id", "external_id", *_REPLACED, "reviewed_outcome", "created_at")
 
 
@@ -85,7 +93,10 @@ class IngestResult:
 
 def rejection(index: int, record: Any, errors: list[dict[str, str]]) -> dict[str, Any]:
     external_id = record.get("external_id") if isinstance(record, dict) else None
-    if not isinstance(external_id, str | int | None):
+    if isinstance(external_id, str):
+        # Sent back and kept with an upload's errors: a lone surrogate or NUL there would break both.
+        external_id = printable(external_id)
+    elif isinstance(external_id, bool) or not isinstance(external_id, int | None):
         external_id = None
     return {"index": index, "external_id": external_id, "errors": errors}
 
@@ -106,9 +117,18 @@ def jsonl_records(lines: Iterable[bytes]) -> Iterator[tuple[int, Any]]:
             continue
         try:
             yield index, json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:
+            # ValueError: also UnicodeDecodeError, and an integer of more digits than Python reads (4300).
             # The line is the record's index; where in the line JSON broke is in `exc`.
-            yield index, UnparsableRecord(f"not valid JSON: {exc}")
+            yield index, UnparsableRecord(f"not valid JSON: {json_error_text(exc)}")
+
+
+def json_error_text(exc: Exception) -> str:
+    """Why `json.loads` refused, for the client: a depth error says so; Python's advice on its integer
+    digit limit (`sys.set_int_max_str_digits`) is cut."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc).split(";")[0]
 
 
 def jsonl_chunks(lines: Iterable[bytes], size: int = JSONL_CHUNK) -> Iterator[tuple[list[int], list[Any]]]:
@@ -150,7 +170,7 @@ def is_tool_error(message: dict[str, Any]) -> bool:
             return False  # most results: no need to parse them
         try:
             payload = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # a result nested past Python's limit is text, not an error
             return False
         return isinstance(payload, dict) and bool(
             payload.get("error") or payload.get("is_error") is True or payload.get("status") == "error"
@@ -210,26 +230,6 @@ def derive(messages: list[dict[str, Any]], metadata: dict[str, Any]) -> dict[str
 # --- rows ------------------------------------------------------------------------------------------------
 
 
-def _strip_nul(value: Any) -> Any:
-    """PostgreSQL cannot store U+0000 in text or jsonb; agents do emit it. Replace it, keep the rest."""
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, list):
-        return [_strip_nul(v) for v in value]
-    if isinstance(value, dict):
-        return {_strip_nul(k): _strip_nul(v) for k, v in value.items()}
-    return value
-
-
-def _dumps(value: Any) -> str | None:
-    if value is None:
-        return None
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    if "\\u0000" in text:  # rare: re-dump without NUL (a text replace could split an escaped backslash)
-        text = json.dumps(_strip_nul(value), separators=(",", ":"), ensure_ascii=False)
-    return text
-
-
 def _aware(value: datetime | None) -> datetime | None:
     if value is not None and timezone.is_naive(value):
         return value.replace(tzinfo=UTC)
@@ -237,31 +237,43 @@ def _aware(value: datetime | None) -> datetime | None:
 
 
 def _row(
-    project: Project, record: dict[str, Any], parsed: TrajectoryIn, source: str, now: datetime
+    project: Project,
+    record: dict[str, Any],
+    parsed: TrajectoryIn,
+    source: str,
+    now: datetime,
+    *,
+    json_as_text: bool,
 ) -> dict[str, Any]:
-    # The messages and tools are stored as sent (validated, not re-serialised from the models).
-    messages = record["messages"]
-    metadata = parsed.metadata
+    """The columns of one trajectory. The JSON columns hold what `validate_record` serialised (as sent,
+    extra keys included, NUL replaced): the text when `json_as_text` (PostgreSQL sends it), else values
+    for Django's JSONField, read back from the text where a NUL was replaced, so that SQLite stores what
+    PostgreSQL would."""
+    stored = parsed.stored_json
     row = {
         "project_id": project.pk,
         "external_id": parsed.external_id,
         "agent": parsed.agent.replace("\x00", "\ufffd"),
         "model_version": parsed.model_version.replace("\x00", "\ufffd"),
-        "messages": messages,
-        "tools": record.get("tools") or [],
         "outcome": parsed.outcome,
-        "feedback": parsed.feedback,
-        "human_intervention": parsed.human_intervention,
         "latency_ms": parsed.latency_ms,
-        "usage": parsed.usage,
-        "metadata": metadata,
         "started_at": _aware(parsed.started_at),  # None: not sent; the upsert decides (see the module doc)
         "source": source,
         "reviewed_outcome": "",
+        "triage_version": 0,
         "created_at": now,
         "updated_at": now,
     }
-    row.update(derive(messages, metadata))
+    for column in _JSON_COLUMNS:
+        text = stored[column]
+        if json_as_text or text is None:
+            row[column] = text
+        elif "\ufffd" in text:  # perhaps a NUL replaced (rare)
+            row[column] = json.loads(text)
+        else:
+            value = record.get(column)
+            row[column] = _EMPTY[column] if value is None else value  # text not None: a default or a value
+    row.update(derive(record["messages"], parsed.metadata))
     return row
 
 
@@ -279,6 +291,7 @@ def ingest_trajectories(
     result = IngestResult()
     now = timezone.now()
     rows: dict[str, dict[str, Any]] = {}  # external_id -> row; the last record with an id wins
+    postgresql = connection.vendor == "postgresql"
     for position, record in enumerate(records):
         parsed, errors = validate_record(record)
         if errors:
@@ -288,18 +301,21 @@ def ingest_trajectories(
         result.accepted += 1
         if parsed.external_id in rows:
             result.updated += 1
-        rows[parsed.external_id] = _row(project, record, parsed, source, now)
+        rows[parsed.external_id] = _row(project, record, parsed, source, now, json_as_text=postgresql)
     if not rows:
         return result
 
     # One lock order for every writer (sorted keys), so two batches with the same ids never deadlock.
     ordered = [rows[key] for key in sorted(rows)]
-    if connection.vendor == "postgresql":
+    if postgresql:
         created = _upsert_postgresql(ordered)
     else:
         created = _upsert_portable(project, ordered)
     result.created += created
     result.updated += len(ordered) - created
+    from flywheel.trajectories.triage import triage_request  # triage imports this module
+
+    triage_request(project_id=project.pk)  # a worker triages them once this commits
     return result
 
 
@@ -308,6 +324,7 @@ _PG_TYPES = {
     "latency_ms": "integer",
     "message_count": "integer",
     "tool_call_count": "integer",
+    "triage_version": "integer",
     "has_tool_error": "boolean",
     "started_at": "timestamptz",
     "created_at": "timestamptz",
@@ -359,12 +376,7 @@ def _upsert_postgresql(rows: list[dict[str, Any]]) -> int:
             cursor.execute("SET LOCAL default_toast_compression = lz4")
         for start in range(0, len(rows), UPSERT_CHUNK):
             chunk = rows[start : start + UPSERT_CHUNK]
-            params = [
-                [_dumps(row[column]) for row in chunk]
-                if column in _JSON_COLUMNS
-                else [row[column] for row in chunk]
-                for column in _INSERTED
-            ]
+            params = [[row[column] for row in chunk] for column in _INSERTED]
             started_at = _INSERTED.index("started_at")
             params[started_at] = [row["started_at"] or row["created_at"] for row in chunk]
             cursor.execute(sql, params)
@@ -377,9 +389,6 @@ def _upsert_portable(project: Project, rows: list[dict[str, Any]]) -> int:
     """SQLite (`make run`): Django's bulk upsert. SQLite runs one writer at a time, so what is read of the
     existing rows inside the same write transaction (which ids exist, when they started) is exact."""
     objects = [Trajectory(**row) for row in rows]
-    for obj, row in zip(objects, rows, strict=True):
-        obj.messages = _strip_nul(row["messages"])
-        obj.metadata = _strip_nul(row["metadata"])
     ids = [r["external_id"] for r in rows]
     with transaction.atomic():
         existing: dict[str, datetime | None] = {}  # external_id -> started_at

@@ -6,6 +6,8 @@ filters on indexed columns instead of digging through JSON."""
 
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
 from django.db import models
 
@@ -20,6 +22,41 @@ class Outcome(models.TextChoices):
 
 # Where a trajectory came in: the REST API, a UI upload, OTLP, `manage.py ingest`, the demo seeding.
 SOURCES = ("api", "upload", "otlp", "cli", "demo")
+
+
+class FailureCategory(models.TextChoices):
+    """The field's failure categories: a trajectory's suggested category (from its triage signals) is one of
+    these, and a project's failure-mode taxonomy is seeded from them."""
+
+    FORMAT = "format", "Format"
+    WRONG_TOOL = "wrong_tool", "Wrong tool"
+    WRONG_ARGUMENTS = "wrong_arguments", "Wrong arguments"
+    HALLUCINATED_API = "hallucinated_api", "Hallucinated API"
+    BAD_PLANNING = "bad_planning", "Bad planning"
+    UNSAFE_ACTION = "unsafe_action", "Unsafe action"
+    RETRIEVAL_ERROR = "retrieval_error", "Retrieval error"
+    OTHER = "other", "Other"
+
+
+class SignalKind(models.TextChoices):
+    """What a triage detector found (flywheel.trajectories.triage says how each is detected)."""
+
+    INVALID_ARGUMENTS = "invalid_arguments", "Arguments not JSON"
+    UNDECLARED_TOOL = "undeclared_tool", "Undeclared tool"
+    SCHEMA_VIOLATION = "schema_violation", "Breaks the tool schema"
+    TOOL_ERROR = "tool_error", "Tool error"
+    UNSAFE_ACTION = "unsafe_action", "Unsafe action"
+    NEGATIVE_FEEDBACK = "negative_feedback", "Negative feedback"
+    HUMAN_INTERVENTION = "human_intervention", "Human intervention"
+    LOOP = "loop", "Loop"
+    NO_FINAL_ANSWER = "no_final_answer", "No final answer"
+
+
+class Severity(models.IntegerChoices):
+    LOW = 1, "low"
+    MEDIUM = 2, "medium"
+    HIGH = 3, "high"
+    CRITICAL = 4, "critical"
 
 
 class Tag(models.Model):
@@ -64,6 +101,17 @@ class Trajectory(models.Model):
     )
     reviewed_at = models.DateTimeField(null=True, blank=True)
     tags = models.ManyToManyField(Tag, blank=True, related_name="trajectories")
+
+    # Triage (flywheel.trajectories.triage). triage_version 0: not triaged yet (ingestion writes 0, so a
+    # replay is triaged again); else the project's triage version (TriagePolicy.version) it was triaged under.
+    # Migration 0009 indexes (project, triage_version): "untriaged" and "under an older policy" are index scans.
+    # Defaults in the database too: ingestion's raw INSERT names only the columns it writes.
+    triage_version = models.PositiveIntegerField(default=0, db_default=0)
+    triaged_at = models.DateTimeField(null=True, blank=True)
+    suggested_category = models.CharField(
+        max_length=32, choices=FailureCategory.choices, blank=True, default="", db_default=""
+    )
+    triage_severity = models.PositiveSmallIntegerField(default=0, db_default=0)  # its signals' highest; 0: none
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -134,12 +182,140 @@ class Upload(models.Model):
     rejected = models.JSONField(default=list, blank=True)
     error = models.TextField(blank=True, default="")  # why a run failed, shown in the UI
     created_at = models.DateTimeField(auto_now_add=True)
+    # The row is its own outbox (flywheel.outbox): `queued` since `queued_at`, sent again by the sweep when no
+    # worker has taken it in time, as a lost message or a broker that was down leaves it.
+    queued_at = models.DateTimeField(null=True, blank=True)
+    # The run that holds the upload: who (host, process, run) and until when. A run renews its lease with
+    # every chunk and writes nothing once another run holds it; an expired lease may be taken over.
+    lease_owner = models.CharField(max_length=255, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
-        indexes = [models.Index(fields=["project", "-id"], name="upload_project_id")]
+        indexes = [
+            models.Index(fields=["project", "-id"], name="upload_project_id"),
+            # The sweep: rows still waiting for, or held by, a worker.
+            models.Index(
+                fields=["status", "queued_at"],
+                name="upload_waiting",
+                condition=models.Q(status__in=["queued", "processing"]),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.project.slug}/{self.filename} ({self.status})"
+
+
+class TriageSignal(models.Model):
+    """A fact a triage detector found in a trajectory, at a message index (None: the whole trajectory)."""
+
+    # The project is repeated here so that the list's signal filter is one index range per kind
+    # (signal_project_kind_traj), newest trajectory first, whatever the other projects hold.
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="signals")
+    kind = models.CharField(max_length=32, choices=SignalKind.choices)
+    message_index = models.IntegerField(null=True, blank=True)
+    severity = models.PositiveSmallIntegerField(choices=Severity.choices, default=Severity.MEDIUM)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["trajectory_id", "message_index", "id"]
+        indexes = [models.Index(fields=["project", "kind", "-trajectory"], name="signal_project_kind_traj")]
+
+    def __str__(self) -> str:
+        return f"{self.kind}@{self.message_index} of {self.trajectory_id}"
+
+    @property
+    def summary(self) -> str:
+        """One line a reviewer reads on the signal's badge (templates escape it)."""
+        detail = self.detail if isinstance(self.detail, dict) else {}
+        kind = self.kind
+        if kind == SignalKind.UNDECLARED_TOOL:
+            return "not declared: " + ", ".join(map(str, detail.get("tools", [])))
+        if kind == SignalKind.SCHEMA_VIOLATION:
+            return "; ".join(map(str, detail.get("errors", [])[:2]))
+        if kind == SignalKind.UNSAFE_ACTION:
+            return ", ".join(f"{c.get('tool')} matches {c.get('rule')}" for c in detail.get("calls", []) if isinstance(c, dict))
+        if kind == SignalKind.INVALID_ARGUMENTS:
+            return str(detail.get("error", ""))
+        if kind == SignalKind.TOOL_ERROR:
+            return f"{detail.get('tool') or 'tool'}: {detail.get('excerpt', '')}"
+        if kind == SignalKind.LOOP:
+            return f"{detail.get('tool')} ×{detail.get('count')} with {detail.get('arguments')}"
+        if kind == SignalKind.NO_FINAL_ANSWER:
+            return str(detail.get("reason", ""))
+        if kind == SignalKind.NEGATIVE_FEEDBACK:
+            return str(detail.get("why", ""))
+        if kind == SignalKind.HUMAN_INTERVENTION:
+            return str(detail.get("intervention", ""))
+        return json.dumps(detail, ensure_ascii=False)[:200]
+
+
+class TriagePolicy(models.Model):
+    """A project's triage policy: its unsafe-action rules, in the `unsafe` format of the tool_call verifier
+    (`[{"name": glob, "arguments"?: {argument: matcher}}]`, RE2 regexes), edited by maintainers. `version`
+    goes up with every edit and every re-run; a trajectory triaged under a lower one is out of date."""
+
+    project = models.OneToOneField(Project, on_delete=models.CASCADE, related_name="triage_policy")
+    unsafe = models.JSONField(default=list, blank=True)
+    version = models.PositiveIntegerField(default=1)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"triage policy of {self.project.slug} (v{self.version})"
+
+
+class TriageRunStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+
+
+class TriageRun(models.Model):
+    """Triage run again over a whole project (after a policy change), by a worker, with its progress.
+
+    The row is its own outbox (flywheel.outbox): `queued` since `queued_at`, or `running` with a heartbeat
+    that stopped, is sent again by the sweep. Running it twice is harmless: it triages what is out of date."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="triage_runs")
+    started_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    version = models.PositiveIntegerField()  # the triage version it brings every trajectory to
+    status = models.CharField(max_length=16, choices=TriageRunStatus.choices, default=TriageRunStatus.QUEUED)
+    total = models.PositiveIntegerField(default=0)
+    done = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)  # the last chunk written
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["project", "-id"], name="triagerun_project_id")]
+        constraints = [
+            # One run at a time per project: a second Re-run while one is on its way finds it instead.
+            models.UniqueConstraint(
+                fields=["project"],
+                condition=models.Q(status__in=["queued", "running"]),
+                name="triagerun_one_active_per_project",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"triage run {self.pk} of {self.project.slug} ({self.status})"
+
+    @property
+    def percent(self) -> int:
+        if self.status == TriageRunStatus.DONE:
+            return 100
+        return min(100, self.done * 100 // self.total) if self.total else 0

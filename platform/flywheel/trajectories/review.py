@@ -4,6 +4,8 @@ the htmx endpoints, the API and the tests all call these. Permission checks live
 
 from __future__ import annotations
 
+import re
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -13,6 +15,23 @@ from flywheel.trajectories.models import Comment, Outcome, Tag, Trajectory
 
 MAX_COMMENT_CHARS = 10_000
 MAX_TAG_CHARS = Tag._meta.get_field("name").max_length
+_MESSAGE_INDEX = re.compile(r"-?[0-9]{1,18}")  # ASCII digits: str.isdigit() also takes "²", which int() refuses
+
+
+def message_index_parse(raw: str) -> int | None:
+    """The message a comment is on, from a form value: "" for the whole trajectory, else an index."""
+    raw = raw.strip()
+    if not raw:
+        return None
+    if not _MESSAGE_INDEX.fullmatch(raw):
+        raise ValidationError({"message_index": f"message_index {raw[:40]!r} is not a message number."})
+    return int(raw)
+
+
+def _no_nul(value: str, field: str, what: str) -> None:
+    # PostgreSQL's text cannot hold NUL: the write would fail with a 500 instead of this message.
+    if "\x00" in value:
+        raise ValidationError({field: f"{what} cannot contain a NUL character."})
 
 
 def trajectory_outcome_set(*, trajectory: Trajectory, outcome: str, user: AbstractBaseUser) -> Trajectory:
@@ -35,6 +54,7 @@ def trajectory_comment_add(
         raise ValidationError({"body": "A comment needs some text."})
     if len(body) > MAX_COMMENT_CHARS:
         raise ValidationError({"body": f"A comment is at most {MAX_COMMENT_CHARS:,} characters."})
+    _no_nul(body, "body", "A comment")
     n_messages = len(trajectory.messages) if isinstance(trajectory.messages, list) else 0
     if message_index is not None and not 0 <= message_index < n_messages:
         raise ValidationError({"message_index": f"No message {message_index}; this trajectory has {n_messages}."})
@@ -48,6 +68,7 @@ def trajectory_tag_add(*, trajectory: Trajectory, name: str) -> Tag:
         raise ValidationError({"name": "A tag needs a name."})
     if len(name) > MAX_TAG_CHARS:
         raise ValidationError({"name": f"A tag name is at most {MAX_TAG_CHARS} characters."})
+    _no_nul(name, "name", "A tag name")
     with transaction.atomic():
         tag, _ = Tag.objects.get_or_create(project_id=trajectory.project_id, name=name)
         trajectory.tags.add(tag)

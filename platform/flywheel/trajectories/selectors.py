@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -15,12 +16,12 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.db import OperationalError, connection, transaction
-from django.db.models import F, QuerySet, Value
+from django.db.models import Exists, F, OuterRef, QuerySet, Value
 from django.db.models.functions import Coalesce, NullIf
 
 from flywheel.accounts.models import Project
 from flywheel.trajectories.ingest import is_tool_error
-from flywheel.trajectories.models import Comment, Outcome, Trajectory
+from flywheel.trajectories.models import SOURCES, Comment, Outcome, SignalKind, Trajectory, TriageSignal
 
 PAGE_SIZE = 50
 # Counting stops here: past it the page says "10,000+". A count is then at most COUNT_CAP index entries
@@ -51,12 +52,31 @@ LIST_FIELDS = (
     "latency_ms",
     "started_at",
     "created_at",
+    "suggested_category",
+    "triage_severity",
 )
+
+
+# The longest text search either door takes: the page cuts a longer one (and says so), the API refuses it
+# (422 naming the limit). A needle is a LIKE pattern, and SQLite refuses patterns past 50,000 bytes.
+MAX_SEARCH_CHARS = 200
+# agent and model_version are CharField(max_length=200): a longer filter value can match nothing.
+MAX_NAME_CHARS = 200
+# Cursors are trajectory ids, ASCII digits only (str.isdigit() also takes "²", which int() refuses).
+_CURSOR = re.compile(r"[0-9]{1,19}")
+
+
+def text_problem(value: str) -> str | None:
+    """Why a filter value can never match stored text, or None. PostgreSQL's text cannot hold NUL, and its
+    driver refuses a query carrying one (the page answered 500); SQLite follows the same rule, so that a
+    link means the same on both."""
+    return "it contains a NUL character" if "\x00" in value else None
 
 
 @dataclass(frozen=True)
 class TrajectoryFilters:
-    """What the list page filters on, parsed from a query string. Invalid values are dropped and reported."""
+    """What the list page filters on, parsed from a query string. A value that cannot be used is left out,
+    and `errors` says which and why (the page shows it): a query string never makes the page fail."""
 
     outcome: str = ""
     agent: str = ""
@@ -65,6 +85,10 @@ class TrajectoryFilters:
     date_to: dt.date | None = None
     tool_error: bool | None = None
     q: str = ""
+    signal: str = ""  # a SignalKind: trajectories with at least one signal of that kind
+    reviewed: bool | None = None  # a reviewer set the outcome (or not)
+    source: str = ""  # one of SOURCES
+    tag: str = ""  # a tag's name
     errors: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -72,7 +96,7 @@ class TrajectoryFilters:
         errors: list[str] = []
         outcome = (params.get("outcome") or "").strip()
         if outcome and outcome not in Outcome.values:
-            errors.append(f"Unknown outcome {outcome!r}.")
+            errors.append(f"Ignored outcome {outcome!r}: not one of {', '.join(Outcome.values)}.")
             outcome = ""
         dates: dict[str, dt.date | None] = {}
         for key, label in (("date_from", "From"), ("date_to", "To")):
@@ -82,16 +106,46 @@ class TrajectoryFilters:
                 try:
                     dates[key] = dt.date.fromisoformat(raw)
                 except ValueError:
-                    errors.append(f"{label} date {raw!r} is not a date (YYYY-MM-DD).")
+                    errors.append(f"Ignored {label} date {raw!r}: it is not a date (YYYY-MM-DD).")
+        texts: dict[str, str] = {}
+        for key, label in (("agent", "agent"), ("model_version", "model version"), ("q", "text search")):
+            raw = (params.get(key) or "").strip()
+            problem = text_problem(raw)
+            if problem is None and key != "q" and len(raw) > MAX_NAME_CHARS:
+                problem = f"it is longer than {MAX_NAME_CHARS} characters"
+            if problem:
+                errors.append(f"Ignored {label} {raw[:40]!r}: {problem}.")
+                raw = ""
+            elif key == "q" and len(raw) > MAX_SEARCH_CHARS:
+                errors.append(f"The text search was cut to its first {MAX_SEARCH_CHARS} characters.")
+                raw = raw[:MAX_SEARCH_CHARS]
+            texts[key] = raw
         tool_error = {"yes": True, "no": False}.get((params.get("tool_error") or "").strip())
+        reviewed = {"yes": True, "no": False}.get((params.get("reviewed") or "").strip())
+        choices = {"signal": ("signal", SignalKind.values), "source": ("source", SOURCES)}
+        picked: dict[str, str] = {}
+        for key, (label, allowed) in choices.items():
+            raw = (params.get(key) or "").strip()
+            if raw and raw not in allowed:
+                errors.append(f"Ignored {label} {raw[:40]!r}: not one of {', '.join(allowed)}.")
+                raw = ""
+            picked[key] = raw
+        tag = (params.get("tag") or "").strip()
+        if tag and (text_problem(tag) or len(tag) > 64):
+            errors.append(f"Ignored tag {tag[:40]!r}: {text_problem(tag) or 'it is longer than 64 characters'}.")
+            tag = ""
         return cls(
             outcome=outcome,
-            agent=(params.get("agent") or "").strip()[:200],
-            model_version=(params.get("model_version") or "").strip()[:200],
+            agent=texts["agent"],
+            model_version=texts["model_version"],
             date_from=dates["date_from"],
             date_to=dates["date_to"],
             tool_error=tool_error,
-            q=(params.get("q") or "").strip()[:200],
+            q=texts["q"],
+            signal=picked["signal"],
+            reviewed=reviewed,
+            source=picked["source"],
+            tag=tag,
             errors=tuple(errors),
         )
 
@@ -105,6 +159,10 @@ class TrajectoryFilters:
             "date_to": self.date_to.isoformat() if self.date_to else "",
             "tool_error": {True: "yes", False: "no", None: ""}[self.tool_error],
             "q": self.q,
+            "signal": self.signal,
+            "reviewed": {True: "yes", False: "no", None: ""}[self.reviewed],
+            "source": self.source,
+            "tag": self.tag,
         }
         return {k: v for k, v in raw.items() if v}
 
@@ -121,6 +179,30 @@ class TrajectoryFilters:
         return bool(self.params())
 
 
+@dataclass(frozen=True)
+class PageCursor:
+    """Where a list page starts, from `?after=ID` (older rows) or `?before=ID` (newer rows). A value that
+    is not an id is left out and named in `errors`, as the filters do."""
+
+    after: int | None = None
+    before: int | None = None
+    errors: tuple[str, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> PageCursor:
+        values: dict[str, int | None] = {}
+        errors: list[str] = []
+        for key in ("after", "before"):
+            raw = (params.get(key) or "").strip()
+            values[key] = int(raw) if _CURSOR.fullmatch(raw) else None
+            if raw and values[key] is None:
+                errors.append(f"Ignored {key} {raw[:40]!r}: it is not a page cursor (a trajectory id).")
+        return cls(after=values["after"], before=values["before"], errors=tuple(errors))
+
+    def params(self) -> dict[str, int]:
+        return {k: v for k, v in (("after", self.after), ("before", self.before)) if v is not None}
+
+
 def trajectory_queryset(*, project: Project, filters: TrajectoryFilters) -> QuerySet[Trajectory]:
     """The project's trajectories matching `filters`, unordered."""
     qs = Trajectory.objects.filter(project=project)
@@ -132,7 +214,7 @@ def trajectory_queryset(*, project: Project, filters: TrajectoryFilters) -> Quer
         qs = qs.filter(model_version=filters.model_version)
     if filters.date_from:
         qs = qs.filter(started_at__gte=_day_start(filters.date_from))
-    if filters.date_to:
+    if filters.date_to and filters.date_to < dt.date.max:  # up to the last day there is: no bound at all
         qs = qs.filter(started_at__lt=_day_start(filters.date_to + dt.timedelta(days=1)))
     if filters.tool_error is not None:
         qs = qs.filter(has_tool_error=filters.tool_error)
@@ -140,6 +222,20 @@ def trajectory_queryset(*, project: Project, filters: TrajectoryFilters) -> Quer
         # search_text is stored lower-cased, so a case-sensitive LIKE on a lower-cased needle is a
         # case-insensitive search that the pg_trgm GIN index answers (icontains would wrap UPPER()).
         qs = qs.filter(search_text__contains=filters.q.lower())
+    if filters.signal:
+        # EXISTS on the signal index (project, kind, trajectory): a probe per row when signals are common
+        # (the id walk), the index range itself when they are rare (the filter-index path).
+        signals = TriageSignal.objects.filter(project=project, kind=filters.signal, trajectory_id=OuterRef("pk"))
+        qs = qs.filter(Exists(signals))
+    if filters.reviewed is not None:
+        qs = qs.exclude(reviewed_outcome="") if filters.reviewed else qs.filter(reviewed_outcome="")
+    if filters.source:
+        qs = qs.filter(source=filters.source)
+    if filters.tag:
+        links = Trajectory.tags.through.objects.filter(
+            tag__project=project, tag__name=filters.tag, trajectory_id=OuterRef("pk")
+        )
+        qs = qs.filter(Exists(links))
     return qs
 
 
@@ -177,6 +273,7 @@ def trajectory_page(
     )
     rows = list(Trajectory.objects.filter(id__in=ids).only(*LIST_FIELDS).order_by("-id")) if ids else []
     _attach_tags(rows)
+    _attach_signal_kinds(rows)
     return TrajectoryPage(rows=rows, next_cursor=next_cursor, prev_cursor=prev_cursor)
 
 
@@ -283,6 +380,18 @@ def _attach_tags(rows: list[Trajectory]) -> None:
             by_id[trajectory_id].append(name)
     for row in rows:
         row.tag_names = by_id[row.id]
+
+
+def _attach_signal_kinds(rows: list[Trajectory]) -> None:
+    """The distinct signal kinds of a page of rows, in one query on the signals' trajectory index."""
+    by_id: dict[int, set[str]] = {row.id: set() for row in rows}
+    if by_id:
+        for trajectory_id, kind in TriageSignal.objects.filter(trajectory_id__in=by_id).values_list(
+            "trajectory_id", "kind"
+        ):
+            by_id[trajectory_id].add(kind)
+    for row in rows:
+        row.signal_kinds = sorted(by_id[row.id])
 
 
 @dataclass(frozen=True)
@@ -464,6 +573,7 @@ class MessageView:
     is_error: bool = False
     details: str = ""  # latency, usage or other per-message fields, as pretty JSON
     comments: list[Comment] = field(default_factory=list)
+    signals: list[TriageSignal] = field(default_factory=list)  # triage signals at this message
 
 
 KNOWN_MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name"}
@@ -501,7 +611,9 @@ def _content(content: Any) -> tuple[str, list[str]]:
     return "", [pretty_json(content)]
 
 
-def conversation_build(*, trajectory: Trajectory, comments: list[Comment] | None = None) -> list[MessageView]:
+def conversation_build(
+    *, trajectory: Trajectory, comments: list[Comment] | None = None, signals: list[TriageSignal] | None = None
+) -> list[MessageView]:
     """The messages as views: tool calls with pretty arguments, each tool result linked to its call."""
     declared = {
         (tool.get("function") or {}).get("name") if isinstance(tool, dict) else None
@@ -560,7 +672,15 @@ def conversation_build(*, trajectory: Trajectory, comments: list[Comment] | None
     for comment in comments or []:
         if comment.message_index is not None and 0 <= comment.message_index < len(views):
             views[comment.message_index].comments.append(comment)
+    for signal in signals or []:
+        if signal.message_index is not None and 0 <= signal.message_index < len(views):
+            views[signal.message_index].signals.append(signal)
     return views
+
+
+def trajectory_signals(*, trajectory: Trajectory) -> list[TriageSignal]:
+    """The trajectory's triage signals, most severe first."""
+    return list(TriageSignal.objects.filter(trajectory=trajectory).order_by("-severity", "message_index", "id"))
 
 
 def usage_summary(usage: Any) -> list[tuple[str, Any]]:

@@ -1,25 +1,36 @@
 """JSONL upload in the UI: the file is stored as an `Upload`, then ingested line by line through
 `ingest.ingest_trajectories`, in chunks, with its progress and per-line errors on the row.
 
-Small files are ingested in the request; larger ones by a Celery task, queued after the row commits. A run
-that fails (or a worker that dies mid-file) leaves the upload `failed` (or visibly stuck in `processing`)
-with the reason, and Retry runs the whole file again, which is safe because ingestion is an upsert."""
+Small files are ingested in the request; larger ones by a Celery task, sent after the row commits. The row
+is its own outbox (`flywheel.outbox`): an upload still `queued` after FLYWHEEL_REQUEUE_AFTER_S (the broker
+was down, the message was lost) is sent again by the sweep, and Retry sends it too.
+
+A run holds the upload by a lease (its owner and an expiry, renewed with every chunk). It claims the upload
+with a compare-and-set (queued, or processing with an expired lease), and writes each chunk, its counters and
+its end only while the lease is still its own, checked in the chunk's transaction with the row locked. So a
+message delivered twice runs once, and when a stuck run's upload is taken over (by Retry or the sweep), the
+old run stops at its next chunk without writing, even if it was only slow. Running the whole file again is
+safe because ingestion is an upsert."""
 
 from __future__ import annotations
 
 import io
 import logging
-from datetime import timedelta
+import os
+import socket
+import uuid
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib import messages
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from flywheel import outbox
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
 from flywheel.trajectories.ingest import JSONL_CHUNK, IngestResult, ingest_trajectories, jsonl_chunks
@@ -27,14 +38,18 @@ from flywheel.trajectories.models import Upload, UploadStatus
 
 logger = logging.getLogger(__name__)
 
-CHUNK_LINES = JSONL_CHUNK  # lines per ingest call (and per progress update)
+CHUNK_LINES = JSONL_CHUNK  # lines per ingest call (and per progress update and lease renewal)
 MAX_KEPT_ERRORS = 500  # per-line errors kept on the row; the count is always exact
 INLINE_MAX_BYTES = 512 * 1024  # files up to this size are ingested in the request
-STALE_AFTER = timedelta(minutes=15)  # a run in `processing` this long has lost its worker
+MAX_ATTEMPTS = 3  # runs that lost their worker before the sweep gives up and marks the upload failed
 
 
 def max_upload_bytes() -> int:
     return settings.FLYWHEEL_MAX_UPLOAD_BYTES
+
+
+def lease_length() -> timedelta:
+    return timedelta(seconds=settings.FLYWHEEL_UPLOAD_LEASE_S)
 
 
 # --- services --------------------------------------------------------------------------------------------
@@ -42,6 +57,10 @@ def max_upload_bytes() -> int:
 
 class UploadRefused(ValueError):
     pass
+
+
+class LeaseLost(Exception):
+    """Another run holds the upload now; this one stops without writing."""
 
 
 def upload_create(*, project: Project, filename: str, content: bytes, uploaded_by=None) -> Upload:
@@ -58,58 +77,116 @@ def upload_create(*, project: Project, filename: str, content: bytes, uploaded_b
         content=content,
         size_bytes=len(content),
         lines_total=sum(1 for line in io.BytesIO(content) if line.strip()),
+        queued_at=timezone.now(),
     )
     if len(content) <= INLINE_MAX_BYTES:
         return upload_process(upload_id=upload.pk)
-    _enqueue(upload)
+    _enqueue(upload.pk)
     return upload
 
 
-def _enqueue(upload: Upload) -> None:
-    transaction.on_commit(lambda: _send(upload.pk))
+def _enqueue(upload_id: int) -> None:
+    from flywheel.trajectories.tasks import upload_process_task  # tasks import this module
+
+    outbox.send_on_commit(upload_process_task, upload_id)
 
 
-def _send(upload_id: int) -> None:
-    from flywheel.trajectories.tasks import upload_process_task
-
-    try:
-        upload_process_task.delay(upload_id)
-    except Exception as exc:  # the broker is down: say so on the upload, where Retry can send it again
-        logger.exception("could not queue upload %s", upload_id)
-        Upload.objects.filter(pk=upload_id, status=UploadStatus.QUEUED).update(
-            status=UploadStatus.FAILED,
-            error=f"Could not queue the upload for a worker: {type(exc).__name__}: {exc}"[:2000],
-        )
+def _waiting_too_long(now: datetime) -> Q:
+    """Uploads no run is on: queued for longer than the sweep waits, or held by a lease that expired."""
+    return Q(status=UploadStatus.QUEUED, queued_at__lt=now - outbox.requeue_after()) | Q(
+        status=UploadStatus.PROCESSING, lease_expires_at__lt=now
+    )
 
 
 def upload_is_stale(upload: Upload) -> bool:
+    """Processing, but its run's lease has expired: the run has probably lost its worker."""
     return (
         upload.status == UploadStatus.PROCESSING
-        and upload.started_at is not None
-        and timezone.now() - upload.started_at > STALE_AFTER
+        and upload.lease_expires_at is not None
+        and upload.lease_expires_at < timezone.now()
+    )
+
+
+def upload_is_waiting_long(upload: Upload) -> bool:
+    """Queued for longer than the sweep waits: its message may have been lost."""
+    return (
+        upload.status == UploadStatus.QUEUED
+        and upload.queued_at is not None
+        and upload.queued_at < timezone.now() - outbox.requeue_after()
     )
 
 
 def upload_retry(*, upload: Upload) -> Upload:
-    """Run a failed (or stuck) upload again from its first line."""
-    if upload.status not in (UploadStatus.FAILED,) and not upload_is_stale(upload):
-        raise UploadRefused(f"Only a failed or stuck upload can be retried; this one is {upload.status}.")
-    Upload.objects.filter(pk=upload.pk).update(status=UploadStatus.QUEUED, error="")
+    """Run a failed, stuck or long-waiting upload again from its first line.
+
+    The compare-and-set decides: of two retries at once, or a retry and a sweep, one requeues the upload, and a
+    run whose lease expired loses it here (it stops at its next chunk)."""
+    now = timezone.now()
+    requeued = (
+        Upload.objects.filter(Q(status=UploadStatus.FAILED) | _waiting_too_long(now), pk=upload.pk)
+        .update(status=UploadStatus.QUEUED, queued_at=now, error="", lease_owner="", lease_expires_at=None)
+    )
     upload.refresh_from_db()
+    if not requeued:
+        raise UploadRefused(
+            f"Only a failed, stuck or long-waiting upload can be retried; this one is {upload.status}."
+        )
     if upload.size_bytes <= INLINE_MAX_BYTES:
         return upload_process(upload_id=upload.pk)
-    _enqueue(upload)
+    _enqueue(upload.pk)
     return upload
 
 
-def upload_process(*, upload_id: int) -> Upload:
-    """Ingest the file from its first line; progress and per-line errors are written after each chunk."""
+def upload_sweep() -> int:
+    """Send again every upload no run is on (flywheel.outbox): queued too long, or its run's lease expired.
+
+    An upload whose runs lost their worker MAX_ATTEMPTS times is marked failed instead (a file that kills its
+    worker must not do so forever); Retry runs it again. Returns how many were sent."""
+    from flywheel.trajectories.tasks import upload_process_task  # tasks import this module
+
     now = timezone.now()
-    # Claim it. `processing` is claimable too: a redelivered task after a worker died mid-file.
+    Upload.objects.filter(
+        status=UploadStatus.PROCESSING, lease_expires_at__lt=now, attempts__gte=MAX_ATTEMPTS
+    ).update(
+        status=UploadStatus.FAILED,
+        finished_at=now,
+        lease_expires_at=None,
+        error=f"The upload lost its worker {MAX_ATTEMPTS} times; Retry runs it again.",
+    )
+    sent = 0
+    for upload_id in Upload.objects.filter(_waiting_too_long(now)).order_by("pk").values_list("pk", flat=True)[:100]:
+        # Per row, the compare-and-set again: of two sweeps at once only one sends it.
+        if not Upload.objects.filter(_waiting_too_long(now), pk=upload_id).update(
+            status=UploadStatus.QUEUED, queued_at=now, lease_owner="", lease_expires_at=None
+        ):
+            continue
+        try:
+            outbox.send(upload_process_task, upload_id)
+        except outbox.BrokerUnavailable as exc:
+            # The row still says queued; the next sweep tries again. No use trying the others now.
+            logger.warning("upload sweep: the broker is unavailable (%s); trying again next sweep", exc)
+            break
+        sent += 1
+    return sent
+
+
+def _run_owner() -> str:
+    """Who runs: the host and process (for a person reading the row) and a unique run id."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def upload_claim(*, upload_id: int, owner: str | None = None) -> str | None:
+    """Take the upload for a run (queued, or processing under an expired lease): its lease owner, or None
+    when another run holds it or it is finished (a duplicate delivery)."""
+    owner = owner or _run_owner()
+    now = timezone.now()
     claimed = Upload.objects.filter(
-        pk=upload_id, status__in=[UploadStatus.QUEUED, UploadStatus.PROCESSING]
+        Q(status=UploadStatus.QUEUED) | Q(status=UploadStatus.PROCESSING, lease_expires_at__lt=now),
+        pk=upload_id,
     ).update(
         status=UploadStatus.PROCESSING,
+        lease_owner=owner,
+        lease_expires_at=now + lease_length(),
         started_at=now,
         finished_at=None,
         attempts=F("attempts") + 1,
@@ -121,44 +198,70 @@ def upload_process(*, upload_id: int) -> Upload:
         rejected_count=0,
         rejected=[],
     )
+    return owner if claimed else None
+
+
+def upload_process(*, upload_id: int, owner: str | None = None) -> Upload:
+    """Claim the upload and ingest the file from its first line (see `upload_run`)."""
+    owner = upload_claim(upload_id=upload_id, owner=owner)
+    if owner is None:
+        return Upload.objects.select_related("project").get(pk=upload_id)
+    return upload_run(upload_id=upload_id, owner=owner)
+
+
+def upload_run(*, upload_id: int, owner: str) -> Upload:
+    """Ingest the file of an upload claimed by `owner`; progress and per-line errors after each chunk. Stops
+    without writing as soon as the lease is another run's."""
     upload = Upload.objects.select_related("project").get(pk=upload_id)
-    if not claimed:
-        return upload  # done or failed already: nothing to do (a duplicate delivery)
     line_number = 0
     try:
         total = IngestResult()
         kept: list[dict] = []
         for indexes, records in jsonl_chunks(io.BytesIO(upload.content), CHUNK_LINES):
             line_number = indexes[0] + 1
-            _ingest_chunk(upload, indexes, records, total, kept)
+            _ingest_chunk(upload, owner, indexes, records, total, kept)
+    except LeaseLost:
+        logger.warning("upload %s: run %s lost its lease near line %s; it stops", upload_id, owner, line_number)
     except Exception as exc:
         logger.exception("upload %s failed near line %s", upload_id, line_number)
-        Upload.objects.filter(pk=upload_id).update(
-            status=UploadStatus.FAILED,
-            finished_at=timezone.now(),
-            error=f"Stopped near line {line_number}: {type(exc).__name__}: {exc}"[:2000],
-        )
+        _finish(upload_id, owner, UploadStatus.FAILED, f"Stopped near line {line_number}: {type(exc).__name__}: {exc}")
     else:
-        Upload.objects.filter(pk=upload_id).update(status=UploadStatus.DONE, finished_at=timezone.now())
+        _finish(upload_id, owner, UploadStatus.DONE)
     upload.refresh_from_db()
     return upload
 
 
+def _held(upload_id: int, owner: str) -> Q:
+    return Q(pk=upload_id, status=UploadStatus.PROCESSING, lease_owner=owner)
+
+
 def _ingest_chunk(
-    upload: Upload, indexes: list[int], records: list, total: IngestResult, kept: list[dict]
+    upload: Upload, owner: str, indexes: list[int], records: list, total: IngestResult, kept: list[dict]
 ) -> None:
-    result = ingest_trajectories(project=upload.project, records=records, source="upload", indexes=indexes)
-    total.merge(result)
-    for item in result.rejected:
-        if len(kept) < MAX_KEPT_ERRORS:
-            kept.append({"line": item["index"] + 1, "external_id": item["external_id"], "errors": item["errors"]})
-    Upload.objects.filter(pk=upload.pk).update(
-        lines_done=F("lines_done") + len(records),
-        accepted=total.accepted,
-        created=total.created,
-        updated=total.updated,
-        rejected_count=len(total.rejected),
-        rejected=kept,
+    with transaction.atomic():
+        # The row stays locked until this chunk commits: a takeover waits for it, then finds the lease renewed.
+        if not Upload.objects.select_for_update().filter(_held(upload.pk, owner)).exists():
+            raise LeaseLost
+        result = ingest_trajectories(project=upload.project, records=records, source="upload", indexes=indexes)
+        total.merge(result)
+        for item in result.rejected:
+            if len(kept) < MAX_KEPT_ERRORS:
+                kept.append({"line": item["index"] + 1, "external_id": item["external_id"], "errors": item["errors"]})
+        Upload.objects.filter(_held(upload.pk, owner)).update(
+            lines_done=F("lines_done") + len(records),
+            accepted=total.accepted,
+            created=total.created,
+            updated=total.updated,
+            rejected_count=len(total.rejected),
+            rejected=kept,
+            lease_expires_at=timezone.now() + lease_length(),
+        )
+
+
+def _finish(upload_id: int, owner: str, status: str, error: str = "") -> None:
+    """The end of a run, written only while its lease holds (a run that lost it leaves the row to the winner)."""
+    Upload.objects.filter(_held(upload_id, owner)).update(
+        status=status, finished_at=timezone.now(), lease_expires_at=None, error=error[:2000]
     )
 
 
@@ -206,6 +309,7 @@ def upload_detail(request: HttpRequest, project: Project, upload_id: int) -> Htt
         "project": project,
         "upload": upload,
         "stale": upload_is_stale(upload),
+        "waiting_long": upload_is_waiting_long(upload),
         "max_bytes": max_upload_bytes(),
     }
     if not request.htmx:

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from flywheel.trajectories import views
+from flywheel.trajectories import triage_views, views
 
 urlpatterns = [
     path("", views.trajectory_list, name="trajectory_list"),
@@ -15,4 +15,8 @@ urlpatterns = [
         views.trajectory_tag_remove,
         name="trajectory_tag_remove",
     ),
+    path("triage/", triage_views.triage_page, name="triage_page"),
+    path("triage/policy", triage_views.triage_policy_save, name="triage_policy_save"),
+    path("triage/runs", triage_views.triage_run_start, name="triage_run_start"),
+    path("triage/runs/<int:run_id>/", triage_views.triage_run_status, name="triage_run_status"),
 ]

@@ -7,7 +7,7 @@ An htmx request gets the fragment it swaps; a plain form post is redirected back
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -15,12 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
 from flywheel.trajectories import review, selectors
-from flywheel.trajectories.models import Outcome, Tag, Trajectory
-
-
-def _int_param(request: HttpRequest, name: str) -> int | None:
-    raw = request.GET.get(name, "")
-    return int(raw) if raw.isdigit() else None
+from flywheel.trajectories.models import SOURCES, Outcome, SignalKind, Tag, Trajectory
 
 
 def _can_review(request: HttpRequest) -> bool:
@@ -31,14 +26,15 @@ def _can_review(request: HttpRequest) -> bool:
 @project_view()
 def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
     filters = selectors.TrajectoryFilters.from_params(request.GET)
+    cursor = selectors.PageCursor.from_params(request.GET)
     counts = selectors.trajectory_outcome_counts(project=project, filters=filters)
     # The count of what the page shows (its outcome's, or all) tells the page query how to read.
     shown = next(c for c in counts if c.outcome == filters.outcome).exact
     page = selectors.trajectory_page(
         project=project,
         filters=filters,
-        after=_int_param(request, "after"),
-        before=_int_param(request, "before"),
+        after=cursor.after,
+        before=cursor.before,
         sparse=shown is not None and shown <= selectors.SPARSE_MATCHES,
     )
     context = {
@@ -46,6 +42,7 @@ def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
         "filters": filters,
         "page": page,
         "counts": counts,
+        "ignored": filters.errors + cursor.errors,
         "count_cap": selectors.COUNT_CAP,
         "carry_qs": filters.querystring(),
         "carry_suffix": f"?{filters.querystring()}" if filters.active else "",
@@ -53,8 +50,7 @@ def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
     if request.htmx and request.htmx.target == "results":
         response = render(request, "trajectories/_trajectory_results.html", context)
         # The address bar gets the canonical query (no empty fields the form sent), so it can be shared.
-        cursor = {"after": request.GET.get("after"), "before": request.GET.get("before")}
-        query = filters.querystring(**{k: v for k, v in cursor.items() if v and v.isdigit()})
+        query = filters.querystring(**cursor.params())
         response["HX-Push-Url"] = request.path + (f"?{query}" if query else "")
         return response
     agents = selectors.trajectory_filter_options(project=project, column="agent")
@@ -64,22 +60,35 @@ def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
         agents.append(filters.agent)
     if filters.model_version and filters.model_version not in model_versions:
         model_versions.append(filters.model_version)
-    context |= {"outcomes": Outcome.choices, "agents": agents, "model_versions": model_versions}
+    context |= {
+        "outcomes": Outcome.choices,
+        "agents": agents,
+        "model_versions": model_versions,
+        "signal_kinds": SignalKind.choices,
+        "sources": SOURCES,
+        "tags": selectors.project_tag_names(project=project),
+    }
+    if filters.tag and filters.tag not in context["tags"]:
+        context["tags"].append(filters.tag)
     return render(request, "trajectories/trajectory_list.html", context)
 
 
 def _detail_context(request: HttpRequest, project: Project, trajectory: Trajectory) -> dict:
     filters = selectors.TrajectoryFilters.from_params(request.GET)
     comments = list(trajectory.comments.select_related("author"))
+    signals = selectors.trajectory_signals(trajectory=trajectory)
     newer, older = selectors.trajectory_neighbours(project=project, filters=filters, trajectory_id=trajectory.id)
     return {
         "project": project,
         "trajectory": trajectory,
         "filters": filters,
+        "ignored": filters.errors,
         "carry_qs": filters.querystring(),
         "newer_id": newer,
         "older_id": older,
-        "conversation": selectors.conversation_build(trajectory=trajectory, comments=comments),
+        "conversation": selectors.conversation_build(trajectory=trajectory, comments=comments, signals=signals),
+        "signals": signals,
+        "trajectory_signals": [s for s in signals if s.message_index is None],
         "trajectory_comments": [c for c in comments if c.message_index is None],
         "usage": selectors.usage_summary(trajectory.usage),
         "outcomes": Outcome.choices,
@@ -130,8 +139,12 @@ def trajectory_outcome_set(request: HttpRequest, project: Project, trajectory_id
 @project_view(Role.REVIEWER)
 def trajectory_comment_add(request: HttpRequest, project: Project, trajectory_id: int) -> HttpResponse:
     trajectory = _trajectory_or_404(project, trajectory_id)
-    raw_index = request.POST.get("message_index", "")
-    message_index = int(raw_index) if raw_index.lstrip("-").isdigit() else None
+    try:
+        message_index = review.message_index_parse(request.POST.get("message_index", ""))
+    except ValidationError as exc:
+        # Only a hand-made request gets here (the page sends the index itself): there is no comment box
+        # of that message to answer into, so a plain 400.
+        return HttpResponseBadRequest(_first_error(exc), content_type="text/plain; charset=utf-8")
     error = ""
     try:
         review.trajectory_comment_add(

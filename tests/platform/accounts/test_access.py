@@ -184,3 +184,69 @@ def test_every_project_route_is_404_to_a_non_member(client_for, make_user, proje
     client = client_for(make_user("outsider"))
     for url in project_urls:
         assert _answer(client, url).status_code == 404, url
+
+
+# --- the Django admin: superusers only ------------------------------------------------------------------
+
+
+@pytest.fixture
+def foreign_trajectory(make_project):
+    """A trajectory of a project the staff user below is no member of."""
+    from flywheel.trajectories.ingest import ingest_trajectories
+    from flywheel.trajectories.models import Trajectory
+
+    project = make_project("secret-project")
+    record = {"external_id": "secret-trace", "messages": [{"role": "user", "content": "the secret plan"}]}
+    assert ingest_trajectories(project=project, records=[record]).accepted == 1
+    return Trajectory.objects.get(project=project)
+
+
+@pytest.fixture
+def staff(make_user, make_project, make_membership):
+    """Staff with every model permission, a maintainer of another project than `foreign_trajectory`'s:
+    before the admin was for superusers only, exactly the user who could read any project there."""
+    from django.contrib.auth.models import Permission
+
+    user = make_user("staffer", is_staff=True)
+    user.user_permissions.set(Permission.objects.all())
+    make_project("own-project", owner=user)
+    return user
+
+
+def _admin_urls(trajectory):
+    return [
+        "/admin/",
+        "/admin/trajectories/",
+        "/admin/trajectories/trajectory/",
+        f"/admin/trajectories/trajectory/{trajectory.pk}/change/",
+        "/admin/trajectories/comment/",
+        "/admin/accounts/apikey/",
+        "/admin/auth/user/",
+    ]
+
+
+def test_staff_without_superuser_get_no_admin_page(client_for, staff, foreign_trajectory):
+    client = client_for(staff)
+    for url in _admin_urls(foreign_trajectory):
+        response = client.get(url)
+        assert response.status_code == 302, url
+        assert response["Location"].startswith("/admin/login/?next="), url
+    login_page = client.get("/admin/login/", follow=True).content.decode()
+    assert "secret" not in login_page and "You are authenticated as staffer, but are not authorized" in login_page
+
+
+def test_staff_without_superuser_cannot_log_in_to_the_admin(client, staff):
+    response = client.post("/admin/login/?next=/admin/", {"username": "staffer", "password": "test-password-123"})
+    assert response.status_code == 200  # the form again, not a redirect into the admin
+    assert "for a superuser account" in response.content.decode()
+    assert "_auth_user_id" not in client.session
+
+
+def test_superusers_use_the_admin(client, make_user, foreign_trajectory):
+    make_user("root", is_staff=True, is_superuser=True)
+    response = client.post("/admin/login/?next=/admin/", {"username": "root", "password": "test-password-123"})
+    assert response.status_code == 302 and response["Location"] == "/admin/"
+    for url in _admin_urls(foreign_trajectory):
+        assert client.get(url).status_code == 200, url
+    page = client.get("/admin/trajectories/trajectory/").content.decode()
+    assert "secret-trace" in page

@@ -82,3 +82,58 @@ def test_a_member_of_another_project_cannot_be_changed_from_this_one(owner_clien
     response = owner_client.post(reverse("member_update", args=[project.slug, other_owner.pk]), {"role": "viewer"})
     assert response.status_code == 404
     assert Membership.objects.get(user=other_owner).role == "maintainer"
+
+
+def test_two_adds_of_one_user_at_once_one_wins_and_the_other_is_refused(
+    transactional_db, needs_service, client_for, project, user, make_user
+):
+    """Both requests pass the "already a member?" check before either inserts: the unique constraint
+    decides, and the loser is told so (422), never a 500 and never a silent change of the winner's role."""
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    needs_service(connection.vendor == "postgresql", f"needs PostgreSQL (DATABASE_URL points at {connection.vendor})")
+    dana = make_user("dana")
+    url = reverse("member_add", args=[project.slug])
+    answers: dict[str, object] = {}
+
+    def add(role: str) -> None:
+        try:
+            response = client_for(user).post(url, {"username": "dana", "role": role})
+            answers[role] = (response.status_code, response.content.decode())
+        except Exception as exc:  # a 500 raises in the test client
+            answers[role] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=add, args=(role,)) for role in ("viewer", "reviewer")]
+    # Hold the row's key in an open transaction, so that both adds get past their check and wait on the
+    # insert; let go once both wait, and they insert at the same moment.
+    with transaction.atomic():
+        Membership.objects.create(project=project, user=dana, role="maintainer")
+        for thread in threads:
+            thread.start()
+        with connection.cursor() as cursor:
+            for _ in range(600):
+                # The statistics are read once per transaction unless the snapshot is dropped.
+                cursor.execute("SELECT pg_stat_clear_snapshot()")
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+                if cursor.fetchone()[0] >= 2:
+                    break
+                threading.Event().wait(0.05)
+            else:
+                pytest.fail(f"the two adds did not both reach the insert: {answers}")
+        transaction.set_rollback(True)
+    for thread in threads:
+        thread.join(timeout=60)
+
+    statuses = sorted(answer[0] if isinstance(answer, tuple) else answer for answer in answers.values())
+    assert statuses == [200, 422], answers
+    winner = next(role for role, answer in answers.items() if answer[0] == 200)
+    loser = next(role for role, answer in answers.items() if answer[0] == 422)
+    assert "dana is already a member" in answers[loser][1]
+    assert Membership.objects.get(project=project, user=dana).role == winner

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
+import io
 import json
 import threading
 
@@ -112,6 +113,29 @@ def test_too_many_records_is_413(client, make_record):
     response = client.post(URL, [make_record(f"t-{i}") for i in range(4)])
     assert response.status_code == 413
     assert "limit is 3" in response.json()["detail"]
+
+
+class _ResetStream(io.BytesIO):
+    """wsgi.input of a client that reset the connection mid-body: what gunicorn's reader raises then."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+@pytest.mark.parametrize("broken", ["closed early", "reset"])
+def test_a_body_the_client_breaks_off_is_400_and_stores_nothing(client, make_record, broken):
+    # Three NDJSON lines, of which the server gets two whole ones: a valid prefix of what was declared.
+    body = "".join(json.dumps(make_record(f"t-{i}")) + "\n" for i in range(3)).encode()
+    cut = body.index(b"\n", body.index(b"\n") + 1) + 1
+    stream = io.BytesIO(body[:cut]) if broken == "closed early" else _ResetStream(body)
+    response = client.client.post(
+        URL, b"", content_type="application/x-ndjson", headers={"Authorization": f"Bearer {client.key}"},
+        CONTENT_LENGTH=str(len(body)), **{"wsgi.input": stream},
+    )  # fmt: skip
+    assert response.status_code == 400, response.content
+    detail = response.json()["detail"]
+    assert f"ended after {cut} of the {len(body)} bytes" in detail if broken == "closed early" else "reset" in detail
+    assert not Trajectory.objects.exists()
 
 
 def test_no_key_is_401(api_client, make_record):
@@ -300,3 +324,62 @@ def test_the_same_batch_posted_twice_at_once_is_stored_once(needs_postgres, proj
     assert Trajectory.objects.filter(project=project).count() == 200
     assert len(answers) == 2
     assert sum(a["created"] for a in answers) == 200 and sum(a["updated"] for a in answers) == 200
+
+
+# --- query values that answered 500 ------------------------------------------------------------------------
+
+
+def test_the_text_search_takes_at_most_200_characters(client, project, make_record):
+    # Uncapped, a long q is a LIKE pattern SQLite refuses past 50,000 bytes ("pattern too complex": 500).
+    client.post(URL, make_record("t-1"))
+    assert client.get(URL, {"q": "x" * 200}).json()["items"] == []
+    response = client.get(URL, {"q": "x" * 100_000})
+    assert response.status_code == 422
+    [problem] = response.json()["detail"]
+    assert problem["loc"] == ["query", "q"] and "at most 200 characters" in problem["msg"]
+
+
+@pytest.mark.parametrize("name", ["q", "agent", "model_version", "source", "external_id"])
+def test_a_nul_in_a_text_filter_is_422_naming_it(client, project, make_record, name):
+    # PostgreSQL's driver refuses a query carrying NUL: the list answered 500 there.
+    client.post(URL, make_record("t-1"))
+    response = client.get(URL, {name: "t-1\x00"})
+    assert response.status_code == 422
+    [problem] = response.json()["detail"]
+    assert problem["loc"] == ["query", name] and "NUL" in problem["msg"]
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"started_before": "9999-12-31T23:59:59-01:00"}, ["t-1"]),  # year 10000 in UTC: OverflowError on SQLite
+        ({"started_after": "0001-01-01T00:00:00+01:00"}, ["t-1"]),  # year 0 in UTC
+        ({"started_after": "9999-12-31T23:59:59-01:00"}, []),
+        ({"started_before": "0001-01-01T00:00:00+01:00"}, []),
+        ({"started_after": "2026-12-01T10:00:00", "started_before": "2026-12-01T10:00:01"}, ["t-1"]),  # naive: UTC
+        ({"started_after": "2026-12-01T10:00:01"}, []),
+    ],
+)
+def test_dates_at_the_ends_of_the_calendar_and_naive_ones(client, project, make_record, params, expected):
+    client.post(URL, make_record("t-1"))  # started 2026-12-01T10:00:00Z
+    response = client.get(URL, params)
+    assert response.status_code == 200, response.content
+    assert [item["external_id"] for item in response.json()["items"]] == expected
+
+
+def test_cursors_and_ids_past_any_id_find_nothing_not_a_500(client, project, make_record):
+    client.post(URL, make_record("t-1"))
+    assert [i["external_id"] for i in client.get(URL, {"cursor": "9" * 30}).json()["items"]] == ["t-1"]
+    for cursor in ("²", "١٢", " 12", "-1"):  # not ASCII digits: not a cursor this API gave out
+        response = client.get(URL, {"cursor": cursor})
+        assert response.status_code == 400 and response.json() == {"detail": "cursor is not one this API gave out."}
+    assert client.get(f"{URL}/{'9' * 30}").status_code == 404
+
+
+@pytest.mark.parametrize("value", ["1700000000", "0.5", "nan"])
+def test_a_date_filter_is_iso_8601_not_a_number(client, value):
+    # pydantic alone reads a number as Unix time, which the schema (format: date-time) does not offer.
+    response = client.get(URL, {"started_before": value})
+    assert response.status_code == 422
+    [problem] = response.json()["detail"]
+    assert problem["loc"] == ["query", "started_before"] and "ISO 8601" in problem["msg"]

@@ -157,9 +157,16 @@ def test_only_failed_or_stuck_uploads_are_retried(project, make_record):
     )
     with pytest.raises(upload_module.UploadRefused):
         upload_module.upload_retry(upload=upload)
+    # Processing, with a lease still good: its run is going, a retry would race it.
     Upload.objects.filter(pk=upload.pk).update(
-        status=UploadStatus.PROCESSING, started_at=timezone.now() - timedelta(hours=1)
+        status=UploadStatus.PROCESSING, lease_owner="elsewhere", lease_expires_at=timezone.now() + timedelta(minutes=1)
     )
+    upload.refresh_from_db()
+    assert not upload_module.upload_is_stale(upload)
+    with pytest.raises(upload_module.UploadRefused, match="this one is processing"):
+        upload_module.upload_retry(upload=upload)
+    # The lease expired: the run lost its worker (or is too slow to keep it).
+    Upload.objects.filter(pk=upload.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     upload.refresh_from_db()
     assert upload_module.upload_is_stale(upload)
     assert upload_module.upload_retry(upload=upload).status == UploadStatus.DONE
@@ -233,7 +240,9 @@ def test_manage_py_ingest_refuses_an_unknown_source(tmp_path, project, make_reco
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_broker_that_is_down_leaves_a_retryable_upload(project, make_record, monkeypatch):
+def test_a_broker_that_is_down_leaves_the_upload_queued_for_the_sweep(
+    client_for, project, reviewer, make_record, monkeypatch
+):
     from flywheel.trajectories import tasks
 
     def down(*args, **kwargs):
@@ -245,10 +254,162 @@ def test_a_broker_that_is_down_leaves_a_retryable_upload(project, make_record, m
         project=project, filename="a.jsonl", content=jsonl([make_record("t-1")])
     )
     upload.refresh_from_db()
-    assert upload.status == UploadStatus.FAILED
-    assert "broker unreachable" in upload.error
+    # The upload committed and says it waits; the broker's failure is not the user's.
+    assert (upload.status, upload.error) == (UploadStatus.QUEUED, "")
+    page = client_for(reviewer).get(reverse("upload_detail", args=[project.slug, upload.pk])).content.decode()
+    assert "Waiting for a worker" in page and "Retry" not in page
+    with pytest.raises(upload_module.UploadRefused, match="this one is queued"):
+        upload_module.upload_retry(upload=upload)  # not yet: its message may still be on its way
+    assert upload_module.upload_sweep() == 0
+
+    # Past FLYWHEEL_REQUEUE_AFTER_S: the sweep sends it again (the broker still down: it keeps waiting).
+    Upload.objects.filter(pk=upload.pk).update(queued_at=timezone.now() - timedelta(hours=1))
+    assert upload_module.upload_sweep() == 0
+    upload.refresh_from_db()
+    assert upload.status == UploadStatus.QUEUED
+    sent = []
+    monkeypatch.setattr(tasks.upload_process_task, "delay", lambda upload_id: sent.append(upload_id))
+    Upload.objects.filter(pk=upload.pk).update(queued_at=timezone.now() - timedelta(hours=1))
+    assert upload_module.upload_sweep() == 1
+    assert sent == [upload.pk]
+    assert upload_module.upload_sweep() == 0  # sent just now: not again before its time
+
+    # Retry sends it too, once it has waited long enough for the page to offer it.
+    Upload.objects.filter(pk=upload.pk).update(queued_at=timezone.now() - timedelta(hours=1))
+    page = client_for(reviewer).get(reverse("upload_detail", args=[project.slug, upload.pk])).content.decode()
+    assert "Retry" in page
     monkeypatch.setattr(upload_module, "INLINE_MAX_BYTES", 10_000)
     assert upload_module.upload_retry(upload=upload).status == UploadStatus.DONE
+
+
+@pytest.fixture
+def queued_upload(project, make_record, monkeypatch):
+    """An upload of three lines, queued for a worker (no message is sent: the test decides who runs it)."""
+    monkeypatch.setattr(upload_module, "INLINE_MAX_BYTES", 10)
+    upload = upload_module.upload_create(
+        project=project, filename="a.jsonl", content=jsonl([make_record(f"t-{i}") for i in range(3)])
+    )
+    assert upload.status == UploadStatus.QUEUED
+    return upload
+
+
+def _counters(upload_id):
+    return Upload.objects.values(
+        "status", "attempts", "lease_owner", "lines_done", "accepted", "created", "updated", "rejected_count"
+    ).get(pk=upload_id)
+
+
+@pytest.mark.django_db
+def test_a_delivery_while_a_run_holds_the_upload_does_nothing(queued_upload):
+    # A run holds the upload (its lease is good): a redelivered message, or a second one, must not start
+    # a second run that resets and races its counters.
+    owner = upload_module.upload_claim(upload_id=queued_upload.pk)
+    held = _counters(queued_upload.pk)
+    assert (held["status"], held["attempts"], held["lease_owner"]) == (UploadStatus.PROCESSING, 1, owner)
+
+    assert upload_module.upload_claim(upload_id=queued_upload.pk) is None
+    assert upload_module.upload_process(upload_id=queued_upload.pk).status == UploadStatus.PROCESSING
+    assert _counters(queued_upload.pk) == held
+    assert not Trajectory.objects.exists()
+
+    assert upload_module.upload_run(upload_id=queued_upload.pk, owner=owner).status == UploadStatus.DONE
+    assert _counters(queued_upload.pk) == {
+        **held, "status": UploadStatus.DONE, "lines_done": 3, "accepted": 3, "created": 3,
+    }  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_run_that_lost_its_lease_writes_nothing(queued_upload):
+    slow = upload_module.upload_claim(upload_id=queued_upload.pk)
+    # Its lease runs out (the run is stuck, or only slow): the upload is taken over and finished.
+    Upload.objects.filter(pk=queued_upload.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    done = upload_module.upload_process(upload_id=queued_upload.pk)
+    assert (done.status, done.attempts, done.accepted, done.created) == (UploadStatus.DONE, 2, 3, 3)
+    after_winner = _counters(queued_upload.pk)
+    stored = dict(Trajectory.objects.values_list("external_id", "updated_at"))
+
+    # The first run goes on: it finds the lease another's and stops before its first write.
+    upload_module.upload_run(upload_id=queued_upload.pk, owner=slow)
+    assert _counters(queued_upload.pk) == after_winner
+    assert dict(Trajectory.objects.values_list("external_id", "updated_at")) == stored
+
+
+@pytest.mark.django_db
+def test_the_sweep_sends_uploads_that_lost_their_worker_and_gives_up_after_max_attempts(queued_upload, monkeypatch):
+    from flywheel.trajectories import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.upload_process_task, "delay", lambda upload_id: sent.append(upload_id))
+    expired = timezone.now() - timedelta(seconds=1)
+    Upload.objects.filter(pk=queued_upload.pk).update(
+        status=UploadStatus.PROCESSING, lease_owner="gone", lease_expires_at=expired, attempts=1
+    )
+    assert upload_module.upload_sweep() == 1
+    assert sent == [queued_upload.pk]
+    again = Upload.objects.get(pk=queued_upload.pk)
+    assert (again.status, again.lease_owner, again.lease_expires_at) == (UploadStatus.QUEUED, "", None)
+
+    # A file that loses its worker every time (it kills it, say) is not sent forever.
+    Upload.objects.filter(pk=queued_upload.pk).update(
+        status=UploadStatus.PROCESSING, lease_owner="gone", lease_expires_at=expired,
+        attempts=upload_module.MAX_ATTEMPTS,
+    )  # fmt: skip
+    assert upload_module.upload_sweep() == 0
+    failed = Upload.objects.get(pk=queued_upload.pk)
+    assert failed.status == UploadStatus.FAILED
+    assert f"lost its worker {upload_module.MAX_ATTEMPTS} times" in failed.error
+    assert sent == [queued_upload.pk]
+
+
+def _wait_for_task(celery_worker, task_id: str) -> str:
+    """The worker's log line for a task that ran."""
+    return celery_worker.wait_for(
+        lambda: next((line for line in celery_worker.log().splitlines() if f"[{task_id}]" in line and " succeeded " in line), None)
+    )
+
+
+def test_a_stale_upload_taken_over_on_the_worker_is_written_by_one_run(celery_worker, project, make_record, monkeypatch):
+    from flywheel.trajectories.tasks import upload_process_task
+
+    monkeypatch.setattr(upload_module, "INLINE_MAX_BYTES", 10)
+    upload = Upload.objects.create(
+        project=project, filename="a.jsonl", content=jsonl([make_record(f"t-{i}") for i in range(5)]),
+        size_bytes=100, lines_total=5, queued_at=timezone.now(),
+    )  # fmt: skip
+    first = upload_module.upload_claim(upload_id=upload.pk)
+    # A second delivery while the first run holds it: the worker takes it and does nothing.
+    line = _wait_for_task(celery_worker, upload_process_task.delay(upload.pk).id)
+    assert "'processing'" in line
+    assert _counters(upload.pk)["lease_owner"] == first
+
+    # The first run's lease expires; Retry hands the upload to the worker, which runs it to the end.
+    Upload.objects.filter(pk=upload.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    upload.refresh_from_db()
+    assert upload_module.upload_retry(upload=upload).status == UploadStatus.QUEUED
+    done = celery_worker.wait_for(lambda: Upload.objects.filter(pk=upload.pk, status=UploadStatus.DONE).first())
+    assert (done.attempts, done.accepted, done.created, done.lines_done) == (2, 5, 5, 5)
+    assert done.lease_owner != first
+    stored = dict(Trajectory.objects.values_list("external_id", "updated_at"))
+
+    # The first run was only slow: it goes on, and writes neither the file nor the counters.
+    upload_module.upload_run(upload_id=upload.pk, owner=first)
+    assert _counters(upload.pk) == _counters(done.pk) and Upload.objects.get(pk=upload.pk).attempts == 2
+    assert dict(Trajectory.objects.values_list("external_id", "updated_at")) == stored
+
+
+def test_a_queued_upload_whose_message_was_lost_is_picked_up_again(celery_worker, project, make_record):
+    from flywheel.celery import outbox_sweep_task
+
+    # Queued an hour ago, and its message never reached a worker (lost, or the broker was down).
+    upload = Upload.objects.create(
+        project=project, filename="a.jsonl", content=jsonl([make_record(f"t-{i}") for i in range(4)]),
+        size_bytes=100, lines_total=4, queued_at=timezone.now() - timedelta(hours=1),
+    )  # fmt: skip
+    # What Celery beat sends every FLYWHEEL_SWEEP_INTERVAL_S: the worker runs the sweep, which sends the upload.
+    outbox_sweep_task.delay()
+    done = celery_worker.wait_for(lambda: Upload.objects.filter(pk=upload.pk, status=UploadStatus.DONE).first())
+    assert (done.attempts, done.accepted, done.created) == (1, 4, 4)
+    assert Trajectory.objects.filter(project=project).count() == 4
 
 
 @pytest.mark.django_db
@@ -270,3 +431,26 @@ def test_the_api_an_upload_and_the_command_report_the_same_lines(
     with pytest.raises(CommandError):
         call_command("ingest", str(path), "--project", project.slug, "--strict", stdout=io.StringIO(), stderr=err)
     assert [line.split(":")[0] for line in err.getvalue().splitlines()] == ["line 3", "line 4 (t-bad)"]
+
+
+@pytest.mark.django_db
+def test_lines_the_database_cannot_store_are_rejected_and_the_upload_finishes(project, make_record):
+    """Before: a NaN or a lone surrogate made PostgreSQL refuse the chunk's statement (and a NUL in a rejected
+    line's external_id made it refuse the upload's error list): the upload failed, and failed again on
+    every retry, the valid lines of its chunk never stored."""
+    nan = make_record("t-nan", metadata={"score": float("nan")})
+    surrogate = make_record("t-\ud800")  # json.dumps writes the escape "\ud800", which JSON reads back
+    nul = make_record("t-\x00")
+    content = jsonl([make_record("t-1"), nan, surrogate, nul, make_record("t-2")])
+
+    upload = upload_module.upload_create(project=project, filename="a.jsonl", content=content)
+
+    upload.refresh_from_db()
+    assert (upload.status, upload.error) == (UploadStatus.DONE, "")
+    assert (upload.accepted, upload.rejected_count) == (2, 3)
+    assert [(r["line"], r["external_id"], r["errors"][0]["field"]) for r in upload.rejected] == [
+        (2, "t-nan", "metadata.score"),
+        (3, "t-\\ud800", "external_id"),
+        (4, "t-\\u0000", "external_id"),
+    ]
+    assert set(Trajectory.objects.filter(project=project).values_list("external_id", flat=True)) == {"t-1", "t-2"}

@@ -383,13 +383,18 @@ def post_as(client, request: ExportTraceServiceRequest, encoding: str) -> dict[s
         return {"status": response.status_code, **response.json()}
     response = post_protobuf(client, request)
     assert response["Content-Type"] == "application/x-protobuf"
-    return {"status": response.status_code, **MessageToDict(ExportTraceServiceResponse.FromString(response.content))}
+    return {
+        "status": response.status_code,
+        **MessageToDict(ExportTraceServiceResponse.FromString(response.content)),
+    }
 
 
 @pytest.mark.parametrize("encoding", ["protobuf", "json"])
 def test_a_trace_without_llm_spans_is_skipped_with_a_message(client, project, encoding):
     trace = os.urandom(16)
-    answer = post_as(client, export([span(trace, 1, "GET /health", 0, 5, {"http.method": "GET"}, parent=None)]), encoding)
+    answer = post_as(
+        client, export([span(trace, 1, "GET /health", 0, 5, {"http.method": "GET"}, parent=None)]), encoding
+    )
     assert answer == {
         "status": 200,
         "partialSuccess": {"errorMessage": "1 trace(s) had no LLM or tool span and were skipped"},
@@ -467,3 +472,253 @@ def test_auth(api_client, project, make_api_key):
 def test_errors_elsewhere_in_the_api_stay_json_detail(api_client):
     response = api_client.post("/api/v1/trajectories", body=b"{}", content_type="application/json")
     assert response.status_code == 401 and "detail" in response.json()
+
+
+# --- values PostgreSQL cannot store as sent; caps; limits (issue 10) -----------------------------------------
+
+
+def post_json(client, payload: dict[str, Any] | str):
+    body = payload if isinstance(payload, str) else json.dumps(payload)
+    response = client.post(URL, body=body, content_type="application/json")
+    assert response["Content-Type"] == "application/json"
+    return response
+
+
+def unstorable_trace_json(trace: bytes) -> dict[str, Any]:
+    """An OTLP/JSON export whose LLM span carries a lone surrogate in a message, non-finite doubles (as the
+    protobuf JSON mapping spells them, and as bare JSON constants) and NaN inside a JSON-encoded tool schema."""
+    payload = json.loads(as_otlp_json(export(openinference_agent(trace))))
+    llm = payload["resourceSpans"][0]["scopeSpans"][0]["spans"][1]
+    for kv in llm["attributes"]:
+        if kv["key"] == "llm.input_messages.1.message.content":
+            kv["value"] = {"stringValue": "Where is my order \ud800 1234?"}
+        if kv["key"] == "llm.tools.0.tool.json_schema":
+            schema = json.loads(kv["value"]["stringValue"])
+            schema["function"]["parameters"]["minimum"] = float("nan")
+            kv["value"] = {"stringValue": json.dumps(schema)}  # json.dumps writes NaN, as Python agents do
+    llm["attributes"] += [
+        {"key": "session.id", "value": {"doubleValue": "NaN"}},
+        {"key": "gen_ai.conversation.id", "value": {"doubleValue": float("inf")}},
+    ]
+    return payload
+
+
+def test_nan_and_lone_surrogates_in_otlp_json_are_stored_made_storable(client, project):
+    """Before: json.dumps(allow_nan=False) or the UTF-8 encoder raised inside the batch's transaction, the
+    export answered 500 and the good trace beside it was lost too."""
+    bad, good = os.urandom(16), os.urandom(16)
+    payload = unstorable_trace_json(bad)
+    payload["resourceSpans"] += json.loads(as_otlp_json(export(genai_agent(good))))["resourceSpans"]
+    response = post_json(client, json.dumps(payload))  # json.dumps keeps NaN / Infinity as bare constants
+    assert response.status_code == 200, response.content
+    answer = response.json()["partialSuccess"]
+    assert "rejectedSpans" not in answer  # a warning: nothing was lost
+    assert f"trace {bad.hex()}: 4 value(s)" in answer["errorMessage"]
+    stored = Trajectory.objects.get(external_id=bad.hex())
+    assert stored.messages[1]["content"] == "Where is my order \ufffd 1234?"
+    assert stored.tools[0]["function"]["parameters"]["minimum"] == "NaN"
+    assert stored.metadata["session.id"] == "NaN" and stored.metadata["gen_ai.conversation.id"] == "Infinity"
+    assert [m["role"] for m in Trajectory.objects.get(external_id=good.hex()).messages] == EXPECTED_ROLES
+
+
+def test_nan_in_otlp_protobuf_is_stored_as_a_string(client, project):
+    trace = os.urandom(16)
+    spans = openinference_agent(trace)
+    spans[1].attributes.append(KeyValue(key="session.id", value=AnyValue(double_value=float("-inf"))))
+    tool_schema = {"type": "function", "function": {"name": "refund", "parameters": {"max": float("nan")}}}
+    spans[1].attributes.append(KeyValue(key="llm.tools.1.tool.json_schema", value=any_value(tool_schema)))
+    response = post_protobuf(client, export(spans))
+    assert response.status_code == 200, response.content
+    warning = ExportTraceServiceResponse.FromString(response.content).partial_success
+    assert warning.rejected_spans == 0 and "2 value(s)" in warning.error_message
+    stored = Trajectory.objects.get(project=project)
+    assert stored.metadata["session.id"] == "-Infinity"
+    assert stored.tools[1]["function"]["parameters"] == {"max": "NaN"}
+
+
+def tool_spans(trace: bytes, first: int, count: int) -> list[Span]:
+    """`count` execute_tool spans (ids first, first + 1, ...) that carry only their own call: two messages each."""
+    return [
+        span(
+            trace,
+            sid,
+            "execute_tool get_order",
+            sid,
+            sid + 1,
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": "get_order",
+                "gen_ai.tool.call.id": f"call_{sid}",
+                "gen_ai.tool.call.arguments": '{"order_id": "1234"}',
+                "gen_ai.tool.call.result": '{"status": "shipped"}',
+            },
+        )
+        for sid in range(first, first + count)
+    ]
+
+
+def test_the_same_tool_result_for_two_calls_is_kept_for_each(client, project):
+    """Before: the second call and its result (the same text, other ids) were taken for a re-send and lost."""
+    trace = os.urandom(16)
+    post_protobuf(client, export(tool_spans(trace, 2, 2)))
+    t = Trajectory.objects.get(project=project)
+    assert [(m["role"], m.get("tool_call_id")) for m in t.messages] == [
+        ("assistant", None),
+        ("tool", "call_2"),
+        ("assistant", None),
+        ("tool", "call_3"),
+    ]
+    assert [m["tool_calls"][0]["id"] for m in t.messages if m["role"] == "assistant"] == ["call_2", "call_3"]
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_a_trace_is_capped_in_messages_and_the_answer_says_so(client, project, settings, encoding):
+    """Before: every export appended to the trace's conversation and to metadata.otlp.spans, without end."""
+    settings.FLYWHEEL_OTLP_MAX_MESSAGES_PER_TRACE = 6
+    trace = os.urandom(16)
+    answer = post_as(client, export(tool_spans(trace, 2, 2)), encoding)  # 2 spans, 4 messages
+    assert answer == {"status": 200}
+    answer = post_as(client, export(tool_spans(trace, 4, 2)), encoding)  # 4 more messages: 2 fit
+    assert "rejectedSpans" not in answer["partialSuccess"]  # a warning: the spans were merged
+    assert answer["partialSuccess"]["errorMessage"] == (
+        f"trace {trace.hex()}: it holds the limit of 6 messages (FLYWHEEL_OTLP_MAX_MESSAGES_PER_TRACE); "
+        "2 message(s) dropped"
+    )
+    t = Trajectory.objects.get(project=project)
+    assert t.message_count == 6 and t.metadata["otlp"]["truncated"] is True
+    assert [m.get("tool_call_id") for m in t.messages if m["role"] == "tool"] == [
+        "call_2",
+        "call_3",
+        "call_4",
+    ]
+    answer = post_as(client, export(tool_spans(trace, 6, 3)), encoding)  # full: nothing more is merged
+    assert answer["partialSuccess"]["rejectedSpans"] == "3"
+    assert (
+        "limit of 6 messages (FLYWHEEL_OTLP_MAX_MESSAGES_PER_TRACE); 3 span(s) dropped"
+        in (answer["partialSuccess"]["errorMessage"])
+    )
+    assert Trajectory.objects.get(project=project).updated_at == t.updated_at  # not even written
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_a_trace_is_capped_in_spans_and_the_answer_says_so(client, project, settings, encoding):
+    settings.FLYWHEEL_OTLP_MAX_SPANS_PER_TRACE = 3
+    trace = os.urandom(16)
+    post_as(client, export(tool_spans(trace, 2, 2)), encoding)
+    answer = post_as(client, export(tool_spans(trace, 4, 3)), encoding)  # 1 more span fits, 2 are dropped
+    assert answer["partialSuccess"] == {
+        "rejectedSpans": "2",
+        "errorMessage": f"trace {trace.hex()}: it holds the limit of 3 spans "
+        "(FLYWHEEL_OTLP_MAX_SPANS_PER_TRACE); 2 span(s) dropped",
+    }
+    t = Trajectory.objects.get(project=project)
+    assert len(t.metadata["otlp"]["spans"]) == 3 and t.message_count == 6
+    assert t.metadata["otlp"]["truncated"] is True
+
+
+def test_spans_merged_into_a_stored_trace_are_validated_and_refused_alone(client, project):
+    """Only the new messages are validated when a trace grows; an error names its index in the whole record,
+    and the stored trajectory is left as it was."""
+    trace, other = os.urandom(16), os.urandom(16)
+    post_protobuf(client, export(tool_spans(trace, 2, 2)))  # 4 messages
+    bad = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.input.messages": json.dumps([genai_parts("user", {"type": "text", "content": "and now?"})]),
+        "gen_ai.output.messages": json.dumps(
+            [genai_parts("tool", {"type": "tool_call_response", "response": "x"})]
+        ),
+    }
+    response = post_protobuf(client, export([span(trace, 9, "chat", 10, 11, bad), *genai_agent(other)]))
+    warning = ExportTraceServiceResponse.FromString(response.content).partial_success
+    assert warning.rejected_spans == 1
+    assert warning.error_message.startswith(
+        f"trace {trace.hex()}: messages[5].tool_call_id: a tool message needs"
+    )
+    t = Trajectory.objects.get(external_id=trace.hex())
+    assert t.message_count == 4 and "9".zfill(16) not in t.metadata["otlp"]["spans"]
+    assert Trajectory.objects.filter(external_id=other.hex()).exists()
+
+
+def test_a_stored_trace_grows_by_what_an_export_adds(client, project):
+    """The append path keeps every derived column as a whole ingest would compute it."""
+    trace = os.urandom(16)
+    spans = openinference_agent(trace, tool_error=True)
+    post_protobuf(client, export(spans[:2]))
+    post_protobuf(client, export(spans[2:]))
+    grown = Trajectory.objects.get(external_id=trace.hex())
+    whole = os.urandom(16)
+    post_protobuf(client, export(openinference_agent(whole, tool_error=True)))
+    once = Trajectory.objects.get(external_id=whole.hex())
+    for name in (
+        "messages",
+        "message_count",
+        "tool_call_count",
+        "has_tool_error",
+        "title",
+        "search_text",
+        "usage",
+        "latency_ms",
+        "started_at",
+        "model_version",
+        "agent",
+        "tools",
+        "outcome",
+    ):
+        assert getattr(grown, name) == getattr(once, name), name
+
+
+@pytest.mark.parametrize("encoding", ["protobuf", "json"])
+def test_more_traces_than_the_batch_limit_is_413(client, project, settings, encoding):
+    settings.FLYWHEEL_MAX_BATCH_RECORDS = 2
+    request = export([*tool_spans(os.urandom(16), 2, 1), *tool_spans(os.urandom(16), 2, 1)])
+    assert post_as(client, request, encoding)["status"] == 200
+    request = export([s for _ in range(3) for s in tool_spans(os.urandom(16), 2, 1)])
+    if encoding == "json":
+        response = client.post(URL, body=as_otlp_json(request), content_type="application/json")
+    else:
+        response = post_protobuf(client, request)
+    assert response.status_code == 413
+    status = rpc_status(response)
+    assert status.code == 8 and "3 traces; the limit is 2 (FLYWHEEL_MAX_BATCH_RECORDS)" in status.message
+    assert Trajectory.objects.count() == 2
+
+
+def test_a_span_that_does_not_decode_is_rejected_alone(client, project):
+    """Before: one span with a wrong type or a bad id answered 400 and the whole export was lost."""
+    bad, good = os.urandom(16), os.urandom(16)
+    payload = json.loads(as_otlp_json(export(openinference_agent(bad) + genai_agent(good))))
+    spans = payload["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans[1]["attributes"][0]["value"] = {"intValue": "not a number"}
+    spans[2]["startTimeUnixNano"] = "-5"
+    spans.append({"traceId": "not hex", "spanId": "zz"})
+    response = post_json(client, payload)
+    assert response.status_code == 200, response.content
+    answer = response.json()["partialSuccess"]
+    assert answer["rejectedSpans"] == "3"
+    message = answer["errorMessage"]
+    assert f"trace {bad.hex()}: resourceSpans[0].scopeSpans[0].spans[1]: invalid literal for int()" in message
+    assert "spans[2]: startTimeUnixNano '-5' is not an unsigned 64-bit integer" in message
+    assert "resourceSpans[0].scopeSpans[0].spans[8]: traceId 'not hex' is neither hex nor base64" in message
+    assert [m["role"] for m in Trajectory.objects.get(external_id=good.hex()).messages] == EXPECTED_ROLES
+    kept = Trajectory.objects.get(external_id=bad.hex())  # the rest of its trace: the second LLM call
+    assert [m["role"] for m in kept.messages] == EXPECTED_ROLES
+
+
+def test_invalid_utf8_in_protobuf_costs_that_string_not_the_export(client, project):
+    """A lone surrogate travels in protobuf as invalid UTF-8, which protobuf refuses for the whole message.
+    Before: 400, every trace of the export lost. Now the string gets U+FFFD and the rest is kept."""
+    trace, good = os.urandom(16), os.urandom(16)
+    spans = openinference_agent(trace)
+    for kv in spans[1].attributes:
+        if kv.key == "llm.input_messages.1.message.content":
+            kv.value.string_value = "Where is my order MRK?"
+    body = export(spans + genai_agent(good)).SerializeToString()
+    body = body.replace(b"MRK", b"\xed\xa0\x80")  # as many bytes: the message stays well-formed
+    response = client.post(URL, body=body, content_type="application/x-protobuf")
+    assert response.status_code == 200, response.content
+    warning = ExportTraceServiceResponse.FromString(response.content).partial_success
+    assert warning.rejected_spans == 0
+    assert warning.error_message.startswith(f"trace {trace.hex()}: 1 value(s) that cannot be stored as sent")
+    stored = Trajectory.objects.get(external_id=trace.hex())
+    assert stored.messages[1]["content"] == "Where is my order \ufffd\ufffd\ufffd?"
+    assert [m["role"] for m in Trajectory.objects.get(external_id=good.hex()).messages] == EXPECTED_ROLES

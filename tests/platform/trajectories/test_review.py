@@ -226,7 +226,7 @@ def test_list_page_and_its_htmx_fragment(client_for, user, project, trajectory):
     empty = client.get(url, {"outcome": "success"}, headers={**HTMX, "HX-Target": "results"}).content.decode()
     assert "No trajectories match these filters." in empty
     bad = client.get(url, {"date_from": "soon"}).content.decode()
-    assert "is not a date" in bad
+    assert "Ignored From date &#x27;soon&#x27;: it is not a date (YYYY-MM-DD)." in bad
 
 
 @pytest.mark.django_db
@@ -326,3 +326,75 @@ def test_agent_content_is_escaped_on_every_page(client_for, member, project):
         assert "<script>window" not in page and "<img src=x" not in page and 'href="javascript' not in page
         assert "<b>" not in page and "<script>alert(3)" not in page
         assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in page
+
+
+# --- query strings and form values that answered 500 ------------------------------------------------------
+
+# (query, the note the page shows; None: the value is valid and needs none). Each answered 500 before:
+# date_to + 1 day overflowed, int("²") raised although "²".isdigit(), and PostgreSQL's driver refuses NUL.
+BAD_QUERIES = [
+    ({"date_to": "9999-12-31"}, None),
+    ({"after": "²"}, "Ignored after &#x27;²&#x27;: it is not a page cursor (a trajectory id)."),
+    ({"before": "²"}, "Ignored before &#x27;²&#x27;: it is not a page cursor (a trajectory id)."),
+    ({"after": "9" * 30}, "Ignored after"),
+    ({"q": "order\x00"}, "Ignored text search &#x27;order\\x00&#x27;: it contains a NUL character."),
+    ({"agent": "support-bot\x00"}, "Ignored agent &#x27;support-bot\\x00&#x27;: it contains a NUL character."),
+    ({"model_version": "\x00"}, "Ignored model version &#x27;\\x00&#x27;: it contains a NUL character."),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("page", "query", "note"),
+    [
+        (page, query, note)
+        for page in ("list", "list fragment", "detail")
+        for query, note in BAD_QUERIES
+        if page != "detail" or not {"after", "before"} & set(query)  # the trajectory page takes no cursor
+    ],
+    ids=lambda v: "+".join(v) if isinstance(v, dict) else "no note" if v is None else "note" if v[0] == "I" else v,
+)
+def test_a_bad_query_value_is_ignored_and_the_page_says_so(client_for, user, project, trajectory, query, note, page):
+    client = client_for(user)
+    if page == "detail":
+        response = client.get(reverse("trajectory_detail", args=[project.slug, trajectory.id]), query)
+    else:
+        headers = {**HTMX, "HX-Target": "results"} if page == "list fragment" else {}
+        response = client.get(reverse("trajectory_list", args=[project.slug]), query, headers=headers)
+        assert f'id="row-{trajectory.id}"' in response.content.decode()  # the rest of the filter still applies
+        if page == "list fragment":
+            assert response["HX-Push-Url"] == reverse("trajectory_list", args=[project.slug]) + (
+                "?date_to=9999-12-31" if query == {"date_to": "9999-12-31"} else ""
+            )
+    assert response.status_code == 200
+    html = response.content.decode()
+    if note is None:
+        assert 'aria-label="Ignored in the address"' not in html
+    else:
+        assert 'aria-label="Ignored in the address"' in html and note in html
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("raw", ["²", "-²", "1.0", "one"])
+def test_a_comment_on_a_message_index_that_is_no_number_is_400(client_for, member, project, trajectory, raw):
+    client = client_for(member("reviewer"))
+    url = reverse("trajectory_comment_add", args=[project.slug, trajectory.id])
+    for headers in ({}, HTMX):
+        response = client.post(url, {"body": "hi", "message_index": raw}, headers=headers)
+        assert response.status_code == 400
+        assert f"message_index {raw!r} is not a message number." in response.content.decode()
+    assert not Comment.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_nul_in_a_comment_or_a_tag_is_refused_not_a_500(client_for, member, project, trajectory):
+    client = client_for(member("reviewer"))
+    comment = client.post(
+        reverse("trajectory_comment_add", args=[project.slug, trajectory.id]),
+        {"body": "a\x00b", "message_index": "1"},
+        headers=HTMX,
+    )
+    assert comment.status_code == 422 and "A comment cannot contain a NUL character." in comment.content.decode()
+    tag = client.post(reverse("trajectory_tag_add", args=[project.slug, trajectory.id]), {"name": "a\x00b"}, headers=HTMX)
+    assert tag.status_code == 422 and "A tag name cannot contain a NUL character." in tag.content.decode()
+    assert not Comment.objects.exists() and not Tag.objects.exists()

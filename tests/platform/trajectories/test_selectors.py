@@ -396,3 +396,49 @@ def test_neighbours_fall_back_to_the_filter_index_past_the_budget(project, sampl
         sample["d"],
         sample["b"],
     )
+
+
+# --- query strings never fail: unusable values are left out and named ------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_last_day_there_is_as_an_end_date_is_no_bound(project, sample):
+    # date_to + 1 day overflowed (OverflowError, a 500 on every page that filters).
+    filters = F.from_params({"date_to": "9999-12-31"})
+    assert filters.date_to == dt.date.max and not filters.errors
+    assert matching(project, date_to=dt.date.max) == list("abcdef")
+    assert matching(project, date_from=dt.date.min, date_to=dt.date.max) == list("abcdef")
+
+
+@pytest.mark.parametrize(
+    ("params", "note"),
+    [
+        ({"agent": "bot\x00"}, "Ignored agent 'bot\\x00': it contains a NUL character."),
+        ({"model_version": "\x00"}, "Ignored model version '\\x00': it contains a NUL character."),
+        ({"q": "a\x00b"}, "Ignored text search 'a\\x00b': it contains a NUL character."),
+        ({"agent": "a" * 201}, "it is longer than 200 characters"),
+        ({"outcome": "great"}, "Ignored outcome 'great': not one of success, failure, unknown."),
+        ({"date_to": "yesterday"}, "Ignored To date 'yesterday': it is not a date (YYYY-MM-DD)."),
+    ],
+)
+def test_unusable_filter_values_are_left_out_and_named(params, note):
+    filters = F.from_params(params)
+    assert filters == F()
+    assert len(filters.errors) == 1 and note in filters.errors[0]
+
+
+def test_a_long_text_search_is_cut_and_says_so():
+    filters = F.from_params({"q": "x" * 500})
+    assert filters.q == "x" * selectors.MAX_SEARCH_CHARS
+    assert filters.errors == ("The text search was cut to its first 200 characters.",)
+
+
+@pytest.mark.parametrize("raw", ["²", "١٢", "-3", "1.5", "9" * 20, "0x10"])
+def test_a_cursor_is_ascii_digits_or_it_is_left_out(raw):
+    # "²".isdigit() is True but int("²") raises: the page answered 500.
+    cursor = selectors.PageCursor.from_params({"after": raw, "before": raw})
+    assert (cursor.after, cursor.before) == (None, None)
+    assert [e.split(" ")[1] for e in cursor.errors] == ["after", "before"]
+    assert "is not a page cursor" in cursor.errors[0]
+    ok = selectors.PageCursor.from_params({"after": " 42 "})
+    assert (ok.after, ok.before, ok.errors, ok.params()) == (42, None, (), {"after": 42})

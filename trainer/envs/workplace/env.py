@@ -6,13 +6,11 @@ import copy
 import json
 from typing import Any
 
-from trainer.envs.base import StepResult, parse_turn
+from trainer.envs.base import StepResult, max_turns, parse_turn
 from trainer.envs.workplace.tools import HANDLERS, ToolError
 from trainer.verifiers import Score
 from trainer.verifiers import score as verify
 from trainer.verifiers.schemas import tool_index
-
-DEFAULT_MAX_TURNS = 6
 
 
 class WorkplaceEnv:
@@ -24,7 +22,7 @@ class WorkplaceEnv:
         env = task.get("env") or {}
         if not isinstance(env.get("initial_state"), dict):
             raise ValueError(f"task {task.get('id')}: a workplace task needs env.initial_state")
-        self.max_turns: int = int(env.get("max_turns") or DEFAULT_MAX_TURNS)
+        self.max_turns: int = max_turns(task)
         self._index = tool_index(self.tools) or {}
         self.reset()
 

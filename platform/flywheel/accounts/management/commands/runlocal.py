@@ -1,5 +1,6 @@
 """`manage.py runlocal` (what `make run` calls): migrate, seed the demo, then run the web server and a
 Celery worker side by side in the foreground. Ctrl-C stops both; if either dies, the other is stopped too.
+The worker embeds Celery beat, which runs the outbox sweep (flywheel.outbox) on its schedule.
 
 One machine, no services: SQLite, kombu's filesystem broker and MLflow's SQLite store, all under `var/`."""
 
@@ -42,8 +43,9 @@ class Command(BaseCommand):
         base_dir = Path(settings.BASE_DIR)
         python = sys.executable
         web = [python, "manage.py", "runserver", f"{host}:{port}", "--noreload"]
+        # -B: beat inside the worker (one process for one machine); its schedule file is under var/.
         worker = [
-            python, "-m", "celery", "-A", "flywheel", "worker", "-Q", "default,gpu",
+            python, "-m", "celery", "-A", "flywheel", "worker", "-B", "-Q", "default,gpu",
             "-P", "solo", "-n", "local@%h", "-l", "INFO", "--without-gossip", "--without-mingle",
         ]  # fmt: skip
         # Both children stay in our process group, so the terminal's Ctrl-C reaches all three of us.

@@ -1,0 +1,97 @@
+"""Triage in real Chromium: a reviewer filters the list by a signal and sees each signal's badge on its message,
+hostile tool names reading as text; a maintainer's re-run shows its progress until it is done."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from flywheel.trajectories import triage
+from flywheel.trajectories.ingest import ingest_trajectories
+from flywheel.trajectories.models import Trajectory
+
+HOSTILE = "<img src=x onerror=\"window.__pwned='img';alert('img')\">"
+TOOLS = [
+    {"type": "function", "function": {"name": "get_order", "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}}}},
+    {"type": "function", "function": {"name": "refund_order", "parameters": {"type": "object"}}},
+]
+
+
+def call(name, args, call_id):
+    return {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+
+
+def conversation(external_id, *middle, **extra):
+    return {
+        "external_id": external_id,
+        "agent": "support-bot",
+        "messages": [{"role": "user", "content": f"Help with {external_id}"}, *middle, {"role": "assistant", "content": "Done."}],
+        "tools": TOOLS,
+        "outcome": "failure",
+        **extra,
+    }
+
+
+@pytest.fixture
+def triaged(project):
+    ingest_trajectories(
+        project=project,
+        records=[
+            conversation("refund-big", call("refund_order", {"amount": 900}, "c1"), {"role": "tool", "tool_call_id": "c1", "content": "{}"}),
+            conversation(
+                "invented",
+                call(HOSTILE, {"order_id": "1"}, "c1"),
+                {"role": "tool", "tool_call_id": "c1", "content": "Error: unknown tool"},
+                call("get_order", {"order_id": 1}, "c2"),
+                {"role": "tool", "tool_call_id": "c2", "content": "{}"},
+                feedback={"thumbs": "down"},
+            ),
+            conversation("fine", call("get_order", {"order_id": "1"}, "c1"), {"role": "tool", "tool_call_id": "c1", "content": "{}"}),
+        ],
+    )
+    triage.triage_project(project_id=project.pk)
+    return project
+
+
+def _shot(page, name):
+    folder = os.environ.get("FLYWHEEL_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / name), full_page=True)
+
+
+def test_a_reviewer_filters_by_signal_and_sees_the_badges_on_the_messages(open_page, make_user, make_membership, triaged, bypass_csp):
+    reviewer = make_user()
+    make_membership(reviewer, triaged, "reviewer")
+    page = open_page(reviewer, bypass_csp=bypass_csp)
+    page.goto(f"/p/{triaged.slug}/")
+    page.select_option("select[name=signal]", "unsafe_action")
+    expect(page.locator("#rows tr")).to_have_count(1)
+    expect(page.locator("#rows")).to_contain_text("refund-big")
+    expect(page.locator("#rows .b-category")).to_have_text("unsafe_action")
+    assert "signal=unsafe_action" in page.url
+    _shot(page, "triage-list-signal-filter.png")
+
+    invented = Trajectory.objects.get(external_id="invented")
+    page.goto(f"/p/{triaged.slug}/t/{invented.pk}/")
+    on_call = page.locator("#m1 .signal")
+    expect(on_call).to_have_count(1)
+    expect(on_call).to_contain_text("Undeclared tool")
+    expect(on_call).to_contain_text(f"not declared: {HOSTILE}")  # the name reads as text
+    expect(page.locator("#m2 .signal")).to_contain_text("Tool error")
+    expect(page.locator("#m3 .signal")).to_contain_text("Breaks the tool schema")
+    expect(page.locator("#triage")).to_contain_text("Negative feedback")
+    expect(page.locator("#triage")).to_contain_text("Hallucinated API")
+    _shot(page, "triage-detail-badges.png")
+    assert page.evaluate("window.__pwned") is None
+    assert not page.log.dialogs and not page.log.page_errors and not page.log.console_errors
+
+
+@pytest.fixture(params=[False, True], ids=["csp", "no-csp"])
+def bypass_csp(request):
+    """With the Content-Security-Policy, and without it: escaping alone must keep the tool name inert."""
+    return request.param

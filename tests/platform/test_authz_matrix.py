@@ -1,0 +1,232 @@
+"""Who gets what, for every route of the URLconf: one table of the expected answer to GET and to POST for
+each kind of visitor. The routes come from walking the URLconf, so a new page or API operation that is not
+in the table fails here until someone states who may use it.
+
+Visitors: anonymous; a logged-in user of no project ("outsider"); staff of another project (is_staff, not
+a superuser, maintainer elsewhere); a viewer, a reviewer and a maintainer of the project; and three API
+keys (read-only and ingest-only of the project, both scopes of another project), sent without a session.
+Every URL parameter names a real object of the project, so a view that forgot its check would answer 200
+(or act) instead of 404 for want of the object. POSTs carry no CSRF token and no form data (the client does
+not enforce CSRF): what is tested is the role check, and an answer past it (a redirect back, a 422 for the
+empty form) shows that it let the visitor through."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.apps import apps
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+VISITORS = (
+    "anonymous", "outsider", "staff_other", "viewer", "reviewer", "maintainer", "key_read", "key_ingest", "key_other",
+)  # fmt: skip  (the order requests go in: the maintainer's writes, e.g. removing a member, come after the others)
+
+# What an answer must be: a status, or one of these.
+LOGIN = "→ login"  # 302 to the login page, with ?next=
+ADMIN_LOGIN = "→ admin login"  # 302 to the admin's login page
+BACK = "→ back"  # 302 back to the trajectory page: a write went through (a plain form post)
+
+# Project pages, per visitor (same order as VISITORS). A non-member gets 404 so that slugs do not leak; an
+# API key opens no page.
+_ = None  # filled per row below
+READ = (LOGIN, 404, 404, 200, 200, 200, LOGIN, LOGIN, LOGIN)  # any member reads
+NOT_ALLOWED = (405,) * 9  # the method is refused before anything else
+
+
+def write(ok, role="reviewer"):
+    """A write that needs `role`: members below it get 403, members with it get `ok`."""
+    below = {"reviewer": ("viewer",), "maintainer": ("viewer", "reviewer")}[role]
+    answers = {"anonymous": LOGIN, "outsider": 404, "staff_other": 404, "key_read": LOGIN, "key_ingest": LOGIN,
+               "key_other": LOGIN}  # fmt: skip
+    return tuple(answers.get(v, 403 if v in below else ok) for v in VISITORS)
+
+
+def api(no_key, key_read, key_ingest, key_other):
+    """An API operation: every visitor without a key (a session does not count) gets `no_key`."""
+    return (no_key,) * 6 + (key_read, key_ingest, key_other)
+
+
+# route (as the URLconf spells it): (answer to GET, answer to POST), each per visitor.
+TABLE: dict[str, tuple[tuple, tuple]] = {
+    "healthz": ((200,) * 9, (200,) * 9),
+    "": ((LOGIN, 200, 200, 200, 200, 200, LOGIN, LOGIN, LOGIN), NOT_ALLOWED),
+    "accounts/login/": ((200, 302, 302, 302, 302, 302, 200, 200, 200), (200, 302, 302, 302, 302, 302, 200, 200, 200)),
+    "accounts/logout/": (NOT_ALLOWED, (302,) * 9),
+    # Project settings: every member sees who has access; maintainers change members and keys.
+    "p/<slug:project_slug>/settings/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/settings/members/": (NOT_ALLOWED, write(422, "maintainer")),
+    "p/<slug:project_slug>/settings/members/<int:user_id>/": (NOT_ALLOWED, write(422, "maintainer")),
+    "p/<slug:project_slug>/settings/members/<int:user_id>/remove/": (NOT_ALLOWED, write(200, "maintainer")),
+    "p/<slug:project_slug>/settings/keys/": (NOT_ALLOWED, write(422, "maintainer")),
+    "p/<slug:project_slug>/settings/keys/<int:key_id>/revoke/": (NOT_ALLOWED, write(200, "maintainer")),
+    # Review: members read, reviewers write.
+    "p/<slug:project_slug>/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/t/<int:trajectory_id>/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/t/<int:trajectory_id>/outcome": (NOT_ALLOWED, write(BACK)),
+    "p/<slug:project_slug>/t/<int:trajectory_id>/comments": (NOT_ALLOWED, write(BACK)),
+    "p/<slug:project_slug>/t/<int:trajectory_id>/tags": (NOT_ALLOWED, write(BACK)),
+    "p/<slug:project_slug>/t/<int:trajectory_id>/tags/<int:tag_id>/remove": (NOT_ALLOWED, write(BACK)),
+    # Triage: members read the policy and a re-run's progress; maintainers edit the policy and start re-runs.
+    "p/<slug:project_slug>/triage/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/triage/policy": (NOT_ALLOWED, write(422, "maintainer")),  # no policy in the form
+    "p/<slug:project_slug>/triage/runs": (NOT_ALLOWED, write(302, "maintainer")),
+    "p/<slug:project_slug>/triage/runs/<int:run_id>/": (READ, NOT_ALLOWED),
+    # Uploads put trajectories into the project: reviewers and up, for reading their status too.
+    "p/<slug:project_slug>/upload/": (write(200), write(400)),  # POST without a file: 400 naming it
+    "p/<slug:project_slug>/upload/<int:upload_id>/": (write(200), NOT_ALLOWED),
+    "p/<slug:project_slug>/upload/<int:upload_id>/retry": (NOT_ALLOWED, write(302)),
+    # The API: a key decides the project and the scope; no session opens it.
+    "api/v1/": ((404,) * 9, (404,) * 9),
+    # The schema and its docs page are public, and django-ninja serves them to any method.
+    "api/v1/openapi.json": ((200,) * 9, (200,) * 9),
+    "api/v1/docs": ((200,) * 9, (200,) * 9),
+    "api/v1/trajectories": (api(401, 200, 403, 200), api(401, 403, 200, 200)),
+    "api/v1/trajectories/<trajectory_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/otlp/v1/traces": (NOT_ALLOWED, api(401, 403, 200, 200)),
+    # The Django admin is for superusers only (none of these visitors): its login page shows to all...
+    "admin/login/": ((200,) * 9, (200,) * 9),
+    # ...and every other admin route sends them to it, staff included.
+    "admin/*": ((ADMIN_LOGIN,) * 9, (ADMIN_LOGIN,) * 9),
+}
+# Logging out of the admin is for those logged in to it: anyone else is sent to the admin's index.
+TABLE["admin/logout/"] = ((302,) * 9, (302,) * 9)
+
+POST_BODIES = {  # what an API POST carries: the smallest valid body, so that the answer past auth is 200
+    "api/v1/trajectories": "[]",
+    "api/v1/otlp/v1/traces": '{"resourceSpans": []}',
+}
+
+
+def _routes(patterns=None, prefix=""):
+    for entry in get_resolver().url_patterns if patterns is None else patterns:
+        route = prefix + str(entry.pattern)
+        if isinstance(entry, URLResolver):
+            yield from _routes(entry.url_patterns, route)
+        elif isinstance(entry, URLPattern):
+            yield route
+
+
+ROUTES = sorted(set(_routes()))
+
+
+def _row(route):
+    if route in TABLE:
+        return TABLE[route]
+    if route.startswith("admin/"):
+        return TABLE["admin/*"]
+    return None
+
+
+@pytest.fixture
+def world(db, settings, make_project, make_api_key):
+    """The project, its members and objects, the visitors' clients, and the value of every URL parameter."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.contenttypes.models import ContentType
+
+    from flywheel.accounts.services import membership_set
+    from flywheel.trajectories import review
+    from flywheel.trajectories.ingest import ingest_trajectories
+    from flywheel.trajectories.models import Trajectory, TriageRun, Upload
+
+    # The per-key and per-address API limits (helper settings; 0 turns each off) are tested elsewhere.
+    settings.FLYWHEEL_API_RATE_PER_S = 0
+    settings.FLYWHEEL_API_AUTH_FAILURES_PER_MIN = 0
+    User = get_user_model()
+    # Users without passwords (no hashing per test); force_login logs them in.
+    users = {name: User.objects.create(username=name) for name in ("outsider", "viewer", "reviewer", "maintainer")}
+    users["staff_other"] = User.objects.create(username="staff_other", is_staff=True)
+    project = make_project("acme", owner=users["maintainer"])
+    make_project("other", owner=users["staff_other"])
+    for role in ("viewer", "reviewer"):
+        membership_set(project=project, user=users[role], role=role)
+    record = {"external_id": "t-1", "messages": [{"role": "user", "content": "hi"}]}
+    assert ingest_trajectories(project=project, records=[record]).accepted == 1
+    trajectory = Trajectory.objects.get(project=project)
+    tag = review.trajectory_tag_add(trajectory=trajectory, name="t")
+    upload = Upload.objects.create(project=project, filename="a.jsonl", content=b"{}", status="failed")
+    run = TriageRun.objects.create(project=project, version=1, status="done")
+    keys = {
+        "key_read": make_api_key(project, scopes=["read"]),
+        "key_ingest": make_api_key(project, scopes=["ingest"]),
+        "key_other": make_api_key(project.__class__.objects.get(slug="other")),
+    }
+    clients = {}
+    for visitor in VISITORS:
+        client = Client(enforce_csrf_checks=False)
+        if visitor in users:
+            client.force_login(users[visitor])
+        if visitor in keys:
+            client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {keys[visitor]}"
+        clients[visitor] = client
+    values = {
+        "project_slug": project.slug,
+        "trajectory_id": trajectory.pk,
+        "tag_id": tag.pk,
+        "upload_id": upload.pk,
+        "run_id": run.pk,
+        "user_id": users["viewer"].pk,
+        "key_id": make_api_key(project, name="to revoke").api_key.pk,
+        "app_label": "trajectories",
+        "url": "no-such-page/",
+        "id": users["viewer"].pk,  # admin/auth/user/<id>/password/
+        "content_type_id": ContentType.objects.get_for_model(Trajectory).pk,  # admin/r/<ct>/<object_id>/
+        "object_id": trajectory.pk,
+    }
+    return {"clients": clients, "values": values, "trajectory": trajectory}
+
+
+def _url(route, values):
+    """The route with each parameter replaced by its value. An admin object id is a real row of the model."""
+    match = re.match(r"admin/(\w+)/(\w+)/<path:object_id>/", route)
+    if match:
+        model = apps.get_model(*match.groups())
+        values = {**values, "object_id": model.objects.order_by("pk").values_list("pk", flat=True).first() or 1}
+    path = re.sub(r"<(?:\w+:)?(\w+)>", lambda m: str(values[m.group(1)]), route)
+    path = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: str(values[m.group(1)]), path)  # regex routes
+    return "/" + path.replace("^", "").replace("$", "")
+
+
+def _describe(response) -> str:
+    location = response.get("Location")
+    return f"{response.status_code}" + (f" → {location}" if location else "")
+
+
+def _matches(response, expected, trajectory_url) -> bool:
+    location = response.get("Location", "")
+    if expected == LOGIN:
+        return response.status_code == 302 and location.startswith("/accounts/login/?next=")
+    if expected == ADMIN_LOGIN:
+        return response.status_code == 302 and location.startswith("/admin/login/?next=")
+    if expected == BACK:
+        return response.status_code == 302 and location.split("#")[0] == trajectory_url
+    return response.status_code == expected
+
+
+def test_the_table_names_only_routes_that_exist():
+    stale = [route for route in TABLE if route != "admin/*" and route not in ROUTES]
+    assert not stale, f"routes in the table but not in the URLconf: {stale}"
+    assert len(ROUTES) > 40  # the walk found the admin, the API and the pages
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_every_visitor_gets_what_the_table_says(world, route):
+    row = _row(route)
+    assert row is not None, f"/{route} is not in the authorization table: add what each visitor gets"
+    url = _url(route, world["values"])
+    trajectory_url = f"/p/acme/t/{world['trajectory'].pk}/"
+    body = POST_BODIES.get(route)
+    wrong = []
+    for method, expected_row in zip(("GET", "POST"), row, strict=True):
+        for visitor, expected in zip(VISITORS, expected_row, strict=True):
+            client = world["clients"][visitor]
+            if method == "GET":
+                response = client.get(url)
+            elif body is not None:
+                response = client.post(url, body, content_type="application/json")
+            else:
+                response = client.post(url)
+            if not _matches(response, expected, trajectory_url):
+                wrong.append(f"{method} {url} as {visitor}: expected {expected}, got {_describe(response)}")
+    assert not wrong, "\n".join(wrong)

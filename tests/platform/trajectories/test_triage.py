@@ -1,0 +1,473 @@
+"""Triage: each detector on crafted trajectories (positive and negative), the suggested category, the policy
+(RE2 errors are field errors, maintainers only), the task's chunks and replays, the sweep, the re-run, the
+list's signal filter and the badges on the trajectory page. The worker tests are in test_triage_worker.py."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from flywheel.trajectories import triage, triage_policy
+from flywheel.trajectories.ingest import ingest_trajectories
+from flywheel.trajectories.models import Trajectory, TriagePolicy, TriageRun, TriageRunStatus, TriageSignal
+from flywheel.trajectories.triage import detect, feedback_negative, suggest_category
+
+SPEC = {"type": "tool_call", "expected_calls": [], "allow_extra_calls": True, "unsafe": triage_policy.DEFAULT_UNSAFE_RULES}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_order",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string", "pattern": "^NW-[0-9]{5}$"}},
+                "required": ["order_id"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "refund_order", "parameters": {"type": "object"}}},
+    {"type": "function", "function": {"name": "delete_account", "parameters": {"type": "object"}}},
+]
+
+
+def call(name, arguments, call_id="c1"):
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}]}
+
+
+def result(content, call_id="c1"):
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+USER = {"role": "user", "content": "Where is NW-12345?"}
+ANSWER = {"role": "assistant", "content": "It shipped."}
+
+
+def kinds(messages, tools=TOOLS, **extra):
+    return [(s.kind, s.message_index) for s in detect(messages=messages, tools=tools, unsafe_spec=SPEC, **extra)]
+
+
+# --- detectors ---------------------------------------------------------------------------------------------
+
+
+def test_a_clean_trajectory_has_no_signal():
+    messages = [USER, call("get_order", {"order_id": "NW-12345"}), result('{"status": "shipped"}'), ANSWER]
+    assert kinds(messages) == []
+    assert suggest_category([]) == ""
+
+
+def test_arguments_that_are_not_json():
+    messages = [USER, call("get_order", '{"order_id": "NW-12345"'), result("{}"), ANSWER]
+    signals = detect(messages=messages, tools=TOOLS, unsafe_spec=SPEC)
+    assert [(s.kind, s.message_index) for s in signals] == [("invalid_arguments", 1)]
+    assert "not valid JSON" in signals[0].detail["error"]
+    assert suggest_category(signals) == "format"
+
+
+def test_a_call_to_an_undeclared_tool_only_when_tools_are_declared():
+    messages = [USER, call("cancel_order", {"order_id": "NW-12345"}), result("{}"), ANSWER]
+    signals = detect(messages=messages, tools=TOOLS, unsafe_spec=SPEC)
+    assert [(s.kind, s.message_index, s.detail) for s in signals] == [("undeclared_tool", 1, {"tools": ["cancel_order"]})]
+    assert suggest_category(signals) == "hallucinated_api"
+    # A trajectory that declares no tools cannot call an undeclared one.
+    assert kinds(messages, tools=[]) == []
+
+
+def test_arguments_that_break_the_schema_including_an_re2_pattern():
+    wrong_type = [USER, call("get_order", {"order_id": 12345}), result("{}"), ANSWER]
+    signals = detect(messages=wrong_type, tools=TOOLS, unsafe_spec=SPEC)
+    assert [(s.kind, s.message_index) for s in signals] == [("schema_violation", 1)]
+    assert "get_order" in signals[0].detail["errors"][0]
+    assert suggest_category(signals) == "wrong_arguments"
+    bad_pattern = [USER, call("get_order", {"order_id": "nw 12345"}), result("{}"), ANSWER]
+    assert kinds(bad_pattern) == [("schema_violation", 1)]
+    missing = [USER, call("get_order", {}), result("{}"), ANSWER]
+    assert kinds(missing) == [("schema_violation", 1)]
+
+
+def test_a_tool_result_that_reports_an_error_names_its_tool():
+    messages = [USER, call("get_order", {"order_id": "NW-12345"}), result("Error: upstream timeout"), ANSWER]
+    signals = detect(messages=messages, tools=TOOLS, unsafe_spec=SPEC)
+    assert [(s.kind, s.message_index) for s in signals] == [("tool_error", 2)]
+    assert signals[0].detail == {"tool": "get_order", "excerpt": "Error: upstream timeout"}
+    assert kinds([USER, call("get_order", {"order_id": "NW-12345"}), result('{"error": "no such order"}'), ANSWER]) == [
+        ("tool_error", 2)
+    ]
+    assert kinds([USER, call("get_order", {"order_id": "NW-12345"}), result('{"errors_seen": 0}'), ANSWER]) == []
+
+
+def test_unsafe_actions_by_the_default_policy():
+    signals = detect(messages=[USER, call("delete_account", {"id": 1}), result("{}"), ANSWER], tools=TOOLS, unsafe_spec=SPEC)
+    assert [(s.kind, s.message_index) for s in signals] == [("unsafe_action", 1)]
+    assert signals[0].detail == {"calls": [{"tool": "delete_account", "rule": "delete_*"}]}
+    assert suggest_category(signals) == "unsafe_action"
+    big = [USER, call("refund_order", {"amount": 250}), result("{}"), ANSWER]
+    small = [USER, call("refund_order", {"amount": 20}), result("{}"), ANSWER]
+    assert kinds(big) == [("unsafe_action", 1)]
+    assert kinds(small) == []
+
+
+def test_an_unsafe_call_outranks_the_other_categories():
+    messages = [
+        USER,
+        call("cancel_order", {}, "c1"),
+        result("Error: unknown tool", "c1"),
+        call("delete_account", {"id": 1}, "c2"),
+        result("{}", "c2"),
+        ANSWER,
+    ]
+    signals = detect(messages=messages, tools=TOOLS, unsafe_spec=SPEC)
+    assert {s.kind for s in signals} == {"undeclared_tool", "tool_error", "unsafe_action"}
+    assert suggest_category(signals) == "unsafe_action"
+    assert max(s.severity for s in signals) == 4
+
+
+@pytest.mark.parametrize(
+    "feedback, negative",
+    [
+        ({"thumbs": "down"}, True),
+        ({"thumbs": "up"}, False),
+        ({"score": 0}, True),
+        ({"score": 1}, False),
+        ({"score": -0.5}, True),
+        ({"rating": 2}, True),
+        ({"rating": 4}, False),
+        ({"rating": 3, "max": 10}, True),
+        ({"helpful": False}, True),
+        ({"helpful": True}, False),
+        ("thumbs_down", True),
+        ("great", False),
+        (-1, True),
+        (1, False),
+        (False, True),
+        ([{"thumbs": "up"}, {"vote": "down"}], True),
+        ({"comment": "did not look at my order"}, False),
+        (None, False),
+    ],
+)
+def test_what_counts_as_negative_feedback(feedback, negative):
+    assert bool(feedback_negative(feedback)) is negative
+    found = kinds([USER, ANSWER], feedback=feedback)
+    assert found == ([("negative_feedback", None)] if negative else [])
+
+
+def test_a_human_intervention_at_its_message_or_on_the_trajectory():
+    assert kinds([USER, ANSWER], human_intervention={"by": "supervisor", "message_index": 1}) == [("human_intervention", 1)]
+    assert kinds([USER, ANSWER], human_intervention={"by": "supervisor"}) == [("human_intervention", None)]
+    assert kinds([USER, ANSWER], human_intervention={"message_index": 99}) == [("human_intervention", None)]
+    for none in (None, False, {}, [], ""):
+        assert kinds([USER, ANSWER], human_intervention=none) == []
+
+
+def test_a_loop_is_the_same_call_with_the_same_arguments_three_times():
+    same = [call("get_order", {"order_id": "NW-12345"}, f"c{i}") for i in range(3)]
+    messages = [USER, same[0], result("{}", "c0"), same[1], result("{}", "c1"), same[2], result("{}", "c2"), ANSWER]
+    signals = detect(messages=messages, tools=TOOLS, unsafe_spec=SPEC)
+    assert [(s.kind, s.message_index) for s in signals] == [("loop", 5)]
+    assert signals[0].detail["count"] == 3 and signals[0].detail["messages"] == [1, 3, 5]
+    assert suggest_category(signals) == "bad_planning"
+    # Twice is not a loop, and three calls with different arguments are not either.
+    assert kinds(messages[:5] + [ANSWER]) == []
+    varied = [USER] + [call("get_order", {"order_id": f"NW-1234{i}"}, f"c{i}") for i in range(3)] + [ANSWER]
+    assert kinds(varied) == []
+    # The same arguments in another key order are the same call.
+    reordered = [USER] + [call("refund_order", args, f"c{i}") for i, args in enumerate(
+        ['{"a": 1, "b": 2}', '{"b": 2, "a": 1}', '{"a":1,"b":2}'])] + [ANSWER]  # fmt: skip
+    assert kinds(reordered) == [("loop", 3)]
+
+
+@pytest.mark.parametrize(
+    "last, reason",
+    [
+        (call("get_order", {"order_id": "NW-12345"}), "it ends on a tool call"),
+        (result("{}"), "it ends on a tool result"),
+        ({"role": "user", "content": "Hello?"}, "it ends on a user message"),
+        ({"role": "assistant", "content": "  "}, "the last assistant message is empty"),
+    ],
+)
+def test_an_episode_without_a_final_answer(last, reason):
+    signals = detect(messages=[USER, last], tools=TOOLS, unsafe_spec=SPEC)
+    assert [(s.kind, s.message_index, s.detail) for s in signals if s.kind == "no_final_answer"] == [
+        ("no_final_answer", 1, {"reason": reason})
+    ]
+
+
+def test_a_final_answer_in_content_parts_counts():
+    answer = {"role": "assistant", "content": [{"type": "text", "text": "It shipped."}]}
+    assert kinds([USER, answer]) == []
+
+
+def test_hostile_or_odd_messages_never_break_the_detectors():
+    messages = [USER, "not a message", {"role": "assistant", "tool_calls": "nope"}, {"role": "assistant", "tool_calls": [None]}, ANSWER]
+    found = kinds(messages)
+    assert ("invalid_arguments", 2) in found and ("invalid_arguments", 3) in found
+
+
+# --- the policy ----------------------------------------------------------------------------------------------
+
+
+def test_a_regex_re2_refuses_is_a_field_error_naming_the_rule():
+    text = json.dumps([{"name": "run_sql", "arguments": {"query": {"regex": "(?<=drop) table"}}}])
+    with pytest.raises(ValidationError) as caught:
+        triage_policy.policy_parse(text)
+    (message,) = caught.value.message_dict["unsafe"]
+    assert "rule [0]" in message and "regex" in message
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("[{", "not valid JSON"),
+        ('{"name": "delete_*"}', "must be a JSON list"),
+        ('[{"tool": "delete_*"}]', "needs a \"name\" glob"),
+        ('[{"name": "x", "arguments": {"a": {"range": [5, 1]}}}]', "above upper bound"),
+    ],
+)
+def test_other_bad_policies_are_field_errors(text, says):
+    with pytest.raises(ValidationError) as caught:
+        triage_policy.policy_parse(text)
+    assert says in " ".join(caught.value.message_dict["unsafe"])
+
+
+# --- the database side ---------------------------------------------------------------------------------------
+
+
+def record(external_id, messages, **extra):
+    return {"external_id": external_id, "messages": messages, "tools": TOOLS, **extra}
+
+
+def signals_of(project, external_id):
+    return sorted(
+        TriageSignal.objects.filter(trajectory__project=project, trajectory__external_id=external_id).values_list(
+            "kind", "message_index"
+        ),
+        key=str,
+    )
+
+
+@pytest.mark.django_db
+def test_the_task_triages_untriaged_trajectories_once_and_a_replay_again(project):
+    ingest_trajectories(
+        project=project,
+        records=[
+            record("clean", [USER, ANSWER]),
+            record("unsafe", [USER, call("delete_account", {"id": 1}), result("{}"), ANSWER]),
+            record("fed-up", [USER, ANSWER], feedback={"thumbs": "down"}),
+        ],
+    )
+    assert set(Trajectory.objects.values_list("triage_version", flat=True)) == {0}
+    assert triage.triage_project(project_id=project.pk) == 3
+    assert triage.triage_project(project_id=project.pk) == 0  # idempotent: nothing left
+    assert signals_of(project, "clean") == []
+    assert signals_of(project, "unsafe") == [("unsafe_action", 1)]
+    assert signals_of(project, "fed-up") == [("negative_feedback", None)]
+    unsafe = Trajectory.objects.get(external_id="unsafe")
+    assert (unsafe.suggested_category, unsafe.triage_severity, unsafe.triage_version) == ("unsafe_action", 4, 1)
+    assert unsafe.triaged_at is not None
+
+    # A replay makes it untriaged; triage replaces its signals, never adds to them.
+    ingest_trajectories(project=project, records=[record("unsafe", [USER, call("cancel_order", {}), result("{}"), ANSWER])])
+    assert Trajectory.objects.get(external_id="unsafe").triage_version == 0
+    assert triage.triage_project(project_id=project.pk) == 1
+    assert signals_of(project, "unsafe") == [("undeclared_tool", 1)]
+    assert Trajectory.objects.get(external_id="unsafe").suggested_category == "hallucinated_api"
+
+
+@pytest.mark.django_db
+def test_the_task_works_in_chunks(project):
+    ingest_trajectories(project=project, records=[record(f"t-{i}", [USER, call("get_order", {})]) for i in range(7)])
+    assert triage.triage_chunk(project_id=project.pk, size=3) == 3
+    assert Trajectory.objects.filter(triage_version=0).count() == 4
+    assert triage.triage_project(project_id=project.pk) == 4
+    assert TriageSignal.objects.filter(kind="schema_violation").count() == 7
+    assert TriageSignal.objects.filter(kind="no_final_answer").count() == 7
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ingestion_asks_once_per_transaction_and_not_when_triage_is_off(project, settings, monkeypatch):
+    from flywheel.trajectories import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.triage_project_task, "delay", lambda project_id: sent.append(project_id))
+    with transaction.atomic():
+        ingest_trajectories(project=project, records=[record("a", [USER, ANSWER])])
+        ingest_trajectories(project=project, records=[record("b", [USER, ANSWER])])
+        assert sent == []  # not before the commit: a worker would not see the rows
+    assert sent == [project.pk]
+    ingest_trajectories(project=project, records=[record("c", [USER, ANSWER])])
+    assert sent == [project.pk, project.pk]
+    settings.FLYWHEEL_TRIAGE = False
+    ingest_trajectories(project=project, records=[record("d", [USER, ANSWER])])
+    assert sent == [project.pk, project.pk]
+
+
+@pytest.mark.django_db
+def test_the_sweep_sends_projects_whose_untriaged_trajectories_waited_too_long(project, make_project, monkeypatch):
+    from flywheel.trajectories import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.triage_project_task, "delay", lambda project_id: sent.append(project_id))
+    other = make_project()
+    ingest_trajectories(project=project, records=[record("a", [USER, ANSWER])])
+    ingest_trajectories(project=other, records=[record("b", [USER, ANSWER])])
+    assert triage.triage_sweep() == 0  # just arrived: their message may be on its way
+    Trajectory.objects.filter(project=project).update(updated_at=timezone.now() - timedelta(hours=1))
+    assert triage.triage_sweep() == 1
+    assert sent == [project.pk]
+    triage.triage_project(project_id=project.pk)
+    assert triage.triage_sweep() == 0
+
+
+@pytest.mark.django_db
+def test_a_policy_change_then_a_rerun_triages_every_trajectory_again(project, user):
+    ingest_trajectories(project=project, records=[record(f"t-{i}", [USER, call("wipe_disk", {}), result("{}"), ANSWER]) for i in range(5)])
+    triage.triage_project(project_id=project.pk)
+    assert not TriageSignal.objects.filter(kind="unsafe_action").exists()
+
+    policy = triage_policy.policy_set(project_id=project.pk, text='[{"name": "wipe_*"}]', user=user)
+    assert policy.version == 2 and policy.unsafe == [{"name": "wipe_*"}] and policy.updated_by == user
+    assert Trajectory.objects.filter(triage_version__lt=2).count() == 5  # out of date, waiting for the re-run
+
+    run = triage.triage_run_start(project=project, user=user)
+    assert (run.status, run.version) == (TriageRunStatus.QUEUED, 3)
+    with pytest.raises(triage.TriageRunRefused):
+        triage.triage_run_start(project=project, user=user)  # one at a time
+    done = triage.triage_run_process(run_id=run.pk)
+    assert (done.status, done.total, done.done, done.percent) == (TriageRunStatus.DONE, 5, 5, 100)
+    assert done.finished_at is not None
+    assert TriageSignal.objects.filter(kind="unsafe_action").count() == 5
+    assert set(Trajectory.objects.values_list("triage_version", flat=True)) == {3}
+    # A duplicate message for a finished run does nothing.
+    assert triage.triage_run_process(run_id=run.pk).done == 5
+
+
+@pytest.mark.django_db
+def test_the_sweep_sends_a_run_that_waits_or_whose_worker_stopped(project, user, monkeypatch):
+    from flywheel.trajectories import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.triage_run_task, "delay", lambda run_id: sent.append(run_id))
+    run = TriageRun.objects.create(project=project, version=1, queued_at=timezone.now())
+    assert triage.triage_sweep() == 0
+    TriageRun.objects.filter(pk=run.pk).update(
+        status=TriageRunStatus.RUNNING, heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
+    assert triage.triage_sweep() == 1
+    assert sent == [run.pk]
+    assert TriageRun.objects.get(pk=run.pk).status == TriageRunStatus.QUEUED
+
+
+# --- pages ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def member(make_user, make_membership, project):
+    def make(role):
+        user = make_user()
+        make_membership(user, project, role)
+        return user
+
+    return make
+
+
+@pytest.mark.django_db
+def test_the_list_filters_by_signal_reviewed_source_and_tag(project, user, client_for):
+    from flywheel.trajectories import review
+
+    ingest_trajectories(
+        project=project,
+        records=[
+            record("unsafe-one", [USER, call("delete_account", {}), result("{}"), ANSWER]),
+            record("looping", [USER] + [call("get_order", {"order_id": "NW-12345"}, f"c{i}") for i in range(3)] + [ANSWER]),
+            record("clean", [USER, ANSWER]),
+        ],
+        source="cli",
+    )
+    triage.triage_project(project_id=project.pk)
+    client = client_for(user)
+    url = reverse("trajectory_list", args=[project.slug])
+
+    def shown(**params):
+        page = client.get(url, params).content.decode()
+        return {name for name in ("unsafe-one", "looping", "clean") if f">{name}<" in page}
+
+    assert shown() == {"unsafe-one", "looping", "clean"}
+    assert shown(signal="unsafe_action") == {"unsafe-one"}
+    assert shown(signal="loop") == {"looping"}
+    assert shown(signal="tool_error") == set()
+    assert shown(signal="loop", outcome="failure") == set()
+    page = client.get(url, {"signal": "made-up"}).content.decode()
+    assert "Ignored signal &#x27;made-up&#x27;" in page
+    review.trajectory_outcome_set(trajectory=Trajectory.objects.get(external_id="clean"), outcome="success", user=user)
+    assert shown(reviewed="yes") == {"clean"}
+    assert shown(reviewed="no") == {"unsafe-one", "looping"}
+    assert shown(source="cli") == {"unsafe-one", "looping", "clean"}
+    assert shown(source="api") == set()
+    review.trajectory_tag_add(trajectory=Trajectory.objects.get(external_id="looping"), name="billing")
+    assert shown(tag="billing") == {"looping"}
+    assert shown(tag="nope") == set()
+    # The row shows the suggested category and the kinds.
+    page = client.get(url, {"signal": "unsafe_action"}).content.decode()
+    assert 'data-signal="unsafe_action"' in page and "unsafe_action</span>" in page
+
+
+@pytest.mark.django_db
+def test_the_trajectory_page_marks_each_signal_on_its_message_escaped(project, member, client_for):
+    hostile = '<img src=x onerror="alert(1)">'
+    ingest_trajectories(project=project, records=[record("t", [USER, call(hostile, {"id": 1}), result("{}"), ANSWER])])
+    triage.triage_project(project_id=project.pk)
+    trajectory = Trajectory.objects.get()
+    page = client_for(member("viewer")).get(reverse("trajectory_detail", args=[project.slug, trajectory.pk])).content.decode()
+    assert hostile not in page
+    assert "not declared: &lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in page
+    message = page.split('id="m1"', 1)[1].split("</article>", 1)[0]
+    assert 'data-signal="undeclared_tool"' in message and "Undeclared tool" in message
+    assert "Suggested category" in page and "Hallucinated API" in page
+
+
+@pytest.mark.django_db
+def test_the_policy_is_edited_by_maintainers_only_and_a_bad_regex_is_a_field_error(
+    project, user, member, make_user, client_for
+):
+    url = reverse("triage_policy_save", args=[project.slug])
+    body = {"unsafe": '[{"name": "wipe_*"}]'}
+    assert client_for(member("reviewer")).post(url, body).status_code == 403
+    assert client_for(member("viewer")).post(url, body).status_code == 403
+    assert client_for(None).post(url, body).status_code == 302
+    assert client_for(make_user()).post(url, body).status_code == 404  # not a member: the project is not there
+    assert not TriagePolicy.objects.filter(project=project, unsafe=[{"name": "wipe_*"}]).exists()
+
+    maintainer = client_for(user)
+    bad = {"unsafe": '[{"name": "run_sql", "arguments": {"query": {"regex": "(a)\\\\1"}}}]'}
+    response = maintainer.post(url, bad)
+    assert response.status_code == 422
+    page = response.content.decode()
+    assert "rule [0]" in page and "regex" in page and 'aria-invalid="true"' in page
+    assert "(a)\\\\1" in page  # what the maintainer typed (JSON text) comes back to be corrected
+
+    response = maintainer.post(url, body)
+    assert response.status_code == 302
+    assert TriagePolicy.objects.get(project=project).unsafe == [{"name": "wipe_*"}]
+    page = client_for(member("viewer")).get(reverse("triage_page", args=[project.slug])).content.decode()
+    assert "wipe_*" in page and "Save policy" not in page and "Re-run triage" not in page
+
+
+@pytest.mark.django_db
+def test_the_triage_page_shows_a_run_and_its_progress_fragment_polls(project, user, client_for):
+    ingest_trajectories(project=project, records=[record("t", [USER, ANSWER])])
+    client = client_for(user)
+    response = client.post(reverse("triage_run_start", args=[project.slug]))
+    assert response.status_code == 302
+    run = TriageRun.objects.get(project=project)
+    page = client.get(reverse("triage_page", args=[project.slug])).content.decode()
+    assert f"Re-run #{run.pk}" in page and 'hx-trigger="every 1s"' in page
+    assert client.post(reverse("triage_run_start", args=[project.slug])).status_code == 409
+    triage.triage_run_process(run_id=run.pk)
+    fragment = client.get(reverse("triage_run_status", args=[project.slug, run.pk])).content.decode()
+    assert "1 of 1" in fragment and "(100%)" in fragment and "every 1s" not in fragment

@@ -121,6 +121,14 @@ CREATE UNIQUE INDEX ON bench_texts (n);
 """
 
 
+SIGNALS_SQL = """
+INSERT INTO trajectories_triagesignal (project_id, trajectory_id, kind, message_index, severity, detail, created_at)
+SELECT project_id, id, 'tool_error', 5, 1, '{"tool": "get_order"}'::jsonb, now() FROM trajectories_trajectory WHERE has_tool_error
+UNION ALL
+SELECT project_id, id, 'unsafe_action', 2, 4, '{"calls": []}'::jsonb, now() FROM trajectories_trajectory WHERE id % 997 = 3
+"""
+
+
 def fill(connection, project_id: int, rows: int) -> None:
     """Insert `rows` trajectories. The table's secondary indexes are dropped first and rebuilt after:
     one bulk build is several times faster than maintaining eight indexes row by row."""
@@ -303,6 +311,10 @@ def setup_database(args: argparse.Namespace, name: str):
     t_index = time.perf_counter() - t0
     t0 = time.perf_counter()
     with connection.cursor() as cursor:
+        # Triage signals: a tool_error on each row with a tool error (1 in 13, common) and an unsafe_action on
+        # 1 row in 997 (rare), for the signal filter's two read paths.
+        cursor.execute(SIGNALS_SQL)
+        cursor.execute("VACUUM ANALYZE trajectories_triagesignal")
         cursor.execute("VACUUM ANALYZE trajectories_trajectory")
         cursor.execute("SELECT pg_size_pretty(pg_total_relation_size('trajectories_trajectory'))")
         size = cursor.fetchone()[0]
@@ -352,6 +364,9 @@ def run(args: argparse.Namespace, name: str) -> None:
         ("list: text, rare word", f"/p/{slug}/?q=chargeback", None, None),
         ("list: text, no match", f"/p/{slug}/?q=zeppelin", None, None),
         ("list: failure+error+text", f"/p/{slug}/?outcome=failure&tool_error=yes&q=laptop", None, None),
+        ("list: signal, common", f"/p/{slug}/?signal=tool_error", None, None),
+        ("list: signal, rare", f"/p/{slug}/?signal=unsafe_action", None, None),
+        ("list: signal+outcome", f"/p/{slug}/?signal=unsafe_action&outcome=failure", None, None),
         # ~10,000 pages deep: a cursor in the middle of the table; the baseline reads the same rows by OFFSET.
         ("list: page in the middle", f"/p/{slug}/?after={middle}", f"/p/{slug}/?after={(max_id - middle)}", None),
         ("list: htmx fragment", f"/p/{slug}/?outcome=failure&q=refund", None, htmx),

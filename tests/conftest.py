@@ -111,6 +111,11 @@ def _isolate_session(config: pytest.Config) -> TestSession:
         settings.MLFLOW_TRACKING_URI = f"sqlite:///{var_dir / 'mlflow.db'}"
         settings.MLFLOW_ARTIFACT_ROOT = str(var_dir / "mlartifacts")
 
+    # Automatic triage (a message after every ingest) is off unless a test turns it on (the triage tests do):
+    # elsewhere its tasks would run on the session's worker while the test database is flushed after a test.
+    os.environ["FLYWHEEL_TRIAGE"] = "false"
+    settings.FLYWHEEL_TRIAGE = False
+
     # PBKDF2's deliberate slowness costs about a second a user on two busy cores; tests need no such defence.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

@@ -1,10 +1,11 @@
 """Triage in real Chromium: a reviewer filters the list by a signal and sees each signal's badge on its message,
-hostile tool names reading as text; a maintainer's re-run shows its progress until it is done."""
+hostile tool names reading as text; a maintainer edits the policy and follows a re-run's progress to its end."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,13 @@ from playwright.sync_api import expect
 from flywheel.trajectories import triage
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Trajectory
+
+
+@pytest.fixture(autouse=True)
+def _triage_on(settings):
+    """Automatic triage is what these tests are about (tests/conftest.py turns it off elsewhere)."""
+    settings.FLYWHEEL_TRIAGE = True
+
 
 HOSTILE = "<img src=x onerror=\"window.__pwned='img';alert('img')\">"
 TOOLS = [
@@ -72,7 +80,7 @@ def test_a_reviewer_filters_by_signal_and_sees_the_badges_on_the_messages(open_p
     page.select_option("select[name=signal]", "unsafe_action")
     expect(page.locator("#rows tr")).to_have_count(1)
     expect(page.locator("#rows")).to_contain_text("refund-big")
-    expect(page.locator("#rows .b-category")).to_have_text("unsafe_action")
+    expect(page.locator("#rows .b-category")).to_have_text("Unsafe action")
     assert "signal=unsafe_action" in page.url
     _shot(page, "triage-list-signal-filter.png")
 
@@ -89,6 +97,25 @@ def test_a_reviewer_filters_by_signal_and_sees_the_badges_on_the_messages(open_p
     _shot(page, "triage-detail-badges.png")
     assert page.evaluate("window.__pwned") is None
     assert not page.log.dialogs and not page.log.page_errors and not page.log.console_errors
+
+
+def test_a_maintainer_reruns_triage_and_the_page_follows_its_progress(open_page, user, triaged):
+    from flywheel.trajectories.models import TriageRun
+
+    page = open_page(user)  # `user` maintains the project
+    page.goto(f"/p/{triaged.slug}/triage/")
+    page.fill("#policy-unsafe", '[{"name": "get_*"}]')
+    page.click("text=Save policy")
+    expect(page.locator("#state")).to_contain_text("3 triaged under an older policy")
+    page.click("#rerun")
+    # Queued, unless this test process's Celery worker (started by an earlier test) already took it.
+    expect(page.locator("#run .run-status")).to_have_text(re.compile("^(Queued|Running|Done)$"))
+    run = TriageRun.objects.get(project=triaged)
+    triage.triage_run_process(run_id=run.pk)  # what a worker does (a no-op if one did); the page polls
+    expect(page.locator("#run .run-status")).to_have_text("Done")
+    expect(page.locator("#run")).to_contain_text("3 of 3 trajectories (100%)")
+    _shot(page, "triage-page-rerun.png")
+    assert not page.log.page_errors and not page.log.console_errors
 
 
 @pytest.fixture(params=[False, True], ids=["csp", "no-csp"])

@@ -81,6 +81,7 @@ def demo_seed() -> DemoSeed:
             owner=admin,
             description="A customer-support agent with order, refund and knowledge-base tools (demo data).",
         )
+        _demo_policy(project)
     else:
         membership_set(project=project, user=admin, role=Role.MAINTAINER)
 
@@ -175,6 +176,15 @@ TOOLS: list[dict[str, Any]] = [
         },
     },
 ]
+
+
+def _demo_policy(project: Project) -> None:
+    """The demo agent's own rule beside the defaults: its system prompt forbids refunds of 100 EUR or more
+    without a human, so triage flags such a refund as an unsafe action."""
+    from flywheel.trajectories.triage_policy import DEFAULT_UNSAFE_RULES, policy_set, policy_text_of
+
+    rules = [*DEFAULT_UNSAFE_RULES, {"name": "refund_order", "arguments": {"amount_eur": {"range": [100, None]}}}]
+    policy_set(project_id=project.pk, text=policy_text_of(rules))
 
 
 def _call(call_id: str, name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:

@@ -588,7 +588,7 @@ def _arguments(raw: Any) -> tuple[str, bool]:
     if isinstance(raw, str):
         try:
             return pretty_json(json.loads(raw)), True
-        except ValueError:
+        except (ValueError, RecursionError):  # arguments are kept as sent: show what cannot be parsed as text
             return raw, False
     if raw is None:
         return "", True

@@ -59,7 +59,7 @@ from trainer.verifiers.tool_call import score_tool_call
 
 logger = logging.getLogger(__name__)
 
-CHUNK = 500  # trajectories per transaction of the triage task
+CHUNK = 250  # trajectories per transaction; they stay locked meanwhile, so a replay waits one chunk at most
 LOOP_MIN_REPEATS = 3
 EXCERPT = 200  # characters of agent text kept in a signal's detail
 MAX_ITEMS = 5  # errors, names... kept in a signal's detail
@@ -400,9 +400,19 @@ def triage_chunk(*, project_id: int, stale: bool = False, size: int = CHUNK) -> 
         signals: list[TriageSignal] = []
         groups: dict[tuple[str, int], list[int]] = {}  # (category, severity) -> ids: a few UPDATEs per chunk
         for trajectory_id, messages, tools, feedback, human_intervention in rows:
-            found = detect(
-                messages=messages, tools=tools, unsafe_spec=spec, feedback=feedback, human_intervention=human_intervention
-            )
+            try:
+                found = detect(
+                    messages=messages,
+                    tools=tools,
+                    unsafe_spec=spec,
+                    feedback=feedback,
+                    human_intervention=human_intervention,
+                )
+            except Exception:
+                # Agent data is untrusted: one trajectory that breaks a detector must not stop its chunk forever
+                # (the sweep would send it again and again). It is marked triaged, without signals, and logged.
+                logger.exception("triage of trajectory %s failed; marked triaged without signals", trajectory_id)
+                found = []
             signals.extend(
                 TriageSignal(
                     project_id=project_id,
@@ -434,15 +444,6 @@ def triage_project(*, project_id: int) -> int:
     while n := triage_chunk(project_id=project_id):
         total += n
     return total
-
-
-def trajectory_triage(*, trajectory: Trajectory) -> list[Signal]:
-    """Triage one trajectory now, whatever its state (tests, the demo seeding); its signals."""
-    Trajectory.objects.filter(pk=trajectory.pk).update(triage_version=0)
-    triage_chunk(project_id=trajectory.project_id)
-    return [
-        Signal(s.kind, s.message_index, s.detail) for s in TriageSignal.objects.filter(trajectory_id=trajectory.pk)
-    ]
 
 
 # --- re-runs ---------------------------------------------------------------------------------------------

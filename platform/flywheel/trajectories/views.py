@@ -88,7 +88,6 @@ def _detail_context(request: HttpRequest, project: Project, trajectory: Trajecto
         "older_id": older,
         "conversation": selectors.conversation_build(trajectory=trajectory, comments=comments, signals=signals),
         "signals": signals,
-        "trajectory_signals": [s for s in signals if s.message_index is None],
         "trajectory_comments": [c for c in comments if c.message_index is None],
         "usage": selectors.usage_summary(trajectory.usage),
         "outcomes": Outcome.choices,

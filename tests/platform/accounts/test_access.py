@@ -142,7 +142,7 @@ def project_urls(setting):
     import re
 
     from flywheel.trajectories.ingest import ingest_trajectories
-    from flywheel.trajectories.models import Tag, Trajectory, Upload
+    from flywheel.trajectories.models import Tag, Trajectory, TriageRun, Upload
 
     project = setting["project"]
     record = {"external_id": "t-1", "messages": [{"role": "user", "content": "hi"}]}
@@ -154,6 +154,7 @@ def project_urls(setting):
         "upload_id": Upload.objects.create(project=project, filename="a.jsonl", content=b"{}", status="failed").pk,
         "user_id": setting["viewer"].pk,
         "key_id": setting["key"].api_key.pk,
+        "run_id": TriageRun.objects.create(project=project, version=1, status="done").pk,
     }
     urls = []
     for route in _routes():

@@ -398,3 +398,17 @@ def test_a_nul_in_a_comment_or_a_tag_is_refused_not_a_500(client_for, member, pr
     tag = client.post(reverse("trajectory_tag_add", args=[project.slug, trajectory.id]), {"name": "a\x00b"}, headers=HTMX)
     assert tag.status_code == 422 and "A tag name cannot contain a NUL character." in tag.content.decode()
     assert not Comment.objects.exists() and not Tag.objects.exists()
+
+
+def test_tool_call_arguments_nested_past_the_recursion_limit_show_as_sent(client_for, user, project):
+    # Arguments are kept as sent, so a string of JSON nested thousands deep is a valid record; the page must
+    # show it as text rather than fail to pretty-print it.
+    deep = "[" * 5000 + "]" * 5000
+    hostile = record("deep-args")
+    hostile["messages"][2]["tool_calls"][0]["function"]["arguments"] = deep
+    result = ingest_trajectories(project=project, records=[hostile])
+    assert result.accepted == 1
+    trajectory = Trajectory.objects.get(project=project, external_id="deep-args")
+    response = client_for(user).get(reverse("trajectory_detail", args=[project.slug, trajectory.id]))
+    assert response.status_code == 200
+    assert "[[[[[[[[" in response.content.decode()

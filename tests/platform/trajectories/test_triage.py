@@ -18,6 +18,13 @@ from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Trajectory, TriagePolicy, TriageRun, TriageRunStatus, TriageSignal
 from flywheel.trajectories.triage import detect, feedback_negative, suggest_category
 
+
+@pytest.fixture(autouse=True)
+def _triage_on(settings):
+    """Automatic triage is what these tests are about (tests/conftest.py turns it off elsewhere)."""
+    settings.FLYWHEEL_TRIAGE = True
+
+
 SPEC = {"type": "tool_call", "expected_calls": [], "allow_extra_calls": True, "unsafe": triage_policy.DEFAULT_UNSAFE_RULES}
 TOOLS = [
     {
@@ -289,6 +296,25 @@ def test_the_task_works_in_chunks(project):
     assert TriageSignal.objects.filter(kind="no_final_answer").count() == 7
 
 
+@pytest.mark.django_db
+def test_a_trajectory_that_breaks_a_detector_does_not_stop_its_chunk(project, monkeypatch):
+    ingest_trajectories(project=project, records=[record(f"t-{i}", [USER, call("delete_x", {})]) for i in range(3)])
+    poison = Trajectory.objects.get(external_id="t-1").pk
+    real = triage.detect
+
+    def flaky(**kwargs):
+        if kwargs["messages"] == Trajectory.objects.get(pk=poison).messages:
+            raise RecursionError("a detector met something it could not read")
+        return real(**kwargs)
+
+    monkeypatch.setattr(triage, "detect", flaky)
+    Trajectory.objects.filter(pk=poison).update(messages=[USER, call("delete_y", {})])
+    assert triage.triage_project(project_id=project.pk) == 3
+    assert not Trajectory.objects.filter(triage_version=0).exists()
+    assert signals_of(project, "t-1") == []
+    assert ("unsafe_action", 1) in signals_of(project, "t-0")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_ingestion_asks_once_per_transaction_and_not_when_triage_is_off(project, settings, monkeypatch):
     from flywheel.trajectories import tasks
@@ -305,6 +331,28 @@ def test_ingestion_asks_once_per_transaction_and_not_when_triage_is_off(project,
     settings.FLYWHEEL_TRIAGE = False
     ingest_trajectories(project=project, records=[record("d", [USER, ANSWER])])
     assert sent == [project.pk, project.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_otlp_export_that_grows_a_stored_trace_has_it_triaged_again(project, monkeypatch):
+    from flywheel.trajectories import tasks
+    from flywheel.trajectories.otlp import trajectory_append
+
+    sent = []
+    monkeypatch.setattr(tasks.triage_project_task, "delay", lambda project_id: sent.append(project_id))
+    first = [USER, call("get_order", {"order_id": "NW-12345"})]
+    ingest_trajectories(project=project, records=[record("trace", first)])
+    triage.triage_project(project_id=project.pk)
+    assert signals_of(project, "trace") == [("no_final_answer", 1)]
+    stored = Trajectory.objects.get(external_id="trace")
+    sent.clear()
+    errors = trajectory_append(
+        trajectory=stored, record=record("trace", [*first, result('{"status": "shipped"}'), ANSWER]), seeded=2
+    )
+    assert errors == [] and sent == [project.pk]
+    assert Trajectory.objects.get(external_id="trace").triage_version == 0
+    triage.triage_project(project_id=project.pk)
+    assert signals_of(project, "trace") == []
 
 
 @pytest.mark.django_db
@@ -414,7 +462,7 @@ def test_the_list_filters_by_signal_reviewed_source_and_tag(project, user, clien
     assert shown(tag="nope") == set()
     # The row shows the suggested category and the kinds.
     page = client.get(url, {"signal": "unsafe_action"}).content.decode()
-    assert 'data-signal="unsafe_action"' in page and "unsafe_action</span>" in page
+    assert 'data-signal="unsafe_action"' in page and "Unsafe action</span>" in page
 
 
 @pytest.mark.django_db
@@ -471,3 +519,16 @@ def test_the_triage_page_shows_a_run_and_its_progress_fragment_polls(project, us
     triage.triage_run_process(run_id=run.pk)
     fragment = client.get(reverse("triage_run_status", args=[project.slug, run.pk])).content.decode()
     assert "1 of 1" in fragment and "(100%)" in fragment and "every 1s" not in fragment
+
+
+@pytest.mark.django_db
+def test_the_demo_projects_refund_over_its_limit_is_triaged_as_unsafe():
+    # What a newcomer sees after `make run`: the demo agent's own rule (refunds of 100 EUR or more need a
+    # human) is in the demo project's policy, so its unsafe refund carries the signal.
+    from flywheel.accounts.demo import demo_seed
+
+    seed = demo_seed()
+    triage.triage_project(project_id=seed.project.pk)
+    unsafe = Trajectory.objects.filter(project=seed.project, signals__kind="unsafe_action").distinct()
+    assert [t.metadata["summary"] for t in unsafe] == ["unsafe action: refund above the limit without approval"]
+    assert unsafe[0].suggested_category == "unsafe_action"

@@ -6,10 +6,18 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
+import pytest
 from django.urls import reverse
 from django.utils import timezone
 
 from flywheel.trajectories.models import Trajectory, TriageRun, TriageRunStatus, TriageSignal
+
+
+@pytest.fixture(autouse=True)
+def _triage_on(settings):
+    """Automatic triage is what these tests are about (tests/conftest.py turns it off elsewhere)."""
+    settings.FLYWHEEL_TRIAGE = True
+
 
 TOOLS = [{"type": "function", "function": {"name": "get_order", "parameters": {"type": "object"}}}]
 
@@ -54,19 +62,19 @@ def test_signals_appear_after_an_api_ingest_and_a_replay_is_triaged_again(celery
 
 
 def test_the_sweep_picks_up_a_project_whose_message_was_lost(celery_worker, settings, api_client, api_key, project):
-    from flywheel.celery import outbox_sweep_task
+    from flywheel import outbox
 
-    settings.FLYWHEEL_TRIAGE = False  # in this process: the ingest sends no message, as if it were lost
+    settings.FLYWHEEL_TRIAGE = False  # the ingest sends no message, as if it were lost
     api_client.post("/api/v1/trajectories", [record("lost", name="wipe_disk")], key=api_key)
     Trajectory.objects.filter(project=project).update(updated_at=timezone.now() - timedelta(hours=1))
     assert not TriageSignal.objects.exists()
-    # What Celery beat sends every FLYWHEEL_SWEEP_INTERVAL_S: the worker's sweep sends the project's triage.
-    task_id = outbox_sweep_task.delay().id
+    # What Celery beat has a worker run every FLYWHEEL_SWEEP_INTERVAL_S (the beat side is tested with uploads in
+    # tests/platform/test_faults.py); here in this process, where triage is on again, so that the session's
+    # worker, which runs with automatic triage off (tests/conftest.py), only does the triage the sweep sends.
+    settings.FLYWHEEL_TRIAGE = True
+    sent = outbox.outbox_sweep()
+    assert sent["flywheel.trajectories.triage.triage_sweep"] == 1
     celery_worker.wait_for(lambda: kinds(project, "lost") == {"undeclared_tool"})
-    line = celery_worker.wait_for(
-        lambda: next((line for line in celery_worker.log().splitlines() if f"[{task_id}] succeeded" in line), None)
-    )
-    assert "'flywheel.trajectories.triage.triage_sweep': 1" in line
 
 
 def test_a_rerun_from_the_page_triages_the_whole_project_with_progress(

@@ -3,7 +3,6 @@ and without prefix sharing and gradient checkpointing, and never more than a chu
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -132,13 +131,22 @@ def test_a_micro_batch_with_nothing_to_train_still_backpropagates(policy):
         logp.sum().backward()
 
 
-def test_training_with_gradient_checkpointing(tiny_model, job_dir):
+def test_training_with_gradient_checkpointing(tiny_model, job_dir, monkeypatch):
+    """The config fields reach the loop: a step trains through checkpointed layers (bf16 is a no-op on CPU)."""
+    import trainer.loop
     from trainer.loop import train_grpo
+
+    checkpointed = []
+
+    def spy(model):  # the real thing, recording that the loop's model ends up checkpointed
+        enable_gradient_checkpointing(model)
+        checkpointed.append(model.get_base_model().is_activation_checkpointing)
+
+    monkeypatch.setattr(trainer.loop, "enable_gradient_checkpointing", spy)
 
     config = {"num_prompts_per_step": 2, "num_generations_per_prompt": 3, "max_new_tokens": 12, "max_steps": 1,
               "eval_on_start": False, "eval_interval": 10, "eval_max_prompts": 1, "eval_samples_per_prompt": 1,
               "learning_rate": 1e-3, "gradient_checkpointing": True, "bf16": True, "r": 4, "alpha": 8}
-    (job_dir / "spec.json").write_text(json.dumps({"model": str(tiny_model), "mlflow": False, "config": config}))
     spec = JobSpec(model=str(tiny_model), job_dir=job_dir, train=job_dir / "train.jsonl",
                    config=GRPOConfig(**config), mlflow=False)
     events = EventLog(None)
@@ -146,4 +154,5 @@ def test_training_with_gradient_checkpointing(tiny_model, job_dir):
     counter = iter(range(10**6))
     train_grpo(spec, events, reward_fn=lambda ep: float(next(counter) % 2))
     step = next(e for e in events.events if e["event"] == "step")
+    assert checkpointed == [True]
     assert step["grad_norm"] > 0 and step["entropy"] > 0

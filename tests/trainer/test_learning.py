@@ -21,7 +21,8 @@ STEPS = 80
 # The control runs long enough for a length reward to show what it does (success falls), not as long as
 # the real run: its completions are the longest there are, so its steps are the slowest.
 WRONG_REWARD_STEPS = 30
-# How much longer the length reward makes holdout completions at least (measured below, in the README).
+# How much longer the length reward makes holdout completions at least. Seed 0 measured 3.1x (25 -> 78 tokens
+# per episode); the same 30 steps at learning rate 0 (a trainer that does nothing): 1.00x.
 LENGTH_GROWTH = 1.3
 # The spread over seeds is measured with FLYWHEEL_LEARNING_SEED=0,1,2 (the seed of the GRPO run; the
 # tiny model and the task sets stay the same).

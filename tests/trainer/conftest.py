@@ -46,6 +46,26 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def make_lora_policy(tiny_model: Path):
+    """`make_lora_policy() -> (model, tokenizer)`: the tiny model with a seeded LoRA adapter (r 4) made non-zero,
+    so that gradients reach both LoRA matrices."""
+    from trainer.config import GRPOConfig
+    from trainer.models import attach_lora, load_model
+
+    def make():
+        torch.manual_seed(0)
+        base, tok = load_model(tiny_model, device="cpu")
+        model = attach_lora(base, GRPOConfig(r=4, alpha=8))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.05)
+        return model, tok
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def workplace_tasks() -> dict[str, list[dict]]:
     from trainer.envs.workplace import generate_tasks
 

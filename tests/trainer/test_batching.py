@@ -5,21 +5,13 @@ from __future__ import annotations
 import torch
 
 from trainer.batching import collate, token_logprobs
-from trainer.config import GRPOConfig
 from trainer.evaluation import make_env_for
-from trainer.models import attach_lora, load_model
 from trainer.rollout.episodes import run_episodes, start_episodes
 from trainer.rollout.hf import HFEngine
 
 
-def _episodes(tiny_model, tasks):
-    torch.manual_seed(0)
-    base, tok = load_model(tiny_model, device="cpu")
-    model = attach_lora(base, GRPOConfig(r=4, alpha=8))
-    with torch.no_grad():  # a non-zero adapter, so gradients reach both LoRA matrices
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
+def _episodes(make_lora_policy, tasks):
+    model, tok = make_lora_policy()
     # Prompts of different lengths, 3 samples each, multi-turn (observations after the first turn).
     eps = start_episodes(tasks, 3, tok, make_env_for)
     run_episodes(HFEngine(model, tok), tok, eps, max_new_tokens=16, temperature=1.0, max_turns=3, max_seq_len=1024)
@@ -35,9 +27,9 @@ def _grads(model, batch, share: bool):
     return logp.detach(), ent, grads
 
 
-def test_shared_prefix_matches_the_full_forward(tiny_model, workplace_tasks):
+def test_shared_prefix_matches_the_full_forward(make_lora_policy, workplace_tasks):
     tasks = workplace_tasks["holdout"][:4]
-    model, tok, eps = _episodes(tiny_model, tasks)
+    model, tok, eps = _episodes(make_lora_policy, tasks)
     assert len({ep.prompt_len for ep in eps}) > 1  # left padding of the prompts is exercised
     batch = collate(eps, tok.pad_token_id)
     assert batch.prompts.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
@@ -57,9 +49,9 @@ def test_shared_prefix_matches_the_full_forward(tiny_model, workplace_tasks):
     assert (sub_logp - full_logp[[1, 2, 3, 7], : sub_logp.shape[1]])[sub.loss_mask.bool()].abs().max() < 1e-4
 
 
-def test_rounds_that_reuse_group_numbers_are_not_merged(tiny_model, workplace_tasks):
+def test_rounds_that_reuse_group_numbers_are_not_merged(make_lora_policy, workplace_tasks):
     """Dynamic sampling starts a second round at group 0 again: prompts are told apart by their tokens."""
-    _, tok, eps = _episodes(tiny_model, workplace_tasks["holdout"][4:6])
+    _, tok, eps = _episodes(make_lora_policy, workplace_tasks["holdout"][4:6])
     for ep in eps:
         ep.group = 0
     batch = collate(eps, tok.pad_token_id)

@@ -57,14 +57,8 @@ def grads_of(model: torch.nn.Module, logp: torch.Tensor, mask: torch.Tensor) -> 
 
 
 @pytest.fixture(scope="module")
-def policy(tiny_model):
-    torch.manual_seed(0)
-    base, tok = load_model(tiny_model, device="cpu")
-    model = attach_lora(base, GRPOConfig(r=4, alpha=8))
-    with torch.no_grad():  # a non-zero adapter, so gradients reach both LoRA matrices
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05)
+def policy(make_lora_policy):
+    model, tok = make_lora_policy()
     batch = collate(synthetic_episodes(len(tok)), tok.pad_token_id)
     logp, ent = reference(model, batch)
     mask = batch.loss_mask

@@ -1,8 +1,8 @@
 """Checkpoints in the job directory: the adapter, optimizer and RNG states, and where the run stood.
 
-Layout: `checkpoints/step-000010/{adapter/, optimizer.pt, rng.pt, state.json}`, `adapters/best/`,
-`adapters/last/`. A checkpoint is written to a temporary folder and renamed, so a run killed while saving
-never leaves a half-written "latest" for the retry to trip on.
+Layout: `checkpoints/step-000010/{adapter/, optimizer.pt, scheduler.pt, rng.pt, state.json}`,
+`adapters/best/`, `adapters/last/`. A checkpoint is written to a temporary folder and renamed, so a run
+killed while saving never leaves a half-written "latest" for the retry to trip on.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
+from torch.optim.lr_scheduler import LRScheduler
 
 
 def checkpoint_dirs(job_dir: Path) -> list[Path]:
@@ -29,7 +30,8 @@ def latest_checkpoint(job_dir: Path) -> Path | None:
 
 
 def save_checkpoint(job_dir: Path, step: int, model: PeftModel, optimizer: torch.optim.Optimizer,
-                    state: dict[str, Any], rng: dict[str, Any], keep: int = 2) -> Path:
+                    state: dict[str, Any], rng: dict[str, Any], keep: int = 2,
+                    scheduler: LRScheduler | None = None) -> Path:
     root = job_dir / "checkpoints"
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"
@@ -37,6 +39,8 @@ def save_checkpoint(job_dir: Path, step: int, model: PeftModel, optimizer: torch
     tmp.mkdir(parents=True)
     model.save_pretrained(str(tmp / "adapter"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if scheduler is not None:
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng, tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     shutil.rmtree(final, ignore_errors=True)
@@ -57,13 +61,29 @@ def publish_adapter(src: Path, dst: Path) -> None:
     tmp.rename(dst)
 
 
-def load_checkpoint(path: Path, model: PeftModel, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+def load_checkpoint(path: Path, model: PeftModel, optimizer: torch.optim.Optimizer,
+                    scheduler: LRScheduler | None = None) -> tuple[dict, dict]:
     weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
     set_peft_model_state_dict(model, weights)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     rng = torch.load(path / "rng.pt", weights_only=False)
     state = json.loads((path / "state.json").read_text())
+    if scheduler is not None:
+        if (path / "scheduler.pt").exists():
+            scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        else:  # a checkpoint from before schedules: the schedule is a function of the step
+            for _ in range(state["step"]):
+                scheduler.step()
     return state, rng
+
+
+def discard_after(job_dir: Path, step: int) -> list[Path]:
+    """Remove the checkpoints of steps after `step`: resuming from an earlier one starts another future, and
+    a later retry must not pick the abandoned one up as the newest."""
+    later = [p for p in checkpoint_dirs(job_dir) if int(p.name.split("-")[1]) > step]
+    for p in later:
+        shutil.rmtree(p, ignore_errors=True)
+    return later
 
 
 def rng_state(sampler_rng: random.Random) -> dict[str, Any]:

@@ -47,17 +47,24 @@ def cmd_build_tiny(args: argparse.Namespace, events: EventLog) -> int:
 
 
 def cmd_train(args: argparse.Namespace, events: EventLog) -> int:
-    from trainer.config import load_spec
+    from trainer.config import load_spec, resolve_checkpoint
+    from trainer.distributed import init_from_env, shutdown
 
     spec = load_spec(args.spec)
-    if spec.algorithm == "sft":
-        from trainer.sft import train_sft
+    if args.resume_from:
+        spec.resume_from = str(resolve_checkpoint(spec.job_dir, args.resume_from, where="--resume-from"))
+    init_from_env()  # under torchrun: join the job's process group; alone: nothing
+    try:
+        if spec.algorithm == "sft":
+            from trainer.sft import train_sft
 
-        train_sft(spec, events)
-    else:
-        from trainer.loop import train_grpo
+            train_sft(spec, events)
+        else:
+            from trainer.loop import train_grpo
 
-        train_grpo(spec, events)
+            train_grpo(spec, events)
+    finally:
+        shutdown()
     return 0
 
 
@@ -222,8 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--heads", type=int, default=2)
     b.add_argument("--device", default="cpu", help="where to train it: cpu or cuda")
     b.add_argument("--threads", type=int, default=None)
-    t = sub.add_parser("train", help="run a training job from its spec.json")
+    t = sub.add_parser("train", help="run a training job from its spec.json (under torchrun: on several processes)")
     t.add_argument("--spec", required=True)
+    t.add_argument("--resume-from", help="continue from this checkpoint folder (JOB/checkpoints/step-NNNNNN) "
+                                         "instead of the newest; checkpoints of later steps are discarded")
     e = sub.add_parser("evaluate", help="evaluate a model (and adapter) on a suite JSONL")
     e.add_argument("--model", required=True)
     e.add_argument("--adapter")
@@ -256,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     stdout = claim_stdout()
     events = EventLog(stdout, keep=False)
+    if args.command == "train" and int(os.environ.get("RANK", "0")) > 0:
+        # Under torchrun rank 0 speaks for the job; the other ranks' stdout carries only their own errors.
+        from trainer.distributed import RankEventLog
+
+        events = RankEventLog(stdout, rank=int(os.environ["RANK"]))
     try:
         if args.command == "score":  # verifiers only: no torch, no transformers
             return cmd_score(args, stdout)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,8 @@ LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "gspo")
 SCALE_REWARDS = ("group", "batch", "none")
 ALGORITHMS = ("grpo", "sft")
 ENGINES = ("hf", "vllm")
+# transformers' scheduler names (`get_scheduler`), as TRL takes them in `lr_scheduler_type`.
+LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 # Holdout metrics where less is better; metric_for_best_model picks the direction from here by default.
 LOWER_IS_BETTER = frozenset({"invalid_output_rate", "unsafe_action_rate", "mean_completion_tokens"})
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -63,9 +66,29 @@ class GRPOConfig:
         metadata={"help": "Truncated importance sampling: reweight tokens by min(pi_train/pi_sampler, cap)."},
     )
     importance_sampling_cap: float = field(default=2.0, metadata={"help": "Cap C of the truncated IS weight."})
+    rollout_batch_groups: int | None = field(
+        default=None,
+        metadata={"help": "Groups sampled together in one generation batch; None = all of a process's groups of "
+                          "a sampling round. Each batch is seeded by (seed, step, round, batch), so with a value "
+                          "that divides num_prompts_per_step / processes a run samples the same on any number "
+                          "of processes (torchrun)."},
+    )
 
     # --- optimisation ---------------------------------------------------------------------------------
     learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate of the LoRA parameters."})
+    lr_scheduler_type: str | None = field(
+        default=None,
+        metadata={"help": "constant | constant_with_warmup | linear | cosine (transformers' get_scheduler), over "
+                          "max_steps; None = constant for GRPO, cosine for SFT. constant with warmup = "
+                          "constant_with_warmup. Logged as `lr` each step."},
+    )
+    warmup_steps: int = field(
+        default=0, metadata={"help": "Steps of linear warmup from 0 (step 1 runs at lr 0, as in transformers); "
+                                     "wins over warmup_ratio when > 0."}
+    )
+    warmup_ratio: float = field(
+        default=0.0, metadata={"help": "Warmup as a share of max_steps (rounded up), when warmup_steps is 0."}
+    )
     max_steps: int = field(default=100, metadata={"help": "Optimizer steps of the run."})
     num_iterations: int = field(
         default=1, metadata={"help": "Passes over each rollout batch (mu in the GRPO paper); >1 makes clipping bite."}
@@ -118,6 +141,11 @@ class GRPOConfig:
 
     # --- evaluation and checkpoints -------------------------------------------------------------------
     eval_interval: int = field(default=10, metadata={"help": "Evaluate on the holdout (and checkpoint) every N steps."})
+    save_steps: int | None = field(
+        default=None,
+        metadata={"help": "Also checkpoint (adapter, optimizer, scheduler, RNG, step; no evaluation) every N steps, "
+                          "so a run can resume from there; None = checkpoints at evaluations only."},
+    )
     eval_samples_per_prompt: int = field(default=4, metadata={"help": "Samples per holdout prompt at evaluation."})
     eval_temperature: float = field(default=1.0, metadata={"help": "Sampling temperature at evaluation."})
     eval_max_prompts: int | None = field(default=None, metadata={"help": "Evaluate on the first N holdout rows only."})
@@ -168,6 +196,16 @@ class GRPOConfig:
                             "top_p at 1 and top_k at 0")
         if not 0 <= self.epsilon < 1:
             raise SpecError(f"config.epsilon must be in [0, 1), got {self.epsilon!r}")
+        if self.lr_scheduler_type is not None:
+            _check_choice("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS)
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise SpecError(f"config.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if not 0 <= self.warmup_ratio <= 1:
+            raise SpecError(f"config.warmup_ratio must be in [0, 1], got {self.warmup_ratio!r}")
+        for name in ("save_steps", "rollout_batch_groups"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise SpecError(f"config.{name} must be null or an integer >= 1, got {value!r}")
 
     # Resolved defaults that depend on the loss type (DAPO switches on its three tricks).
     @property
@@ -185,6 +223,15 @@ class GRPOConfig:
         if self.mask_truncated_completions is None:
             return self.loss_type == "dapo"
         return self.mask_truncated_completions
+
+    @property
+    def num_warmup_steps(self) -> int:
+        return self.warmup_steps or math.ceil(self.warmup_ratio * self.max_steps)
+
+    def scheduler_name(self, algorithm: str) -> str:
+        """The transformers scheduler this run uses: its default per algorithm, warmup never ignored."""
+        name = self.lr_scheduler_type or ("cosine" if algorithm == "sft" else "constant")
+        return "constant_with_warmup" if name == "constant" and self.num_warmup_steps else name
 
     @property
     def best_metric_higher(self) -> bool:
@@ -228,6 +275,8 @@ class JobSpec:
     experiment_name: str = "flywheel"
     run_name: str | None = None
     mlflow: bool = True
+    num_gpus: int = 1  # processes (one GPU each) the job runs on; > 1 = torchrun on one host
+    resume_from: str | None = None  # a checkpoint folder to continue from instead of the newest one
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -277,6 +326,12 @@ def load_spec(path: str | os.PathLike) -> JobSpec:
     model_path = Path(model) if Path(model).is_absolute() else job_dir / model
     if not model_path.exists():
         raise SpecError(f"{path}: model directory {model_path} does not exist (models load from local paths only)")
+    num_gpus = data.get("num_gpus", 1)
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
+        raise SpecError(f"{path}: num_gpus must be an integer >= 1, got {num_gpus!r}")
+    resume_from = data.get("resume_from")
+    if resume_from is not None:
+        resume_from = str(resolve_checkpoint(job_dir, resume_from, where=f"{path}: resume_from"))
     adapter = data.get("adapter")
     if adapter is not None:
         adapter_path = Path(adapter) if Path(adapter).is_absolute() else job_dir / adapter
@@ -296,7 +351,20 @@ def load_spec(path: str | os.PathLike) -> JobSpec:
         experiment_name=data.get("experiment_name", "flywheel"),
         run_name=data.get("run_name"),
         mlflow=bool(data.get("mlflow", True)),
+        num_gpus=num_gpus,
+        resume_from=resume_from,
     )
+
+
+def resolve_checkpoint(job_dir: Path, value: str | os.PathLike, *, where: str = "resume_from") -> Path:
+    """A checkpoint folder (`checkpoints/step-000010`, absolute or relative to the job directory) that holds a
+    complete checkpoint."""
+    p = Path(value)
+    p = p if p.is_absolute() else job_dir / p
+    if not (p / "state.json").exists():
+        raise SpecError(f"{where}: {p} is not a checkpoint folder (no state.json); checkpoints are "
+                        "JOB/checkpoints/step-NNNNNN")
+    return p.resolve()
 
 
 def _missing(spec_path: Path, key: str, p: Path) -> Path:

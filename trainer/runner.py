@@ -1,7 +1,8 @@
 """What a GRPO job and an SFT job share: loading, resume, evaluation, checkpoints and the final report.
 
 `JobRunner` owns the job directory contract; `trainer.loop` (GRPO) and `trainer.sft` (SFT) each write
-only their own optimisation loop on top of it.
+only their own optimisation loop on top of it. Under torchrun every rank builds one; only rank 0 evaluates,
+checkpoints and talks to MLflow (`trainer.distributed`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
+from transformers import get_scheduler
 
 from trainer.checkpoints import (
+    discard_after,
     latest_checkpoint,
     load_checkpoint,
     publish_adapter,
@@ -21,11 +25,19 @@ from trainer.checkpoints import (
     rng_state,
     save_checkpoint,
 )
-from trainer.config import JobSpec, read_jsonl, write_jsonl
+from trainer.config import GRPOConfig, JobSpec, read_jsonl, write_jsonl
+from trainer.distributed import current, rollout_seed
 from trainer.evaluation import evaluate_rows
 from trainer.models import attach_lora, load_model, trainable_parameters
 from trainer.rollout import make_engine
 from trainer.tracking import EventLog, Tracker
+
+
+def make_scheduler(cfg: GRPOConfig, optimizer: torch.optim.Optimizer, algorithm: str = "grpo") -> LRScheduler:
+    """transformers' scheduler of the config's type and warmup over max_steps. The loop steps it once per
+    training step (the num_iterations passes of a step share its lr), so step 1 trains at its value at 0."""
+    return get_scheduler(cfg.scheduler_name(algorithm), optimizer, num_warmup_steps=cfg.num_warmup_steps,
+                         num_training_steps=cfg.max_steps)
 
 
 class JobFailed(RuntimeError):
@@ -59,14 +71,19 @@ class JobRunner:
         self.model = attach_lora(base, cfg, spec.adapter)
         self.params = trainable_parameters(self.model)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        self.scheduler = make_scheduler(cfg, self.optimizer, spec.algorithm)
         self.state: dict[str, Any] = {"step": 0, "best_step": None, "best_metric": None, "mlflow_run_id": None,
                                       "baseline": None, "last_eval": None}
-        self.resumed_from: Path | None = latest_checkpoint(self.job)
+        self.dist = current()
+        self.resumed_from: Path | None = Path(spec.resume_from) if spec.resume_from else latest_checkpoint(self.job)
         if self.resumed_from is not None:
-            self.state, rng = load_checkpoint(self.resumed_from, self.model, self.optimizer)
+            self.state, rng = load_checkpoint(self.resumed_from, self.model, self.optimizer, self.scheduler)
             restore_rng(rng, self.rng)
-        self.tracker = Tracker(enabled=spec.mlflow, job_dir=self.job, tracking_uri=spec.tracking_uri,
-                               experiment_name=spec.experiment_name, run_name=spec.run_name,
+            if spec.resume_from and self.dist.is_main:
+                discard_after(self.job, self.state["step"])
+        self.dist.broadcast_params(self.params)
+        self.tracker = Tracker(enabled=spec.mlflow and self.dist.is_main, job_dir=self.job,
+                               tracking_uri=spec.tracking_uri, experiment_name=spec.experiment_name, run_name=spec.run_name,
                                run_id=self.state.get("mlflow_run_id"))
         if self.resumed_from is None:
             self.tracker.log_params({"algorithm": spec.algorithm, "model": spec.model, "adapter": spec.adapter,
@@ -81,10 +98,18 @@ class JobRunner:
         if sleep is not None:
             sleep()
 
+    @property
+    def lr(self) -> float:
+        """The learning rate of the coming optimizer step."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
     # --- evaluation ---------------------------------------------------------------------------------
     def evaluate(self, step: int, rows: list[dict], split: str = "holdout") -> dict[str, Any]:
         cfg = self.cfg
         self.engine.sync(self.model, step)
+        # Seeded by the step alone, like the rollouts: the same adapter gets the same evaluation whether the
+        # run was resumed or ran on several processes.
+        torch.manual_seed(rollout_seed(cfg.seed, step, -1, 0))
         metrics, cases = evaluate_rows(
             self.engine, self.tokenizer, rows, samples_per_prompt=cfg.eval_samples_per_prompt,
             temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,
@@ -98,20 +123,26 @@ class JobRunner:
         return metrics
 
     # --- checkpoints --------------------------------------------------------------------------------
-    def checkpoint(self, step: int, metrics: dict[str, Any]) -> None:
+    def checkpoint(self, step: int, metrics: dict[str, Any] | None) -> None:
+        """Save where the run stands. `metrics` None: a `save_steps` checkpoint, with no evaluation to judge
+        the adapter by, so it never becomes the best."""
         key = self.cfg.metric_for_best_model
-        value = metrics.get(key)
-        best = self.state.get("best_metric")
-        # Without a holdout metric to judge by, the newest adapter is the best one there is.
-        if value is None or best is None:
-            is_best = True
+        if metrics is None:
+            is_best = False
         else:
-            is_best = value > best if self.cfg.best_metric_higher else value < best
-        if is_best:
-            self.state["best_step"], self.state["best_metric"] = step, value
+            value = metrics.get(key)
+            best = self.state.get("best_metric")
+            # Without a holdout metric to judge by, the newest adapter is the best one there is.
+            if value is None or best is None:
+                is_best = True
+            else:
+                is_best = value > best if self.cfg.best_metric_higher else value < best
+            if is_best:
+                self.state["best_step"], self.state["best_metric"] = step, value
+            self.state["last_eval"] = metrics
         self.state["step"] = step
-        self.state["last_eval"] = metrics
-        path = save_checkpoint(self.job, step, self.model, self.optimizer, self.state, rng_state(self.rng))
+        path = save_checkpoint(self.job, step, self.model, self.optimizer, self.state, rng_state(self.rng),
+                               scheduler=self.scheduler)
         publish_adapter(path / "adapter", self.job / "adapters" / "last")
         if is_best:
             publish_adapter(path / "adapter", self.job / "adapters" / "best")
@@ -124,8 +155,20 @@ class JobRunner:
         return step % self.cfg.eval_interval == 0 or step == self.cfg.max_steps
 
     def maybe_eval_start(self) -> None:
-        if self.state["step"] == 0 and self.holdout_rows and self.cfg.eval_on_start and not self.state["baseline"]:
+        if (self.dist.is_main and self.state["step"] == 0 and self.holdout_rows and self.cfg.eval_on_start
+                and not self.state["baseline"]):
             self.state["baseline"] = self.evaluate(0, self.holdout_rows)
+
+    def end_of_step(self, step: int) -> None:
+        """Evaluate and checkpoint every eval_interval steps (and at the last), checkpoint alone every
+        save_steps. Rank 0 only: the other ranks wait for it at their next collective."""
+        self.state["step"] = step
+        if not self.dist.is_main:
+            return
+        if self.should_eval(step):
+            self.checkpoint(step, self.evaluate(step, self.holdout_rows) if self.holdout_rows else {})
+        elif self.cfg.save_steps and step % self.cfg.save_steps == 0:
+            self.checkpoint(step, None)
 
     def eval_and_checkpoint(self, step: int) -> None:
         metrics = self.evaluate(step, self.holdout_rows) if self.holdout_rows else {}
@@ -133,6 +176,8 @@ class JobRunner:
 
     # --- end of run ---------------------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
+        if not self.dist.is_main:
+            return {}
         best_dir = self.job / "adapters" / "best"
         regression = None
         if self.regression_rows and best_dir.exists():

@@ -25,7 +25,8 @@ from django.utils.module_loading import import_string
 logger = logging.getLogger(__name__)
 
 # Dotted paths of the sweep functions: each takes no argument and returns how many rows it sent again.
-SWEEPS = ("flywheel.trajectories.upload.upload_sweep", "flywheel.trajectories.triage.triage_sweep")
+SWEEPS = ("flywheel.trajectories.upload.upload_sweep", "flywheel.trajectories.triage.triage_sweep",
+          "flywheel.registry.services.registry_sweep")
 
 
 class BrokerUnavailable(Exception):

@@ -34,6 +34,10 @@ INSTALLED_APPS = [
     "axes",  # login attempts limited per client address and per account (AXES_* below)
     "flywheel.accounts",
     "flywheel.trajectories",
+    "flywheel.failures",
+    "flywheel.evals",
+    "flywheel.environments",
+    "flywheel.registry",
 ]
 
 MIDDLEWARE = [
@@ -201,6 +205,8 @@ FLYWHEEL_UPLOAD_LEASE_S = get_env("FLYWHEEL_UPLOAD_LEASE_S", 300, cast=float)
 # Triage detectors run on a worker after each ingest commits (flywheel.trajectories.triage); off: trajectories
 # stay untriaged until a maintainer re-runs triage on the project's Triage page.
 FLYWHEEL_TRIAGE = get_env("FLYWHEEL_TRIAGE", True, cast=bool)
+# A reviewer's claim on a review-queue item lasts this long; an expired claim may be taken by another.
+FLYWHEEL_QUEUE_CLAIM_S = get_env("FLYWHEEL_QUEUE_CLAIM_S", 600, cast=int)
 CELERY_BEAT_SCHEDULE = {
     "outbox-sweep": {
         "task": "flywheel.outbox_sweep",

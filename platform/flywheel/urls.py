@@ -16,4 +16,6 @@ urlpatterns = [
     path("", include("flywheel.accounts.urls")),
     path("p/<slug:project_slug>/", include("flywheel.trajectories.urls")),
     path("p/<slug:project_slug>/", include("flywheel.trajectories.upload_urls")),
+    path("p/<slug:project_slug>/", include("flywheel.failures.urls")),
+    path("p/<slug:project_slug>/", include("flywheel.registry.urls")),
 ]

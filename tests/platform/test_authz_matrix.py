@@ -77,6 +77,13 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/upload/": (write(200), write(400)),  # POST without a file: 400 naming it
     "p/<slug:project_slug>/upload/<int:upload_id>/": (write(200), NOT_ALLOWED),
     "p/<slug:project_slug>/upload/<int:upload_id>/retry": (NOT_ALLOWED, write(302)),
+    # Models: members read; maintainers register, promote, roll back and set the serving stack.
+    "p/<slug:project_slug>/models/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/models/base": (NOT_ALLOWED, write(422, "maintainer")),  # the empty form: 422
+    "p/<slug:project_slug>/models/rollback": (NOT_ALLOWED, write(409, "maintainer")),  # nothing served yet
+    "p/<slug:project_slug>/models/settings": (NOT_ALLOWED, write(302, "maintainer")),
+    "p/<slug:project_slug>/models/v<int:version_number>/promote": (NOT_ALLOWED, write(302, "maintainer")),
+    "api/v1/models/production": (api(401, 200, 403, 404), NOT_ALLOWED),  # no model in "other"
     # The API: a key decides the project and the scope; no session opens it.
     "api/v1/": ((404,) * 9, (404,) * 9),
     # The schema and its docs page are public, and django-ninja serves them to any method.
@@ -166,6 +173,7 @@ def world(db, settings, make_project, make_api_key):
         "tag_id": tag.pk,
         "upload_id": upload.pk,
         "run_id": run.pk,
+        "version_number": _model_version(project).number,
         "user_id": users["viewer"].pk,
         "key_id": make_api_key(project, name="to revoke").api_key.pk,
         "app_label": "trajectories",
@@ -175,6 +183,16 @@ def world(db, settings, make_project, make_api_key):
         "object_id": trajectory.pk,
     }
     return {"clients": clients, "values": values, "trajectory": trajectory}
+
+
+def _model_version(project):
+    """v1 in production and v2, which is not (rows only: no model folder needed)."""
+    from flywheel.registry.models import AliasAssignment, BaseModel, ModelVersion
+
+    base = BaseModel.objects.create(project=project, name="tiny", path="/models/tiny")
+    v1 = ModelVersion.objects.create(project=project, number=1, base=base)
+    AliasAssignment.objects.create(project=project, alias="production", version=v1)
+    return ModelVersion.objects.create(project=project, number=2, base=base)
 
 
 def _url(route, values):

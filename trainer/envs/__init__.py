@@ -1,8 +1,11 @@
-"""Environments the trainer rolls out in: single-turn tool calling and the stateful workplace.
+"""Environments the trainer rolls out in.
 
-`make_env(task)` takes one task row (`{id, messages, tools, verifier, env?: {type, initial_state,
-max_turns}, origin}`) and returns an `Env`: `reset()` gives the opening messages, `step(completion)` the
-messages to append and whether the episode is over, `score()` the verifier's `Score` for the episode.
+`make_env(task)` takes one task row (`{id, messages, tools, verifier | reward, env?: {type, max_turns, ...},
+origin}`) and returns an `Env`: `reset()` gives the opening messages, `step(completion)` the messages to
+append and whether the episode is over, `score()` the verifier's `Score` for the episode. `env.type`:
+`single_turn` (default), `workplace` (the simulated company), `replay` (a recorded trajectory answers the
+calls, `trainer.envs.replay_env`), `http` (an environment server, `trainer.envs.http_env`) and `python` (an
+installed entry point, command line only, `trainer.envs.entry_point`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any
 
 from trainer.envs.base import DEFAULT_MAX_TURNS, Env, StepResult, assistant_message, max_turns, parse_turn
 from trainer.verifiers import Score
-from trainer.verifiers import score as verify
+from trainer.verifiers.rewards import score_task
 
 __all__ = ["DEFAULT_MAX_TURNS", "Env", "SingleTurnEnv", "StepResult", "assistant_message", "make_env", "max_turns",
            "replay", "ENV_TYPES"]
@@ -44,7 +47,7 @@ class SingleTurnEnv:
         if not self._done:
             raise RuntimeError(f"task {self.task.get('id')}: score() before step()")
         # A row without "tools" skips the declared-tool check; an empty list declares that there are none.
-        return verify(self.task["verifier"], self._completion, tools=self.task.get("tools"))
+        return score_task(self.task, self._completion, tools=self.task.get("tools"))
 
 
 def make_env(task: dict[str, Any]) -> Env:
@@ -78,4 +81,23 @@ def _workplace(task: dict[str, Any]) -> Env:
     return WorkplaceEnv(task)
 
 
-ENV_TYPES = {"single_turn": SingleTurnEnv, "workplace": _workplace}
+def _replay(task: dict[str, Any]) -> Env:
+    from trainer.envs.replay_env import ReplayEnv
+
+    return ReplayEnv(task)
+
+
+def _http(task: dict[str, Any]) -> Env:
+    from trainer.envs.http_env import HttpEnv
+
+    return HttpEnv(task)
+
+
+def _python(task: dict[str, Any]) -> Env:
+    from trainer.envs.entry_point import make_python_env
+
+    return make_python_env(task)
+
+
+ENV_TYPES = {"single_turn": SingleTurnEnv, "workplace": _workplace, "replay": _replay, "http": _http,
+             "python": _python}

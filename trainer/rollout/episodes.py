@@ -9,6 +9,7 @@ trainer's logprobs on the very tokens sampled, and the context the one the serve
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,10 @@ from transformers import PreTrainedTokenizerBase
 
 from trainer.envs.base import max_turns as turn_limit
 from trainer.rollout import PromptTooLong, RolloutEngine
+
+# Threads stepping environments that wait on I/O (`env.concurrent`, e.g. an environment server); each
+# environment bounds its own requests in flight (the http environment's max_concurrency per server).
+MAX_ENV_THREADS = 64
 
 
 @dataclass
@@ -75,21 +80,39 @@ def observation_ids(tokenizer: PreTrainedTokenizerBase, history: list[dict], new
     return encode(tokenizer, after[cut:])
 
 
+def each_env(items: list[Any], env_of: Callable[[Any], Any], fn: Callable[[Any], Any]) -> list[Any]:
+    """`fn` over `items`, in order; the items whose environment waits on I/O (`env.concurrent`) run in
+    threads, the others here. The first exception (an environment server's error naming its task) is
+    raised once every call has returned."""
+    io = [i for i, item in enumerate(items) if getattr(env_of(item), "concurrent", False)]
+    if len(io) < 2:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(len(io), MAX_ENV_THREADS), thread_name_prefix="env") as pool:
+        futures = {i: pool.submit(fn, items[i]) for i in io}
+        local = {i: fn(item) for i, item in enumerate(items) if i not in futures}
+        return [futures[i].result() if i in futures else local[i] for i in range(len(items))]
+
+
 def start_episodes(rows: list[dict], n: int, tokenizer: PreTrainedTokenizerBase,
                    make_env: Callable[[dict], Any], group_offset: int = 0) -> list[Episode]:
+    pairs = [(g, row, make_env(row)) for g, row in enumerate(rows) for _ in range(n)]
+    openings = each_env(pairs, lambda p: p[2], lambda p: p[2].reset())
     episodes = []
-    prompt_cache: dict[int, list[int]] = {}
-    for g, row in enumerate(rows):
-        for _ in range(n):
-            env = make_env(row)
-            messages = env.reset()
-            if g not in prompt_cache:  # the same row renders to the same prompt for all its samples
-                prompt_cache[g] = encode(tokenizer, render(tokenizer, messages, env.tools, generation_prompt=True))
-            ids = list(prompt_cache[g])
-            episodes.append(Episode(
-                row=row, group=group_offset + g, env=env, token_ids=ids, mask=[0] * len(ids),
-                sampler_logprobs=[0.0] * len(ids), prompt_len=len(ids), messages=list(messages),
-            ))
+    prompt_cache: dict[int, tuple[list[dict], list[int]]] = {}
+    for (g, row, env), messages in zip(pairs, openings, strict=True):
+        if g not in prompt_cache:  # the same row renders to the same prompt for all its samples
+            prompt_cache[g] = (messages, encode(tokenizer, render(tokenizer, messages, env.tools,
+                                                                  generation_prompt=True)))
+        elif messages != prompt_cache[g][0]:
+            # GRPO compares the samples of one prompt; an environment that opens differently each time
+            # would make the group's advantages meaningless.
+            raise ValueError(f"task {row.get('id')!r}: the environment opened two episodes of the same task "
+                             "with different messages (reset must answer the same opening for one task)")
+        ids = list(prompt_cache[g][1])
+        episodes.append(Episode(
+            row=row, group=group_offset + g, env=env, token_ids=ids, mask=[0] * len(ids),
+            sampler_logprobs=[0.0] * len(ids), prompt_len=len(ids), messages=list(messages),
+        ))
     return episodes
 
 
@@ -111,7 +134,11 @@ def run_episodes(
                                    temperature=temperature)
         except PromptTooLong as exc:  # the engine knows the limit, only we know whose prompt it is
             raise ValueError(f"task {active[exc.index].row.get('id')!r}: {exc}") from exc
-        for ep, gen in zip(active, gens, strict=True):
+        texts = [tokenizer.decode([t for t in gen.token_ids if t != eos_id], skip_special_tokens=True)
+                 for gen in gens]
+        results = each_env(list(zip(active, texts, strict=True)), lambda p: p[0].env,
+                           lambda p: p[0].env.step(p[1]))
+        for ep, gen, result in zip(active, gens, results, strict=True):
             ep.token_ids.extend(gen.token_ids)
             ep.mask.extend([1] * len(gen.token_ids))
             if gen.logprobs is None:
@@ -121,12 +148,8 @@ def run_episodes(
                 ep.sampler_logprobs.extend(gen.logprobs)
             ep.completion_tokens += len(gen.token_ids)
             ep.turns += 1
-            text = tokenizer.decode(
-                [t for t in gen.token_ids if t != eos_id], skip_special_tokens=True
-            )
             if not gen.finished:
                 ep.truncated = True
-            result = ep.env.step(text)
             history = ep.messages
             assistant = [m for m in result.messages if m.get("role") == "assistant"]
             observations = [m for m in result.messages if m.get("role") != "assistant"]
@@ -146,7 +169,7 @@ def run_episodes(
             ep.token_ids.extend(obs)
             ep.mask.extend([0] * len(obs))
             ep.sampler_logprobs.extend([0.0] * len(obs))
-    for ep in episodes:
-        ep.score = ep.env.score()
-        ep.reward = float(ep.score.reward)
+    for ep, score in zip(episodes, each_env(episodes, lambda ep: ep.env, lambda ep: ep.env.score()), strict=True):
+        ep.score = score
+        ep.reward = float(score.reward)
     return episodes

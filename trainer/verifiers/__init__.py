@@ -22,7 +22,14 @@ from typing import Any
 
 from trainer.verifiers import schemas as _schemas
 from trainer.verifiers import text as _text
-from trainer.verifiers.base import FAILURE_PRECEDENCE, FAILURES, Score, SpecError, first_failure
+from trainer.verifiers.base import (
+    FAILURE_PRECEDENCE,
+    FAILURES,
+    Score,
+    SpecError,
+    component_means,
+    first_failure,
+)
 from trainer.verifiers.llm_judge import LLMJudgeDisabled, compile_judge, configure_llm_judge, score_judge
 from trainer.verifiers.matchers import normalize_text
 from trainer.verifiers.parsing import ParsedCompletion, parse_completion
@@ -40,6 +47,7 @@ __all__ = [
     "VERIFIER_TYPES",
     "caches_disabled",
     "compile_spec",
+    "component_means",
     "configure_llm_judge",
     "first_failure",
     "normalize_text",
@@ -170,7 +178,8 @@ def score(spec: dict, completion: str | dict, *, tools: list[dict] | None = None
 
 
 def summarize(scores: list[Score]) -> dict[str, Any]:
-    """Suite metrics: {"n", "success_rate", "invalid_output_rate", "unsafe_action_rate", "mean_reward", "failures"}."""
+    """Suite metrics: {"n", "success_rate", "invalid_output_rate", "unsafe_action_rate", "mean_reward", "failures"},
+    and "reward/<name>" per reward component when rows have weighted rewards."""
     n = len(scores)
     failures: dict[str, int] = {}
     for s in scores:
@@ -185,4 +194,5 @@ def summarize(scores: list[Score]) -> dict[str, Any]:
         "unsafe_action_rate": sum(s.unsafe for s in scores) / n,
         "mean_reward": sum(s.reward for s in scores) / n,
         "failures": failures,
+        **component_means(scores),  # a row with weighted rewards: each one's mean, "reward/<name>"
     }

@@ -57,12 +57,15 @@ class Score:
 
     `reward` is what GRPO optimises, `passed` what success rates count, `failure` one of FAILURES (None when
     passed), and `checks` says, check by check, what was looked at and why it failed (JSON-serialisable).
+    `components` holds, for a row with several weighted rewards, each one's own (unweighted) reward by name;
+    `reward` is then their weighted sum.
     """
 
     reward: float
     passed: bool
     checks: dict[str, Any] = field(default_factory=dict)
     failure: str | None = None
+    components: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.failure is not None and self.failure not in _RANK:
@@ -77,7 +80,22 @@ class Score:
         return isinstance(unsafe, dict) and unsafe.get("ok") is False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reward": self.reward, "passed": self.passed, "failure": self.failure, "checks": self.checks}
+        out = {"reward": self.reward, "passed": self.passed, "failure": self.failure, "checks": self.checks}
+        if self.components:
+            out["components"] = dict(self.components)
+        return out
+
+
+def component_means(scores: list[Score]) -> dict[str, float]:
+    """`{"reward/<name>": mean}` of each reward component over the scores that have it (the step event's
+    and the suite metrics' per-component figures); {} when no score has components."""
+    sums: dict[str, list[float]] = {}
+    for s in scores:
+        for name, value in s.components.items():
+            acc = sums.setdefault(name, [0.0, 0.0])
+            acc[0] += value
+            acc[1] += 1
+    return {f"reward/{name}": total / n for name, (total, n) in sums.items()}
 
 
 def short(value: Any, limit: int = 80) -> str:

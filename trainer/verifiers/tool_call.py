@@ -126,6 +126,49 @@ def compile_weights(weights: Any, keys: frozenset[str], problems: list[str]) -> 
             if k in keys and isinstance(v, int | float) and not isinstance(v, bool)}
 
 
+def compile_expected_call(call: Any, compiler: Compiler, where: str, problems: list[str],
+                          extra_keys: frozenset[str] = frozenset()) -> ExpectedCall | None:
+    """One `{"name", "arguments"?: {key: matcher}}` (an expected call, or a replay environment's recorded
+    call: both match a call the same way); None when it has no name. `extra_keys` are other keys the
+    caller allows beside name and arguments."""
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+        problems.append(f"{where}: needs a \"name\"")
+        return None
+    extra = set(call) - {"name", "arguments"} - extra_keys
+    if extra:
+        problems.append(f"{where}: unknown key(s) {sorted(extra)}")
+    args = call.get("arguments", {})
+    if not isinstance(args, dict):
+        problems.append(f"{where}.arguments: must be an object of argument name -> matcher")
+        args = {}
+    compiled = tuple(
+        (key, compiler.compile(m, f"{call['name']}.{key}"), is_optional(m)) for key, m in args.items()
+    )
+    return ExpectedCall(call["name"], compiled, frozenset(args))
+
+
+def call_mismatches(exp: ExpectedCall, call: dict[str, Any], allow_extra_arguments: bool) -> list[str]:
+    """Why `call` ({"name", "arguments"}) is not `exp`; [] when it matches (the verifier's own rule)."""
+    if call["name"] != exp.name:
+        return [f"expected {exp.name}, got {short(call['name'])}"]
+    return _match_arguments(exp, call["arguments"], allow_extra_arguments)[1]
+
+
+def matching_rules(spec: Any) -> tuple[bool, bool]:
+    """(normalized strings, extra arguments allowed) of the first tool_call spec found in `spec` (a spec,
+    an `all` spec, or a row's weighted `reward` list); the verifier's defaults when there is none."""
+    stack = [spec]
+    while stack:
+        item = stack.pop(0)
+        if isinstance(item, list):
+            stack[:0] = [c.get("verifier") if isinstance(c, dict) else None for c in item]
+        elif isinstance(item, dict) and item.get("type") == "all" and isinstance(item.get("verifiers"), list):
+            stack[:0] = item["verifiers"]
+        elif isinstance(item, dict) and item.get("type") == "tool_call":
+            return item.get("string_match", "normalized") != "exact", item.get("allow_extra_arguments") is True
+    return True, False
+
+
 def compile_spec(spec: dict, problems: list[str]) -> ToolCallSpec:
     """Compile a tool_call spec, appending what is wrong with it to `problems`."""
     for key in sorted(set(spec) - SPEC_KEYS):
@@ -148,21 +191,9 @@ def compile_spec(spec: dict, problems: list[str]) -> ToolCallSpec:
         problems.append("expected_calls must be a list of {\"name\", \"arguments\"} (it may be empty)")
         raw_calls = []
     for i, call in enumerate(raw_calls):
-        where = f"expected_calls[{i}]"
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
-            problems.append(f"{where}: needs a \"name\"")
-            continue
-        extra = set(call) - {"name", "arguments"}
-        if extra:
-            problems.append(f"{where}: unknown key(s) {sorted(extra)}")
-        args = call.get("arguments", {})
-        if not isinstance(args, dict):
-            problems.append(f"{where}.arguments: must be an object of argument name -> matcher")
-            args = {}
-        compiled = tuple(
-            (key, compiler.compile(m, f"{call['name']}.{key}"), is_optional(m)) for key, m in args.items()
-        )
-        expected.append(ExpectedCall(call["name"], compiled, frozenset(args)))
+        exp = compile_expected_call(call, compiler, f"expected_calls[{i}]", problems)
+        if exp is not None:
+            expected.append(exp)
 
     unsafe = compile_unsafe(spec.get("unsafe"), compiler)
     problems.extend(compiler.problems)

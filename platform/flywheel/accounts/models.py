@@ -48,6 +48,7 @@ class Membership(models.Model):
 class Scope(models.TextChoices):
     INGEST = "ingest", "Ingest trajectories"
     READ = "read", "Read trajectories"
+    REVIEW = "review", "Review: assign failure modes, work the review queue"
 
 
 class ApiKey(models.Model):

@@ -34,6 +34,9 @@ def project_create(
             f"invalid project slug {slug!r}: use 1-64 lower-case letters, digits and inner hyphens (e.g. support-agent)"
         )
     project = Project.objects.create(slug=slug, name=name or slug, description=description)
+    from flywheel.failures.services import taxonomy_seed  # the failures app builds on accounts
+
+    taxonomy_seed(project=project)
     if owner is not None:
         Membership.objects.create(user=owner, project=project, role=Role.MAINTAINER)
     return project

@@ -1,6 +1,7 @@
 """What reviewers write on a trajectory: its outcome, comments on messages, tags. One function per action;
 the htmx endpoints, the API and the tests all call these. Permission checks live in the views
-(`access.project_view`), these functions trust their caller."""
+(`access.project_view`), these functions trust their caller. Each change of the outcome or the tags is
+recorded in the review history (flywheel.failures.history), in the same transaction."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from flywheel.failures.history import review_change_record, tags_of
+from flywheel.failures.models import ReviewField
 from flywheel.trajectories.models import Comment, Outcome, Tag, Trajectory
 
 MAX_COMMENT_CHARS = 10_000
@@ -38,10 +41,14 @@ def trajectory_outcome_set(*, trajectory: Trajectory, outcome: str, user: Abstra
     """Record a reviewer's outcome; it wins over the agent's own. An empty outcome clears the review."""
     if outcome and outcome not in Outcome.values:
         raise ValidationError({"outcome": f"Unknown outcome {outcome!r}; one of {', '.join(Outcome.values)}."})
-    trajectory.reviewed_outcome = outcome
-    trajectory.reviewed_by = user if outcome else None
-    trajectory.reviewed_at = timezone.now() if outcome else None
-    trajectory.save(update_fields=["reviewed_outcome", "reviewed_by", "reviewed_at", "updated_at"])
+    with transaction.atomic():
+        # The value before, read under the row's lock: two reviewers at once each record what they replaced.
+        before = Trajectory.objects.select_for_update().values_list("reviewed_outcome", flat=True).get(pk=trajectory.pk)
+        trajectory.reviewed_outcome = outcome
+        trajectory.reviewed_by = user if outcome else None
+        trajectory.reviewed_at = timezone.now() if outcome else None
+        trajectory.save(update_fields=["reviewed_outcome", "reviewed_by", "reviewed_at", "updated_at"])
+        review_change_record(trajectory=trajectory, user=user, field=ReviewField.OUTCOME, before=before, after=outcome)
     return trajectory
 
 
@@ -61,7 +68,7 @@ def trajectory_comment_add(
     return Comment.objects.create(trajectory=trajectory, author=author, body=body, message_index=message_index)
 
 
-def trajectory_tag_add(*, trajectory: Trajectory, name: str) -> Tag:
+def trajectory_tag_add(*, trajectory: Trajectory, name: str, user: AbstractBaseUser | None = None) -> Tag:
     """Tag the trajectory, creating the project's tag on first use."""
     name = " ".join(name.split())
     if not name:
@@ -71,10 +78,18 @@ def trajectory_tag_add(*, trajectory: Trajectory, name: str) -> Tag:
     _no_nul(name, "name", "A tag name")
     with transaction.atomic():
         tag, _ = Tag.objects.get_or_create(project_id=trajectory.project_id, name=name)
+        before = tags_of(trajectory=trajectory)
         trajectory.tags.add(tag)
+        review_change_record(
+            trajectory=trajectory, user=user, field=ReviewField.TAGS, before=before, after=sorted({*before, name})
+        )
     return tag
 
 
-def trajectory_tag_remove(*, trajectory: Trajectory, tag: Tag) -> None:
+def trajectory_tag_remove(*, trajectory: Trajectory, tag: Tag, user: AbstractBaseUser | None = None) -> None:
     """Untag the trajectory. The tag itself stays in the project for other trajectories."""
-    trajectory.tags.remove(tag)
+    with transaction.atomic():
+        before = tags_of(trajectory=trajectory)
+        trajectory.tags.remove(tag)
+        after = [name for name in before if name != tag.name]
+        review_change_record(trajectory=trajectory, user=user, field=ReviewField.TAGS, before=before, after=after)

@@ -89,6 +89,7 @@ class TrajectoryFilters:
     reviewed: bool | None = None  # a reviewer set the outcome (or not)
     source: str = ""  # one of SOURCES
     tag: str = ""  # a tag's name
+    mode: int | None = None  # a failure mode's id (flywheel.failures): trajectories that carry it
     errors: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -134,6 +135,10 @@ class TrajectoryFilters:
         if tag and (text_problem(tag) or len(tag) > 64):
             errors.append(f"Ignored tag {tag[:40]!r}: {text_problem(tag) or 'it is longer than 64 characters'}.")
             tag = ""
+        raw_mode = (params.get("mode") or "").strip()
+        mode = int(raw_mode) if _CURSOR.fullmatch(raw_mode) else None
+        if raw_mode and mode is None:
+            errors.append(f"Ignored failure mode {raw_mode[:40]!r}: it is not a failure mode's id.")
         return cls(
             outcome=outcome,
             agent=texts["agent"],
@@ -146,6 +151,7 @@ class TrajectoryFilters:
             reviewed=reviewed,
             source=picked["source"],
             tag=tag,
+            mode=mode,
             errors=tuple(errors),
         )
 
@@ -163,6 +169,7 @@ class TrajectoryFilters:
             "reviewed": {True: "yes", False: "no", None: ""}[self.reviewed],
             "source": self.source,
             "tag": self.tag,
+            "mode": str(self.mode) if self.mode is not None else "",
         }
         return {k: v for k, v in raw.items() if v}
 
@@ -236,6 +243,13 @@ def trajectory_queryset(*, project: Project, filters: TrajectoryFilters) -> Quer
             tag__project=project, tag__name=filters.tag, trajectory_id=OuterRef("pk")
         )
         qs = qs.filter(Exists(links))
+    if filters.mode is not None:
+        from flywheel.failures.models import FailureModeAssignment  # the failures app builds on this one
+
+        carried = FailureModeAssignment.objects.filter(
+            failure_mode_id=filters.mode, failure_mode__project=project, trajectory_id=OuterRef("pk")
+        )
+        qs = qs.filter(Exists(carried))
     return qs
 
 

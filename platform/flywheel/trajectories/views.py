@@ -14,6 +14,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
+from flywheel.failures.selectors import assignable_modes
+from flywheel.failures.views import trajectory_review_context
 from flywheel.trajectories import review, selectors
 from flywheel.trajectories.models import SOURCES, Outcome, SignalKind, Tag, Trajectory
 
@@ -46,6 +48,9 @@ def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
         "count_cap": selectors.COUNT_CAP,
         "carry_qs": filters.querystring(),
         "carry_suffix": f"?{filters.querystring()}" if filters.active else "",
+        # Bulk assignment: the rows get checkboxes, and the bar offers the project's modes.
+        "bulk": _can_review(request),
+        "failure_modes": assignable_modes(project=project) if _can_review(request) else [],
     }
     if request.htmx and request.htmx.target == "results":
         response = render(request, "trajectories/_trajectory_results.html", context)
@@ -67,10 +72,16 @@ def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
         "signal_kinds": SignalKind.choices,
         "sources": SOURCES,
         "tags": selectors.project_tag_names(project=project),
+        "mode_options": _mode_options(project),
     }
     if filters.tag and filters.tag not in context["tags"]:
         context["tags"].append(filters.tag)
     return render(request, "trajectories/trajectory_list.html", context)
+
+
+def _mode_options(project: Project) -> list[tuple[int, str]]:
+    """(id, name) of the project's failure modes, for the list's filter."""
+    return list(project.failure_modes.order_by("name").values_list("id", "name")[: selectors.OPTION_LIMIT])
 
 
 def _detail_context(request: HttpRequest, project: Project, trajectory: Trajectory) -> dict:
@@ -93,7 +104,7 @@ def _detail_context(request: HttpRequest, project: Project, trajectory: Trajecto
         "outcomes": Outcome.choices,
         "can_review": _can_review(request),
         "tag_suggestions": selectors.project_tag_names(project=project),
-    }
+    } | trajectory_review_context(request=request, project=project, trajectory=trajectory)
 
 
 @require_GET
@@ -184,7 +195,7 @@ def trajectory_tag_add(request: HttpRequest, project: Project, trajectory_id: in
     trajectory = _trajectory_or_404(project, trajectory_id)
     error = ""
     try:
-        review.trajectory_tag_add(trajectory=trajectory, name=request.POST.get("name", ""))
+        review.trajectory_tag_add(trajectory=trajectory, name=request.POST.get("name", ""), user=request.user)
     except ValidationError as exc:
         error = _first_error(exc)
     if not request.htmx:
@@ -197,7 +208,7 @@ def trajectory_tag_add(request: HttpRequest, project: Project, trajectory_id: in
 def trajectory_tag_remove(request: HttpRequest, project: Project, trajectory_id: int, tag_id: int) -> HttpResponse:
     trajectory = _trajectory_or_404(project, trajectory_id)
     tag = get_object_or_404(Tag, project=project, pk=tag_id)
-    review.trajectory_tag_remove(trajectory=trajectory, tag=tag)
+    review.trajectory_tag_remove(trajectory=trajectory, tag=tag, user=request.user)
     if not request.htmx:
         return _back(project, trajectory)
     return _tags_response(request, project, trajectory)

@@ -142,6 +142,7 @@ def project_urls(setting):
     import re
 
     from flywheel.trajectories.ingest import ingest_trajectories
+    from flywheel.registry.models import BaseModel, ModelVersion
     from flywheel.trajectories.models import Tag, Trajectory, TriageRun, Upload
 
     project = setting["project"]
@@ -155,6 +156,9 @@ def project_urls(setting):
         "user_id": setting["viewer"].pk,
         "key_id": setting["key"].api_key.pk,
         "run_id": TriageRun.objects.create(project=project, version=1, status="done").pk,
+        "version_number": ModelVersion.objects.create(
+            project=project, number=1, base=BaseModel.objects.create(project=project, name="tiny", path="/m")
+        ).number,
     }
     urls = []
     for route in _routes():

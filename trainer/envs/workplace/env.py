@@ -9,7 +9,7 @@ from typing import Any
 from trainer.envs.base import StepResult, max_turns, parse_turn
 from trainer.envs.workplace.tools import HANDLERS, ToolError
 from trainer.verifiers import Score
-from trainer.verifiers import score as verify
+from trainer.verifiers.rewards import score_task
 from trainer.verifiers.schemas import tool_index
 
 
@@ -100,7 +100,7 @@ class WorkplaceEnv:
     def score(self) -> Score:
         if self.format_error is not None:
             return Score(0.0, False, {"format": {"ok": False, "turn": self.turn, "reason": self.format_error}}, "invalid_format")
-        result = verify(self.task["verifier"], self.transcript_message(), tools=self.tools, state=self.state)
+        result = score_task(self.task, self.transcript_message(), tools=self.tools, state=self.state)
         checks = dict(result.checks)
         checks["episode"] = {"turns": self.turn, "finished": bool(self.done and self.final_content), "errors": self.call_errors}
         failure = result.failure
@@ -109,4 +109,4 @@ class WorkplaceEnv:
             # (an invented tool, or arguments the tool refused).
             kinds = {e["kind"] for e in self.call_errors}
             failure = "hallucinated_api" if "hallucinated_api" in kinds else "wrong_arguments"
-        return Score(result.reward, result.passed, checks, failure)
+        return Score(result.reward, result.passed, checks, failure, result.components)

@@ -1,0 +1,146 @@
+"""Eval suites (holdout, regression) and their cases, and the immutable versions a suite's changes make.
+
+The abstract bases here are shared with `flywheel.environments` (task sets and tasks): an eval case and an
+environment task are the same row shape, and a version of either is the same frozen list of rows.
+A version is written once and never edited: its `rows` are the export, its `content_hash` their SHA-256
+(`flywheel.evals.rows`). Freezing (maintainers) marks a version fit for a job after a last leakage check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+
+from flywheel.accounts.models import Project
+from flywheel.evals import rows as row_shape
+
+
+class EnvType(models.TextChoices):
+    SINGLE_TURN = "single_turn", "Single turn"
+    REPLAY = "replay", "Replay"
+    WORKPLACE = "workplace", "Workplace"
+
+
+class ItemBase(models.Model):
+    """One row of a suite or a task set, as it stands now (a version copies it)."""
+
+    ROW_PREFIX = "item"
+
+    message_index = models.IntegerField(null=True, blank=True)  # the assistant turn it was promoted at
+    messages = models.JSONField(default=list)  # the context: messages before that turn
+    tools = models.JSONField(default=list)
+    verifier = models.JSONField(default=dict)
+    env = models.JSONField(null=True, blank=True)  # None: single_turn
+    reference = models.JSONField(null=True, blank=True)  # the stated correct output the verifier passed
+    # The leakage guard compares prompts by this digest (flywheel.evals.rows.prompt_digest); the text is
+    # kept to show a conflict to a reviewer.
+    prompt_digest = models.CharField(max_length=64, blank=True, default="", db_index=True)
+    prompt_text = models.TextField(blank=True, default="")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def row_id(self) -> str:
+        return f"{self.ROW_PREFIX}-{self.pk}"
+
+    @property
+    def env_type(self) -> str:
+        return (self.env or {}).get("type", EnvType.SINGLE_TURN) if isinstance(self.env, dict) else EnvType.SINGLE_TURN
+
+    def row(self) -> dict[str, Any]:
+        return row_shape.build_row(
+            row_id=self.row_id, messages=self.messages, tools=self.tools, verifier=self.verifier, env=self.env,
+            trajectory_id=self.trajectory_id, failure_mode_id=self.failure_mode_id,  # type: ignore[attr-defined]
+        )
+
+
+class VersionBase(models.Model):
+    """An immutable snapshot of a collection's rows. Made by every change; never edited afterwards."""
+
+    number = models.PositiveIntegerField()
+    content_hash = models.CharField(max_length=64)
+    rows = models.JSONField(default=list)
+    size = models.PositiveIntegerField(default=0)
+    note = models.CharField(max_length=300, blank=True, default="")  # what changed
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    frozen_at = models.DateTimeField(null=True, blank=True)
+    frozen_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        abstract = True
+        ordering = ["-number"]
+
+    @property
+    def frozen(self) -> bool:
+        return self.frozen_at is not None
+
+
+class SuiteKind(models.TextChoices):
+    HOLDOUT = "holdout", "Holdout"
+    REGRESSION = "regression", "Regression"
+
+
+class EvalSuite(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="eval_suites")
+    name = models.CharField(max_length=120)
+    kind = models.CharField(max_length=16, choices=SuiteKind.choices, default=SuiteKind.REGRESSION)
+    description = models.TextField(blank=True, default="")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    # The leakage guard's side: an eval row never shares a trajectory or a prompt with a training row.
+    SIDE = "eval"
+    LABEL = "eval suite"
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="evalsuite_unique_project_name")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+    @property
+    def items(self) -> models.Manager:
+        return self.cases
+
+
+class EvalCase(ItemBase):
+    ROW_PREFIX = "case"
+
+    suite = models.ForeignKey(EvalSuite, on_delete=models.CASCADE, related_name="cases")
+    trajectory = models.ForeignKey(
+        "trajectories.Trajectory", null=True, blank=True, on_delete=models.SET_NULL, related_name="eval_cases"
+    )
+    failure_mode = models.ForeignKey(
+        "failures.FailureMode", null=True, blank=True, on_delete=models.SET_NULL, related_name="eval_cases"
+    )
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.row_id
+
+
+class EvalSuiteVersion(VersionBase):
+    suite = models.ForeignKey(EvalSuite, on_delete=models.CASCADE, related_name="versions")
+
+    class Meta(VersionBase.Meta):
+        constraints = [models.UniqueConstraint(fields=["suite", "number"], name="evalsuiteversion_unique_number")]
+
+    def __str__(self) -> str:
+        return f"{self.suite.name} v{self.number}"

@@ -1,0 +1,411 @@
+"""The clustering engine: pure functions over plain data (messages, signals, vectors), no Django, so that the
+job, the bench and the tests run the same code.
+
+1. `signature(messages, signals)`: a failure's failing step in context (the user's request, the failing call
+   or answer, the tool's result or error) and its structure (tool name, signal kinds, which checks failed).
+   The failing step is the message of the most telling signal that has a message index (STEP_PRIORITY),
+   else the last assistant turn.
+2. `features(signatures, embedder)`: the request and the failing step embedded apart (the step weighs more:
+   it is the failure; the request is its context), and the structure as hashed one-hot features, weighted,
+   concatenated, unit length. Hashing keeps the space the same from run to run, so stored centroids stay
+   comparable.
+3. `cluster(vectors)`: PCA to a few dozen dimensions, then scikit-learn's HDBSCAN; -1 is noise.
+4. `describe(...)`: per cluster a label from class-based TF-IDF (its most distinctive terms) and its most
+   distinctive signal, the members nearest its centre, its signal mix and its centroid.
+5. `attach(...)` and `matches_dismissed(...)`: decisions that persist. A failure close to an existing mode's
+   members is suggested for that mode instead of being clustered; a cluster that matches a dismissed group
+   is not suggested again."""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+# Which signal points at the failing step when several do: the one that explains the others (an unsafe or
+# unparseable call explains the error after it; a tool error explains the missing answer).
+STEP_PRIORITY = (
+    "unsafe_action",
+    "invalid_arguments",
+    "undeclared_tool",
+    "schema_violation",
+    "loop",
+    "tool_error",
+    "human_intervention",
+    "no_final_answer",
+)
+# The verifier check each signal kind reports as failed.
+CHECK_OF_KIND = {
+    "invalid_arguments": "json",
+    "undeclared_tool": "declared",
+    "schema_violation": "schema",
+    "unsafe_action": "unsafe",
+    "tool_error": "tool_result",
+    "loop": "repeated_call",
+    "no_final_answer": "final_answer",
+    "negative_feedback": "feedback",
+    "human_intervention": "intervention",
+}
+PIECE_CHARS = 600  # of each piece of a signature: the start says what it is
+STRUCT_DIM = 64  # hashed structure features
+W_REQUEST = 0.45  # weights of the parts of a failure's vector (each part unit length)
+W_STEP = 1.0
+W_STRUCT = 0.9
+PCA_DIM = 24
+ATTACH_THRESHOLD = 0.88  # cosine of a failure to a mode's centroid to be suggested for that mode
+DISMISSED_THRESHOLD = 0.92  # cosine of a cluster's centroid to a dismissed group's to count as the same
+DISMISSED_OVERLAP = 0.5  # or this share of its members were in the dismissed group
+REPRESENTATIVES = 5
+
+_NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
+_ID = re.compile(r"\b[0-9a-f]{8,}\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I)
+_EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+\.[\w.]+\b")
+_SPACE = re.compile(r"\s+")
+
+
+class Embedder(Protocol):
+    name: str
+    dim: int
+
+    def encode(self, texts: list[str]) -> np.ndarray: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """What a failure is, for clustering: the failing step in context, and its structure."""
+
+    request: str  # the user's request before the failing step
+    step: str  # the failing call (`name {arguments}`) or answer
+    result: str  # the tool's result or error for that call; for an answer, the last tool result before it
+    tool: str  # the failing call's tool, "" for an answer
+    kinds: tuple[str, ...]  # signal kinds of the trajectory, sorted
+    checks: tuple[str, ...]  # which checks failed, e.g. "schema", "schema:date", "unsafe"
+    step_index: int | None = None
+
+    @property
+    def text(self) -> str:
+        return "\n".join(p for p in (self.request, self.step, self.result) if p)
+
+    @property
+    def structure(self) -> list[str]:
+        return ([f"tool:{self.tool}"] if self.tool else ["tool:-"]) + [f"kind:{k}" for k in self.kinds] + [
+            f"check:{c}" for c in self.checks
+        ]
+
+
+def normalize(text: str) -> str:
+    """Text as it is embedded and labelled: numbers, ids and addresses replaced, whitespace collapsed."""
+    text = _EMAIL.sub(" email ", text)
+    text = _ID.sub(" id ", text)
+    text = _NUMBER.sub(" 0 ", text)
+    return _SPACE.sub(" ", text).strip()
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else json.dumps(content, ensure_ascii=False, default=str)
+
+
+def _cut(text: str) -> str:
+    return text[:PIECE_CHARS]
+
+
+def _call_text(call: Any) -> tuple[str, str]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return "", ""
+    name = str(function.get("name") or "")
+    arguments = function.get("arguments")
+    arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False, default=str)
+    return name, f"{name} {arguments}"
+
+
+def _check_details(kind: str, detail: dict[str, Any]) -> list[str]:
+    """Finer checks a signal's detail names: the argument a schema error is about, an unsafe rule."""
+    out = []
+    if kind == "schema_violation":
+        for error in detail.get("errors", [])[:3]:
+            at = re.search(r"\(at ([^)]+)\)", str(error))
+            if at:
+                out.append(f"schema:{at.group(1)}")
+            elif "required property" in str(error):
+                out.append("schema:required")
+            elif "unexpected argument" in str(error):
+                out.append("schema:unexpected")
+    elif kind == "unsafe_action":
+        for call in detail.get("calls", [])[:3]:
+            if isinstance(call, dict):
+                out.append(f"unsafe:{call.get('rule')}")
+    return out
+
+
+def signature(messages: Sequence[Any], signals: Iterable[dict[str, Any]]) -> Signature:
+    """The signature of one failure. `signals` are triage signals as dicts: kind, message_index, detail."""
+    messages = [m if isinstance(m, dict) else {} for m in (messages if isinstance(messages, list) else [])]
+    signals = list(signals)
+    kinds = tuple(sorted({str(s.get("kind")) for s in signals}))
+    checks: set[str] = set()
+    for s in signals:
+        kind = str(s.get("kind"))
+        if kind in CHECK_OF_KIND:
+            checks.add(CHECK_OF_KIND[kind])
+        detail = s.get("detail")
+        checks.update(_check_details(kind, detail if isinstance(detail, dict) else {}))
+
+    rank = {kind: i for i, kind in enumerate(STEP_PRIORITY)}
+    located = [
+        s for s in signals
+        if s.get("kind") in rank and isinstance(s.get("message_index"), int) and 0 <= s["message_index"] < len(messages)
+    ]  # fmt: skip
+    index: int | None = None
+    if located:
+        best = min(located, key=lambda s: (rank[s["kind"]], s["message_index"]))
+        index = best["message_index"]
+    else:
+        index = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
+
+    tool = step = result = ""
+    if index is not None:
+        message = messages[index]
+        role = message.get("role")
+        if role == "tool":
+            # A tool result: the failing step is the call it answers.
+            call_id = message.get("tool_call_id")
+            result = _text(message.get("content"))
+            for j in range(index - 1, -1, -1):
+                calls = messages[j].get("tool_calls") or []
+                match = [c for c in calls if isinstance(c, dict) and c.get("id") == call_id] or (calls[:1] if not call_id else [])
+                if match:
+                    tool, step = _call_text(match[0])
+                    index = j
+                    break
+            else:
+                tool = str(message.get("name") or "")
+        elif role == "assistant" and message.get("tool_calls"):
+            calls = [c for c in message["tool_calls"] if isinstance(c, dict)]
+            texts = [_call_text(c) for c in calls]
+            tool = texts[0][0] if texts else ""
+            step = " ; ".join(t for _, t in texts)
+            ids = {c.get("id") for c in calls}
+            answers = [
+                _text(m.get("content")) for m in messages[index + 1 : index + 1 + len(calls) * 2]
+                if m.get("role") == "tool" and (m.get("tool_call_id") in ids or not m.get("tool_call_id"))
+            ]  # fmt: skip
+            result = " ; ".join(answers)
+        else:
+            step = _text(message.get("content"))
+            result = next((_text(m.get("content")) for m in reversed(messages[:index]) if m.get("role") == "tool"), "")
+    before = messages[: (index if index is not None else len(messages)) + 1]
+    request = next((_text(m.get("content")) for m in reversed(before) if m.get("role") == "user"), "")
+    return Signature(
+        request=_cut(request),
+        step=_cut(step),
+        result=_cut(result),
+        tool=tool[:80],
+        kinds=kinds,
+        checks=tuple(sorted(checks)),
+        step_index=index,
+    )
+
+
+# --- vectors -----------------------------------------------------------------------------------------------
+
+
+def _bucket(token: str) -> int:
+    return zlib.crc32(token.encode("utf-8")) % STRUCT_DIM
+
+
+def structure_vectors(signatures: Sequence[Signature]) -> np.ndarray:
+    """Hashed one-hot of each signature's structure (tool, signal kinds, checks), unit length."""
+    out = np.zeros((len(signatures), STRUCT_DIM), dtype=np.float32)
+    for row, sig in enumerate(signatures):
+        for token in sig.structure:
+            # The tool and the check weigh as much as all the signal kinds together.
+            weight = 1.0 if token.startswith(("tool:", "check:")) else 1.0 / max(1, len(sig.kinds)) ** 0.5
+            out[row, _bucket(token)] += weight
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    return out / np.where(norms > 0, norms, 1.0)
+
+
+def features(signatures: Sequence[Signature], embedder: Embedder) -> np.ndarray:
+    """One unit-length row per failure: its request, its failing step and its structure, weighted."""
+    requests = [normalize(s.request) for s in signatures]
+    steps = [normalize(f"{s.step}\n{s.result}") for s in signatures]
+    text = embedder.encode(requests + steps)
+    n = len(signatures)
+    parts = [W_REQUEST * text[:n], W_STEP * text[n:], W_STRUCT * structure_vectors(signatures)]
+    vectors = np.hstack(parts).astype(np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.where(norms > 0, norms, 1.0)
+
+
+def unit(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector
+
+
+def centroid(vectors: np.ndarray) -> np.ndarray:
+    return unit(vectors.mean(axis=0)).astype(np.float32)
+
+
+# --- clustering --------------------------------------------------------------------------------------------
+
+
+def min_cluster_size_for(n: int) -> int:
+    """Big enough to be worth a reviewer's look, growing slowly with the set."""
+    return int(min(50, max(5, round(n ** 0.5 / 3))))
+
+
+def cluster(vectors: np.ndarray, *, min_cluster_size: int | None = None, seed: int = 0) -> np.ndarray:
+    """HDBSCAN labels (-1: noise) of unit-length rows."""
+    from sklearn.cluster import HDBSCAN
+    from sklearn.decomposition import PCA
+
+    n = len(vectors)
+    size = min_cluster_size or min_cluster_size_for(n)
+    if n < max(2 * size, 4):
+        return np.full(n, -1, dtype=np.int64)
+    dims = min(PCA_DIM, vectors.shape[1], n - 1)
+    reduced = PCA(n_components=dims, svd_solver="randomized", random_state=seed).fit_transform(vectors)
+    model = HDBSCAN(min_cluster_size=size, min_samples=max(2, size // 2), cluster_selection_method="eom", copy=True)
+    return model.fit_predict(reduced.astype(np.float64)).astype(np.int64)
+
+
+# --- description -------------------------------------------------------------------------------------------
+
+_WORD = re.compile(r"[a-z][a-z_]{2,}")
+_LABEL_STOP = frozenset(
+    "the and for you your with that this from are was were have has had not can could would will please "
+    "what which when where how about into just some any all our out its it's get got let know need want "
+    "sorry apologies went wrong side something unfortunately did does don't there here them they then than "
+    "hi hello hey okay yes right now also like".split()
+)
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in _WORD.findall(normalize(text).lower()) if w not in _LABEL_STOP]
+
+
+def ctfidf_terms(documents: Sequence[Sequence[str]], top: int = 4) -> list[list[str]]:
+    """Class-based TF-IDF (BERTopic's c-TF-IDF): per class (a list of texts), its most distinctive words.
+
+    tf is a word's share of the class's words; idf = log(1 + mean words per class / the word's count over all
+    classes). A word common to every class scores low however frequent it is."""
+    counts = [Counter(w for text in texts for w in _words(text)) for texts in documents]
+    totals = Counter()
+    for c in counts:
+        totals.update(c)
+    mean_words = sum(sum(c.values()) for c in counts) / max(1, len(counts))
+    out = []
+    for c in counts:
+        size = sum(c.values()) or 1
+        scored = sorted(
+            ((count / size) * np.log(1 + mean_words / totals[w]), w) for w, count in c.items()
+        )  # fmt: skip
+        out.append([w for _, w in reversed(scored[-top:])])
+    return out
+
+
+@dataclass
+class Cluster:
+    """One suggestion, ready to be saved."""
+
+    members: list[int]  # indexes into the failures
+    label: str
+    terms: list[str]
+    signal: str  # its most distinctive signal kind
+    tool: str
+    representatives: list[int]  # indexes, nearest the centre first
+    signals: dict[str, int]  # kind -> members carrying it
+    centroid: np.ndarray = field(repr=False)
+
+
+def _signal_mix(signatures: Sequence[Signature], members: Sequence[int]) -> dict[str, int]:
+    mix = Counter(k for i in members for k in signatures[i].kinds)
+    return dict(mix.most_common())
+
+
+def describe(
+    signatures: Sequence[Signature], vectors: np.ndarray, labels: np.ndarray, *, representatives: int = REPRESENTATIVES
+) -> list[Cluster]:
+    """Each cluster (not noise) with its label, representatives, signal mix and centroid; biggest first."""
+    groups = [np.flatnonzero(labels == label) for label in sorted(set(labels.tolist()) - {-1})]
+    if not groups:
+        return []
+    docs = [[f"{signatures[i].step} {signatures[i].result} {signatures[i].request}" for i in g] for g in groups]
+    terms = ctfidf_terms(docs)
+    overall = Counter(k for s in signatures for k in s.kinds)
+    clusters = []
+    for members, words in zip(groups, terms, strict=True):
+        mix = _signal_mix(signatures, members)
+        # The most distinctive signal: the one most over-represented here compared with all failures.
+        signal = max(mix, key=lambda k: (mix[k] / len(members)) * np.log(1 + len(signatures) / overall[k]), default="")
+        tool = Counter(signatures[i].tool for i in members).most_common(1)[0][0]
+        centre = centroid(vectors[members])
+        nearest = members[np.argsort(-(vectors[members] @ centre), kind="stable")[:representatives]]
+        label = " · ".join(p for p in (tool, signal.replace("_", " "), ", ".join(words[:3])) if p)
+        clusters.append(
+            Cluster(
+                members=members.tolist(),
+                label=label[:200],
+                terms=words,
+                signal=signal,
+                tool=tool,
+                representatives=nearest.tolist(),
+                signals=mix,
+                centroid=centre,
+            )
+        )
+    clusters.sort(key=lambda c: -len(c.members))
+    return clusters
+
+
+# --- decisions that persist --------------------------------------------------------------------------------
+
+
+def attach(vectors: np.ndarray, centroids: dict[int, np.ndarray], *, threshold: float = ATTACH_THRESHOLD) -> dict[int, list[int]]:
+    """{mode id: [failure indexes]} for failures whose cosine to a mode's centroid is at least `threshold`
+    (the closest mode wins)."""
+    if not centroids or not len(vectors):
+        return {}
+    ids = list(centroids)
+    matrix = np.vstack([centroids[i] for i in ids]).astype(np.float32)
+    similarity = vectors @ matrix.T
+    best = similarity.argmax(axis=1)
+    out: dict[int, list[int]] = {}
+    for row in np.flatnonzero(similarity[np.arange(len(vectors)), best] >= threshold):
+        out.setdefault(ids[best[row]], []).append(int(row))
+    return out
+
+
+@dataclass(frozen=True)
+class DismissedGroup:
+    centroid: np.ndarray | None
+    members: frozenset[int]
+
+
+def matches_dismissed(
+    centre: np.ndarray,
+    member_ids: Iterable[int],
+    dismissed: Iterable[DismissedGroup],
+    *,
+    threshold: float = DISMISSED_THRESHOLD,
+    overlap: float = DISMISSED_OVERLAP,
+) -> bool:
+    """Whether a cluster is one a reviewer dismissed: its centroid that close, or that share of its members."""
+    members = set(member_ids)
+    for group in dismissed:
+        if group.centroid is not None and group.centroid.shape == centre.shape and float(centre @ group.centroid) >= threshold:
+            return True
+        if members and len(members & group.members) >= overlap * len(members):
+            return True
+    return False

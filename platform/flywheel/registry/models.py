@@ -1,0 +1,125 @@
+"""Registry rows. The database is the system of record the pages read; MLflow mirrors it.
+
+MLflow keeps one registered model per project and its aliases, but no history of an alias: `AliasEvent` is
+that history (who moved it, when, from which version to which, why). A move is one database transaction;
+mirroring it to MLflow and telling the serving stack (the webhook) happen after the commit and are retried
+until they succeed, so an MLflow outage never leaves a half-applied promotion."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from flywheel.accounts.models import Project
+
+
+class Alias(models.TextChoices):
+    PRODUCTION = "production", "Production"
+    CANDIDATE = "candidate", "Candidate"
+
+
+class BaseModel(models.Model):
+    """A model the platform can load: a local path (a Hugging Face folder), never a hub name."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="base_models")
+    name = models.CharField(max_length=200)
+    path = models.CharField(max_length=1000)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="registry_base_unique_name")]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class SyncState(models.TextChoices):
+    PENDING = "pending", "Waiting"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed, retried"
+
+
+class ModelVersion(models.Model):
+    """A base model, alone or with a LoRA adapter. `number` counts per project, as MLflow's versions do."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="model_versions")
+    number = models.PositiveIntegerField()
+    base = models.ForeignKey(BaseModel, on_delete=models.PROTECT, related_name="versions")
+    adapter_path = models.CharField(max_length=1000, blank=True, default="")  # "" is the base model alone
+    adapter_sha256 = models.CharField(max_length=64, blank=True, default="")
+    description = models.TextField(blank=True, default="")
+    # Where it came from: {"job": id, "task_set_version": id, "failure_modes": [...], "trajectories": [...]}.
+    lineage = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The MLflow mirror: its version number once registered there.
+    mlflow_version = models.CharField(max_length=32, blank=True, default="")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "number"], name="registry_version_unique_number")]
+        ordering = ["-number"]
+
+    def __str__(self) -> str:
+        return f"v{self.number}"
+
+    @property
+    def label(self) -> str:
+        return f"v{self.number} · {self.base.name}" + (" + adapter" if self.adapter_path else "")
+
+
+class AliasAssignment(models.Model):
+    """Where an alias points now (one row per project and alias)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="aliases")
+    alias = models.CharField(max_length=32, choices=Alias.choices)
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="aliases")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "alias"], name="registry_alias_unique")]
+
+
+class AliasEventKind(models.TextChoices):
+    SET = "set", "Set"
+    PROMOTE = "promote", "Promoted"
+    ROLLBACK = "rollback", "Rolled back"
+
+
+class AliasEvent(models.Model):
+    """One move of an alias: the history MLflow does not keep. Also the outbox of its side effects."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="alias_events")
+    alias = models.CharField(max_length=32, choices=Alias.choices)
+    kind = models.CharField(max_length=16, choices=AliasEventKind.choices)
+    from_version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT,
+                                     related_name="+")
+    to_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    reason = models.TextField(blank=True, default="")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                             related_name="+")
+    at = models.DateTimeField(auto_now_add=True)
+    mlflow_state = models.CharField(max_length=16, choices=SyncState.choices, default=SyncState.PENDING)
+    webhook_state = models.CharField(max_length=16, choices=SyncState.choices, default=SyncState.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)  # the sweep retries after this
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["project", "alias", "-at"], name="registry_event_alias_at")]
+
+
+class RegistrySettings(models.Model):
+    """Per project: where to tell the serving stack that `production` moved."""
+
+    project = models.OneToOneField(Project, on_delete=models.CASCADE, related_name="registry_settings")
+    webhook_url = models.URLField(max_length=1000, blank=True, default="")
+    # The webhook's body is signed with HMAC-SHA256 under this secret (header X-Flywheel-Signature).
+    webhook_secret = models.CharField(max_length=200, blank=True, default="")
+    # A vLLM server started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING: each production version
+    # is loaded under its own adapter name (never a reload of one name in place).
+    vllm_url = models.URLField(max_length=1000, blank=True, default="")

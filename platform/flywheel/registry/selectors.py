@@ -1,0 +1,41 @@
+"""Reads of the registry for its pages and the API."""
+
+from __future__ import annotations
+
+from flywheel.accounts.models import Project
+from flywheel.registry.models import Alias, AliasAssignment, AliasEvent, ModelVersion, RegistrySettings
+
+
+def aliases_of(*, project: Project) -> dict[str, ModelVersion]:
+    rows = AliasAssignment.objects.filter(project=project).select_related("version__base")
+    return {row.alias: row.version for row in rows}
+
+
+def production_of(*, project: Project) -> ModelVersion | None:
+    return aliases_of(project=project).get(Alias.PRODUCTION)
+
+
+def alias_since(*, project: Project, alias: str = Alias.PRODUCTION) -> AliasEvent | None:
+    return AliasEvent.objects.filter(project=project, alias=alias).select_related("user").first()
+
+
+def versions_of(*, project: Project, limit: int = 200) -> list[ModelVersion]:
+    return list(ModelVersion.objects.filter(project=project).select_related("base", "created_by")[:limit])
+
+
+def alias_history(*, project: Project, limit: int = 100) -> list[AliasEvent]:
+    return list(
+        AliasEvent.objects.filter(project=project)
+        .select_related("user", "from_version", "to_version")[:limit]
+    )
+
+
+def served_version_ids(*, project: Project) -> set[int]:
+    """Versions that were production at some time: the ones a rollback may return to."""
+    return set(
+        AliasEvent.objects.filter(project=project, alias=Alias.PRODUCTION).values_list("to_version_id", flat=True)
+    )
+
+
+def settings_of(*, project: Project) -> RegistrySettings:
+    return RegistrySettings.objects.filter(project=project).first() or RegistrySettings(project=project)

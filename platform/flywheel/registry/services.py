@@ -1,0 +1,334 @@
+"""Registry actions, one function each, called by the pages, the API, the tasks and the tests alike:
+register a base model, add a model version, move an alias (promote, roll back), and sync the moves to
+MLflow and the serving stack."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from flywheel import outbox
+from flywheel.accounts.models import Project
+from flywheel.registry.models import (
+    Alias,
+    AliasAssignment,
+    AliasEvent,
+    AliasEventKind,
+    BaseModel,
+    ModelVersion,
+    RegistrySettings,
+    SyncState,
+)
+
+logger = logging.getLogger(__name__)
+
+WEBHOOK_TIMEOUT_S = 10
+# A failed MLflow mirror or webhook is retried after this, then twice as long each time, up to an hour.
+RETRY_FIRST_S = 30
+RETRY_MAX_S = 3600
+
+
+class RegistryError(Exception):
+    """A registry action that cannot be done as asked; the message says why."""
+
+
+# --- content ------------------------------------------------------------------------------------------------
+
+
+def adapter_sha256(path: str | Path) -> str:
+    """A content hash of a folder: every file's relative path and bytes, in a fixed order.
+
+    A serving stack compares it with what it loaded; the same adapter copied elsewhere hashes the same."""
+    root = Path(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = file.relative_to(root).as_posix().encode()
+        digest.update(len(rel).to_bytes(8, "big") + rel)
+        digest.update(file.stat().st_size.to_bytes(8, "big"))
+        with file.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_model_dir(path: str, *, field: str, marker: str, what: str) -> Path:
+    folder = Path(path)
+    if not folder.is_absolute():
+        raise ValidationError({field: f"Give an absolute path on the workers' disk, not {path!r}."})
+    if not folder.is_dir():
+        raise ValidationError({field: f"{path} is not a folder the web server can read."})
+    if not (folder / marker).is_file():
+        raise ValidationError({field: f"{path} holds no {marker}: it is not {what}."})
+    return folder
+
+
+# --- registering ---------------------------------------------------------------------------------------------
+
+
+def base_model_register(*, project: Project, name: str, path: str, user=None) -> ModelVersion:
+    """Register a base model by its local path, and its first version (the base alone).
+
+    The first version registered in a project becomes `production`, so there is always something to beat."""
+    name = (name or "").strip()
+    if not name:
+        raise ValidationError({"name": "Name the model."})
+    _check_model_dir(path, field="path", marker="config.json", what="a Hugging Face model folder")
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                base = BaseModel.objects.create(project=project, name=name, path=str(Path(path)), created_by=user)
+        except IntegrityError:
+            raise ValidationError({"name": f"This project already has a base model named {name!r}."}) from None
+        version = model_version_create(project=project, base=base, user=user, description=f"Base model {name}")
+        if not AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).exists():
+            alias_move(project=project, alias=Alias.PRODUCTION, version=version, user=user,
+                       kind=AliasEventKind.SET, reason="First model of the project.")
+    return version
+
+
+def model_version_create(
+    *, project: Project, base: BaseModel, adapter_path: str = "", lineage: dict[str, Any] | None = None,
+    description: str = "", user=None,
+) -> ModelVersion:
+    """A new version: `base` plus the adapter in `adapter_path` ("" for the base alone), with its lineage."""
+    if base.project_id != project.pk:
+        raise RegistryError("The base model belongs to another project.")
+    digest = ""
+    if adapter_path:
+        folder = _check_model_dir(adapter_path, field="adapter_path", marker="adapter_config.json",
+                                  what="a LoRA adapter")
+        digest = adapter_sha256(folder)
+    with transaction.atomic():
+        # One writer numbers versions at a time: the project row is the lock.
+        Project.objects.select_for_update().filter(pk=project.pk).first()
+        number = (ModelVersion.objects.filter(project=project).aggregate(n=Max("number"))["n"] or 0) + 1
+        version = ModelVersion.objects.create(
+            project=project, number=number, base=base, adapter_path=adapter_path, adapter_sha256=digest,
+            lineage=lineage or {}, description=description, created_by=user,
+        )
+        _sync_on_commit(project)
+    return version
+
+
+# --- aliases -------------------------------------------------------------------------------------------------
+
+
+def alias_move(
+    *, project: Project, alias: str, version: ModelVersion, user=None, reason: str = "",
+    kind: str = AliasEventKind.SET,
+) -> AliasEvent:
+    """Point `alias` at `version`, record who, when, from, to and why, and queue the mirror and the webhook.
+
+    The one function every move goes through: promotion, rollback and a manual set."""
+    if alias not in Alias.values:
+        raise RegistryError(f"Unknown alias {alias!r}; aliases are {', '.join(Alias.values)}.")
+    if version.project_id != project.pk:
+        raise RegistryError("That version belongs to another project.")
+    with transaction.atomic():
+        Project.objects.select_for_update().filter(pk=project.pk).first()
+        current = AliasAssignment.objects.filter(project=project, alias=alias).select_related("version").first()
+        if current is not None and current.version_id == version.pk:
+            raise RegistryError(f"{alias} already points at v{version.number}.")
+        event = AliasEvent.objects.create(
+            project=project, alias=alias, kind=kind, from_version=current.version if current else None,
+            to_version=version, reason=reason.strip(), user=user,
+            # Only production is announced to the serving stack.
+            webhook_state=SyncState.PENDING if alias == Alias.PRODUCTION else SyncState.DONE,
+        )
+        if current is None:
+            AliasAssignment.objects.create(project=project, alias=alias, version=version)
+        else:
+            current.version = version
+            current.save(update_fields=["version", "updated_at"])
+        _sync_on_commit(project)
+    return event
+
+
+def model_promote(*, project: Project, version: ModelVersion, user=None, reason: str = "") -> AliasEvent:
+    return alias_move(project=project, alias=Alias.PRODUCTION, version=version, user=user, reason=reason,
+                      kind=AliasEventKind.PROMOTE)
+
+
+def model_rollback(
+    *, project: Project, user=None, reason: str = "", to_version: ModelVersion | None = None
+) -> AliasEvent:
+    """Move `production` back: to `to_version` (a version that served before), or to the one it replaced."""
+    current = AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).first()
+    if current is None:
+        raise RegistryError("Nothing is in production yet.")
+    served = AliasEvent.objects.filter(project=project, alias=Alias.PRODUCTION)
+    if to_version is None:
+        last = served.filter(to_version_id=current.version_id, from_version__isnull=False).first()
+        if last is None:
+            raise RegistryError("Production has no earlier version to roll back to.")
+        to_version = last.from_version
+    elif not served.filter(to_version=to_version).exists():
+        raise RegistryError(f"v{to_version.number} never served in production; promote it instead.")
+    return alias_move(project=project, alias=Alias.PRODUCTION, version=to_version, user=user,
+                      reason=reason or f"Rolled back from v{current.version.number}.",
+                      kind=AliasEventKind.ROLLBACK)
+
+
+# --- sync: MLflow and the serving stack ------------------------------------------------------------------------
+
+
+def _sync_on_commit(project: Project) -> None:
+    from flywheel.registry.tasks import registry_sync_task
+
+    outbox.send_on_commit(registry_sync_task, project.pk)
+
+
+def _backoff(attempts: int) -> timedelta:
+    return timedelta(seconds=min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** max(0, attempts - 1)))
+
+
+def _failed(event: AliasEvent, field: str, error: str) -> None:
+    event.attempts += 1
+    event.last_error = error[:2000]
+    event.next_attempt_at = timezone.now() + _backoff(event.attempts)
+    setattr(event, field, SyncState.FAILED)
+    event.save(update_fields=[field, "attempts", "last_error", "next_attempt_at"])
+
+
+def webhook_body(event: AliasEvent) -> bytes:
+    version = event.to_version
+    payload = {
+        "event": "alias.moved",
+        "id": event.pk,
+        "project": event.project.slug,
+        "alias": event.alias,
+        "kind": event.kind,
+        "version": version.number,
+        "from_version": event.from_version.number if event.from_version else None,
+        "base_model_path": version.base.path,
+        "adapter_path": version.adapter_path or None,
+        "adapter_sha256": version.adapter_sha256 or None,
+        "reason": event.reason,
+        "at": event.at.isoformat(),
+    }
+    return json.dumps(payload, sort_keys=True).encode()
+
+
+def webhook_signature(secret: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> None:
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
+    with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:  # noqa: S310 (a URL a maintainer set)
+        response.read(1 << 16)
+
+
+def _announce(event: AliasEvent, config: RegistrySettings | None) -> None:
+    """Tell the serving stack: a vLLM server loads the adapter under a name of its own, then the webhook."""
+    version = event.to_version
+    if config and config.vllm_url and version.adapter_path:
+        body = json.dumps({"lora_name": f"{event.project.slug}-v{version.number}",
+                           "lora_path": version.adapter_path}).encode()
+        try:
+            _post(config.vllm_url.rstrip("/") + "/v1/load_lora_adapter", body, {})
+        except urllib.error.HTTPError as exc:
+            # vLLM answers 400 when that name is loaded already (a retry after a lost webhook): done.
+            if exc.code != 400:
+                raise
+    if config and config.webhook_url:
+        body = webhook_body(event)
+        headers = {"X-Flywheel-Event": "alias.moved"}
+        if config.webhook_secret:
+            headers["X-Flywheel-Signature"] = webhook_signature(config.webhook_secret, body)
+        _post(config.webhook_url, body, headers)
+
+
+def registry_sync(*, project_id: int) -> dict[str, int]:
+    """Make MLflow and the serving stack agree with the database, for one project. Safe to run again.
+
+    The database already holds every move; this only mirrors it. A failure is recorded on the event and
+    retried by the sweep, with backoff: the pages say what is waiting and why."""
+    project = Project.objects.get(pk=project_id)
+    done = {"versions": 0, "aliases": 0, "webhooks": 0, "failed": 0}
+    from flywheel.registry import mlflow_bridge
+
+    for version in ModelVersion.objects.filter(project=project, mlflow_version="").select_related("base", "project"):
+        try:
+            mlflow_version = mlflow_bridge.version_register(version)
+        except Exception as exc:  # noqa: BLE001 (MLflow being away must not lose the move)
+            logger.warning("registry: MLflow registration of v%s failed: %s", version.number, exc)
+            done["failed"] += 1
+            AliasEvent.objects.filter(project=project, mlflow_state=SyncState.PENDING).update(
+                mlflow_state=SyncState.FAILED, last_error=f"MLflow: {exc}"[:2000],
+                next_attempt_at=timezone.now() + _backoff(1),
+            )
+            return done
+        ModelVersion.objects.filter(pk=version.pk, mlflow_version="").update(mlflow_version=mlflow_version)
+        done["versions"] += 1
+
+    waiting = AliasEvent.objects.filter(project=project).exclude(mlflow_state=SyncState.DONE)
+    if waiting.exists():
+        try:
+            for assignment in AliasAssignment.objects.filter(project=project).select_related("version"):
+                version = ModelVersion.objects.get(pk=assignment.version_id)
+                if mlflow_bridge.alias_get(project_slug=project.slug, alias=assignment.alias) != version.mlflow_version:
+                    mlflow_bridge.alias_set(project_slug=project.slug, alias=assignment.alias,
+                                            mlflow_version=version.mlflow_version)
+                    done["aliases"] += 1
+            waiting.update(mlflow_state=SyncState.DONE)
+        except Exception as exc:  # noqa: BLE001
+            for event in waiting:
+                _failed(event, "mlflow_state", f"MLflow: {exc}")
+            done["failed"] += 1
+
+    config = RegistrySettings.objects.filter(project=project).first()
+    pending = AliasEvent.objects.filter(project=project).exclude(webhook_state=SyncState.DONE).order_by("at", "id")
+    for event_id in pending.values_list("id", flat=True):
+        with transaction.atomic():
+            # Two sync runs at once never announce one move twice: the row is held while it is sent.
+            event = (AliasEvent.objects.select_for_update(skip_locked=True, of=("self",))
+                     .select_related("project", "to_version__base", "from_version")
+                     .filter(pk=event_id).exclude(webhook_state=SyncState.DONE).first())
+            if event is None:
+                continue
+            try:
+                _announce(event, config)
+            except Exception as exc:  # noqa: BLE001
+                _failed(event, "webhook_state", f"Webhook: {exc}")
+                done["failed"] += 1
+                break  # keep the order: a later move is not announced before an earlier one
+            event.webhook_state = SyncState.DONE
+            event.save(update_fields=["webhook_state"])
+            done["webhooks"] += 1
+    return done
+
+
+def registry_sweep() -> int:
+    """The outbox sweep: projects with a move still to mirror or announce whose retry time has come."""
+    from flywheel.registry.tasks import registry_sync_task
+
+    now = timezone.now()
+    stale = now - outbox.requeue_after()
+    due = AliasEvent.objects.filter(
+        Q(mlflow_state=SyncState.FAILED) | Q(webhook_state=SyncState.FAILED), next_attempt_at__lte=now
+    ) | AliasEvent.objects.filter(
+        Q(mlflow_state=SyncState.PENDING) | Q(webhook_state=SyncState.PENDING), at__lte=stale
+    )
+    projects = set(due.values_list("project_id", flat=True))
+    projects |= set(ModelVersion.objects.filter(mlflow_version="", created_at__lte=stale)
+                    .values_list("project_id", flat=True))
+    for project_id in sorted(projects):
+        try:
+            outbox.send(registry_sync_task, project_id)
+        except outbox.BrokerUnavailable:
+            break
+    return len(projects)

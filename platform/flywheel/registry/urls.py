@@ -1,0 +1,13 @@
+"""The Models page and its actions, under /p/<project_slug>/models/."""
+
+from django.urls import path
+
+from flywheel.registry import views
+
+urlpatterns = [
+    path("models/", views.registry_page, name="registry_page"),
+    path("models/base", views.base_model_register, name="registry_base_register"),
+    path("models/v<int:version_number>/promote", views.version_promote, name="registry_version_promote"),
+    path("models/rollback", views.production_rollback, name="registry_rollback"),
+    path("models/settings", views.registry_settings_save, name="registry_settings_save"),
+]

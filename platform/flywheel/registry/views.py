@@ -1,0 +1,101 @@
+"""The project's Models page: what serves (production) and what waits (candidate), every version with its
+lineage, the alias history with who moved it and why, and one-click promote and roll back (maintainers)."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from flywheel.accounts.access import project_view
+from flywheel.accounts.models import Project, Role
+from flywheel.registry import selectors, services
+from flywheel.registry.models import Alias, ModelVersion, RegistrySettings
+
+
+def _context(request: HttpRequest, project: Project, **extra) -> dict:
+    aliases = selectors.aliases_of(project=project)
+    return {
+        "project": project,
+        "production": aliases.get(Alias.PRODUCTION),
+        "candidate": aliases.get(Alias.CANDIDATE),
+        "since": selectors.alias_since(project=project),
+        "versions": selectors.versions_of(project=project),
+        "history": selectors.alias_history(project=project),
+        "served": selectors.served_version_ids(project=project),
+        "config": selectors.settings_of(project=project),
+        "is_maintainer": request.membership.grants(Role.MAINTAINER),
+        **extra,
+    }
+
+
+def _back(project: Project, note: str = "") -> HttpResponse:
+    return redirect(reverse("registry_page", args=[project.slug]) + (f"?done={note}" if note else ""))
+
+
+@require_GET
+@project_view()
+def registry_page(request: HttpRequest, project: Project) -> HttpResponse:
+    return render(request, "registry/models.html", _context(request, project))
+
+
+@require_POST
+@project_view(Role.MAINTAINER)
+def base_model_register(request: HttpRequest, project: Project) -> HttpResponse:
+    name, path = request.POST.get("name", ""), request.POST.get("path", "")
+    try:
+        services.base_model_register(project=project, name=name, path=path, user=request.user)
+    except ValidationError as exc:
+        context = _context(request, project, base_errors=exc.message_dict, base_form={"name": name, "path": path})
+        return render(request, "registry/models.html", context, status=422)
+    return _back(project, "registered")
+
+
+@require_POST
+@project_view(Role.MAINTAINER)
+def version_promote(request: HttpRequest, project: Project, version_number: int) -> HttpResponse:
+    version = get_object_or_404(ModelVersion, project=project, number=version_number)
+    try:
+        services.model_promote(project=project, version=version, user=request.user,
+                               reason=request.POST.get("reason", ""))
+    except services.RegistryError as exc:
+        return render(request, "registry/models.html", _context(request, project, action_error=str(exc)), status=409)
+    return _back(project, "promoted")
+
+
+@require_POST
+@project_view(Role.MAINTAINER)
+def production_rollback(request: HttpRequest, project: Project) -> HttpResponse:
+    number = request.POST.get("to", "")
+    to_version = None
+    if number:
+        if not number.isascii() or not number.isdigit():
+            return render(request, "registry/models.html",
+                          _context(request, project, action_error="Choose a version to roll back to."), status=400)
+        to_version = get_object_or_404(ModelVersion, project=project, number=int(number))
+    try:
+        services.model_rollback(project=project, user=request.user, reason=request.POST.get("reason", ""),
+                                to_version=to_version)
+    except services.RegistryError as exc:
+        return render(request, "registry/models.html", _context(request, project, action_error=str(exc)), status=409)
+    return _back(project, "rolled-back")
+
+
+@require_POST
+@project_view(Role.MAINTAINER)
+def registry_settings_save(request: HttpRequest, project: Project) -> HttpResponse:
+    config = RegistrySettings.objects.filter(project=project).first() or RegistrySettings(project=project)
+    config.webhook_url = request.POST.get("webhook_url", "").strip()
+    secret = request.POST.get("webhook_secret", "")
+    if secret:  # blank keeps the secret: it is never shown back
+        config.webhook_secret = secret
+    config.vllm_url = request.POST.get("vllm_url", "").strip()
+    try:
+        config.full_clean(exclude=["project"])
+    except ValidationError as exc:
+        context = _context(request, project, config=config, settings_errors=exc.message_dict)
+        return render(request, "registry/models.html", context, status=422)
+    config.save()
+    return _back(project, "saved")

@@ -1,0 +1,249 @@
+"""The registry: registering a base model by its path (field errors for a wrong one), versions with a content
+hash, promotion and rollback with their history, the MLflow mirror (real MLflow on the session's store,
+an outage retried without losing the move), the signed webhook (a real HTTP server), the page and the API."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.urls import reverse
+from django.utils import timezone
+
+from flywheel.registry import mlflow_bridge, services
+from flywheel.registry.models import AliasEvent, ModelVersion, RegistrySettings, SyncState
+
+
+@pytest.fixture
+def model_dirs(tmp_path):
+    """A base model folder and two adapter folders (files only: the registry never loads weights)."""
+    base = tmp_path / "tiny"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "llama"}')
+    adapters = []
+    for i in (1, 2):
+        adapter = tmp_path / f"adapter-{i}"
+        (adapter / "nested").mkdir(parents=True)
+        (adapter / "adapter_config.json").write_text('{"r": 8}')
+        (adapter / "adapter_model.safetensors").write_bytes(bytes([i]) * 1000)
+        (adapter / "nested" / "extra.txt").write_text("x")
+        adapters.append(adapter)
+    return base, adapters
+
+
+@pytest.fixture
+def registered(project, user, model_dirs):
+    base_dir, adapters = model_dirs
+    v1 = services.base_model_register(project=project, name="tiny", path=str(base_dir), user=user)
+    v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapters[0]), user=user,
+                                       lineage={"job": 7})
+    v3 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapters[1]), user=user)
+    return v1, v2, v3
+
+
+def test_a_wrong_path_is_a_field_error(project, tmp_path):
+    with pytest.raises(ValidationError) as exc:
+        services.base_model_register(project=project, name="m", path="models/tiny")
+    assert "absolute path" in exc.value.message_dict["path"][0]
+    with pytest.raises(ValidationError) as exc:
+        services.base_model_register(project=project, name="m", path=str(tmp_path / "absent"))
+    assert "not a folder" in exc.value.message_dict["path"][0]
+    with pytest.raises(ValidationError) as exc:
+        services.base_model_register(project=project, name="m", path=str(tmp_path))
+    assert "config.json" in exc.value.message_dict["path"][0]
+    assert not ModelVersion.objects.exists()
+
+
+def test_the_first_model_goes_to_production_and_versions_count_up(project, registered, model_dirs):
+    v1, v2, v3 = registered
+    assert [v1.number, v2.number, v3.number] == [1, 2, 3]
+    assert v1.adapter_path == "" and v1.adapter_sha256 == ""
+    event = AliasEvent.objects.get(project=project)
+    assert (event.alias, event.kind, event.from_version, event.to_version) == ("production", "set", None, v1)
+    with pytest.raises(ValidationError) as exc:
+        services.base_model_register(project=project, name="tiny", path=str(model_dirs[0]))
+    assert "already has" in exc.value.message_dict["name"][0]
+
+
+def test_the_adapter_hash_follows_content_not_location(registered, model_dirs, tmp_path):
+    _, v2, v3 = registered
+    assert len(v2.adapter_sha256) == 64 and v2.adapter_sha256 != v3.adapter_sha256
+    copy = tmp_path / "copy"
+    shutil.copytree(model_dirs[1][0], copy)
+    assert services.adapter_sha256(copy) == v2.adapter_sha256
+    (copy / "nested" / "extra.txt").write_text("y")
+    assert services.adapter_sha256(copy) != v2.adapter_sha256
+    # A file renamed with the same bytes is another adapter too.
+    (copy / "nested" / "extra.txt").write_text("x")
+    (copy / "nested" / "extra.txt").rename(copy / "nested" / "other.txt")
+    assert services.adapter_sha256(copy) != v2.adapter_sha256
+
+
+def test_promote_then_roll_back_records_who_when_from_to_and_why(project, registered, make_user):
+    v1, v2, v3 = registered
+    alice, bob = make_user("alice"), make_user("bob")
+    services.model_promote(project=project, version=v2, user=alice, reason="beats v1 on the holdout")
+    services.model_promote(project=project, version=v3, user=alice, reason="beats v2")
+    with pytest.raises(services.RegistryError, match="already points"):
+        services.model_promote(project=project, version=v3, user=alice)
+    back = services.model_rollback(project=project, user=bob, reason="refunds broke")
+    assert (back.kind, back.from_version, back.to_version, back.user, back.reason) == ("rollback", v3, v2, bob,
+                                                                                       "refunds broke")
+    history = list(AliasEvent.objects.filter(project=project).order_by("at", "id"))
+    assert [(e.kind, e.from_version and e.from_version.number, e.to_version.number) for e in history] == [
+        ("set", None, 1), ("promote", 1, 2), ("promote", 2, 3), ("rollback", 3, 2),
+    ]
+    # Rolling back to any version that served before works; one that never served must be promoted.
+    services.model_rollback(project=project, user=bob, to_version=v1)
+    with pytest.raises(services.RegistryError, match="never served"):
+        services.model_rollback(project=project, user=bob, to_version=v3.__class__.objects.create(
+            project=project, number=4, base=v1.base))
+
+
+def test_sync_mirrors_versions_and_aliases_to_mlflow_and_is_idempotent(project, registered):
+    v1, v2, _ = registered
+    services.model_promote(project=project, version=v2, reason="x")
+    first = services.registry_sync(project_id=project.pk)
+    assert first["versions"] == 3 and first["failed"] == 0
+    v2.refresh_from_db()
+    assert mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == v2.mlflow_version
+    services.model_rollback(project=project)
+    again = services.registry_sync(project_id=project.pk)
+    assert again["versions"] == 0  # nothing registered twice
+    v1.refresh_from_db()
+    assert mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == v1.mlflow_version
+    name = mlflow_bridge.registered_model_name(project.slug)
+    assert len(mlflow_bridge.client().search_model_versions(f"name = '{name}'")) == 3
+    assert not AliasEvent.objects.exclude(mlflow_state=SyncState.DONE).exists()
+
+
+def test_an_mlflow_outage_keeps_the_move_and_the_sweep_retries_it(project, registered, settings, tmp_path):
+    _, v2, _ = registered
+    good_uri = settings.MLFLOW_TRACKING_URI
+    settings.MLFLOW_TRACKING_URI = "sqlite:////proc/flywheel-no-such-dir/mlflow.db"  # cannot be created
+    services.model_promote(project=project, version=v2, reason="during the outage")
+    result = services.registry_sync(project_id=project.pk)
+    assert result["failed"] == 1
+    event = AliasEvent.objects.filter(project=project).first()
+    assert event.to_version == v2 and event.mlflow_state == SyncState.FAILED and "MLflow" in event.last_error
+    # The database says what serves whatever MLflow said: the API already answers v2.
+    from flywheel.registry.selectors import production_of
+
+    assert production_of(project=project) == v2
+    # The sweep picks it up once its retry time has come.
+    AliasEvent.objects.update(next_attempt_at=timezone.now())
+    assert services.registry_sweep() >= 1
+    settings.MLFLOW_TRACKING_URI = good_uri
+    assert services.registry_sync(project_id=project.pk)["failed"] == 0
+    v2.refresh_from_db()
+    assert mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == v2.mlflow_version
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: list[tuple[dict, bytes]] = []
+    fail = False
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Receiver.received.append((dict(self.headers), body))
+        self.send_response(500 if _Receiver.fail else 204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def receiver():
+    _Receiver.received, _Receiver.fail = [], False
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+
+
+def test_production_moves_are_announced_in_order_signed_and_once(project, registered, receiver):
+    _, v2, v3 = registered
+    url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+    RegistrySettings.objects.create(project=project, webhook_url=url, webhook_secret="s3cret")
+    services.registry_sync(project_id=project.pk)  # the first "set" of v1
+    _Receiver.received.clear()
+    _Receiver.fail = True
+    services.model_promote(project=project, version=v2, reason="a")
+    services.model_promote(project=project, version=v3, reason="b")
+    assert services.registry_sync(project_id=project.pk)["failed"] == 1
+    assert len(_Receiver.received) == 1  # stopped at the first failure: v3 is not announced before v2
+    _Receiver.fail = False
+    _Receiver.received.clear()
+    services.registry_sync(project_id=project.pk)
+    bodies = [json.loads(body) for _, body in _Receiver.received]
+    assert [(b["version"], b["from_version"]) for b in bodies] == [(2, 1), (3, 2)]
+    headers, body = _Receiver.received[1]
+    expected = "sha256=" + hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
+    assert headers["X-Flywheel-Signature"] == expected
+    assert bodies[1]["adapter_sha256"] == v3.adapter_sha256 and bodies[1]["adapter_path"] == v3.adapter_path
+    services.registry_sync(project_id=project.pk)
+    assert len(_Receiver.received) == 2  # nothing sent twice
+
+
+def test_the_api_answers_the_production_version(project, registered, api_client, make_api_key, make_project):
+    _, v2, _ = registered
+    services.model_promote(project=project, version=v2)
+    key = make_api_key(project, scopes=["read"])
+    body = api_client.get("/api/v1/models/production", key=key).json()
+    assert (body["version"], body["adapter_sha256"], body["adapter_path"]) == (2, v2.adapter_sha256, v2.adapter_path)
+    other = make_api_key(make_project("elsewhere"), scopes=["read"])
+    assert api_client.get("/api/v1/models/production", key=other).status_code == 404
+
+
+def test_the_page_shows_versions_and_history_escaped_and_only_maintainers_act(
+    project, registered, user, make_user, make_membership, client_for
+):
+    _, v2, _ = registered
+    services.model_promote(project=project, version=v2, user=user, reason="<script>alert(1)</script>")
+    viewer = make_user("viewer")
+    make_membership(viewer, project, "viewer")
+    page = client_for(viewer).get(reverse("registry_page", args=[project.slug]))
+    html = page.content.decode()
+    assert page.status_code == 200 and "v2" in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<script>alert(1)" not in html
+    assert 'id="rollback"' not in html  # a viewer gets no buttons...
+    assert client_for(viewer).post(reverse("registry_rollback", args=[project.slug])).status_code == 403
+    maintainer = client_for(user)
+    assert 'id="rollback"' in maintainer.get(reverse("registry_page", args=[project.slug])).content.decode()
+    response = maintainer.post(reverse("registry_rollback", args=[project.slug]), {"reason": "broke"})
+    assert response.status_code == 302
+    assert AliasEvent.objects.filter(project=project).first().kind == "rollback"
+
+
+def test_bad_settings_and_a_bad_base_path_are_field_errors_on_the_page(project, user, client_for):
+    client = client_for(user)
+    response = client.post(reverse("registry_settings_save", args=[project.slug]), {"webhook_url": "not a url"})
+    assert response.status_code == 422 and "Enter a valid URL" in response.content.decode()
+    response = client.post(reverse("registry_base_register", args=[project.slug]), {"name": "m", "path": "/nope"})
+    assert response.status_code == 422 and "not a folder" in response.content.decode()
+
+
+def test_registry_sync_runs_in_the_worker_after_commit(celery_worker, make_project, model_dirs):
+    from django.db import transaction
+
+    project = make_project()
+    with transaction.atomic():
+        version = services.base_model_register(project=project, name="tiny", path=str(model_dirs[0]))
+    # The event is marked mirrored last, after the version is registered and the alias set.
+    celery_worker.wait_for(lambda: AliasEvent.objects.filter(project=project, mlflow_state=SyncState.DONE).first())
+    mirrored = ModelVersion.objects.get(pk=version.pk).mlflow_version
+    assert mirrored and mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == mirrored
+
+
+def test_paths_are_stored_as_given(project, model_dirs):
+    version = services.base_model_register(project=project, name="t", path=str(model_dirs[0]))
+    assert Path(version.base.path) == model_dirs[0]

@@ -491,3 +491,42 @@ def celery_worker(_celery_worker_process: CeleryWorker, transactional_db: None) 
     Wait for what you queued before the test ends: the database is flushed after each test."""
     _celery_worker_process.assert_alive()
     return _celery_worker_process
+
+
+# --------------------------------------------------------------------------------------------------
+# The tiny CPU model: built once per machine (cached by the hash of the code that builds it).
+# --------------------------------------------------------------------------------------------------
+
+# The model depends on these files only: a change to any of them rebuilds it.
+TINY_SOURCES = ["trainer/tiny.py", "trainer/sft.py", "trainer/envs/workplace/tasks.py",
+                "trainer/envs/workplace/world.py", "trainer/envs/workplace/tools.py"]
+
+
+def _tiny_key() -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for rel in TINY_SOURCES:
+        h.update((REPO_DIR / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ready tiny model directory (the path `trainer.models.load_model` takes)."""
+    import torch
+
+    from trainer.tiny import build_tiny
+
+    # pytest-of-<user>/ outlives one session's basetemp; that is the "cached under a tmp dir".
+    cache = tmp_path_factory.getbasetemp().parent / f"flywheel-tiny-{_tiny_key()}"
+    if not (cache / "tiny.json").exists():
+        threads = torch.get_num_threads()
+        torch.set_num_threads(int(os.environ.get("FLYWHEEL_TEST_THREADS", "1")))
+        tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        build_tiny(tmp)
+        shutil.rmtree(cache, ignore_errors=True)
+        tmp.rename(cache)
+        torch.set_num_threads(threads)
+    return cache

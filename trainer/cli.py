@@ -145,7 +145,7 @@ def _unscored(cid: Any, check: str, reason: str) -> dict[str, Any]:
 def cmd_score(args: argparse.Namespace, out: Any) -> int:
     """One `{id, reward, passed, failure, checks}` line per case. A case without a completion or with a bad
     verifier spec still gets its line (with `error`), the others are scored, and the exit status is 1."""
-    from trainer.verifiers import score
+    from trainer.verifiers.rewards import score_task
 
     completions = {str(r.get("id")): r.get("completion") for r in _objects(args.completions, "completions")}
     cases = _objects(args.cases, "cases")
@@ -156,7 +156,7 @@ def cmd_score(args: argparse.Namespace, out: Any) -> int:
             row = _unscored(cid, "completion", "no completion with this id")
         else:
             try:
-                s = score(case["verifier"], completions[str(cid)], tools=case.get("tools"))
+                s = score_task(case, completions[str(cid)], tools=case.get("tools"))  # a verifier or weighted rewards
             except Exception as exc:  # a bad spec in one case should not hide the other cases' scores
                 row = _unscored(cid, "verifier", error_message(exc))
             else:

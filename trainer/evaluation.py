@@ -41,7 +41,7 @@ def evaluate_rows(
         for ep in eps:
             sample = {"reward": ep.score.reward, "passed": ep.score.passed, "failure": ep.score.failure}
             if keep_messages:
-                sample["messages"] = ep.messages[len(row.get("messages", [])):]
+                sample["messages"] = ep.messages[ep.opening:]  # an environment may open with its own messages
             samples.append(sample)
         cases.append({
             "id": row.get("id", g), "n": len(eps), "pass_rate": passed / max(len(eps), 1),

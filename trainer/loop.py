@@ -18,7 +18,7 @@ import torch
 
 from trainer.batching import collate, token_logprobs
 from trainer.config import GRPOConfig, JobSpec
-from trainer.distributed import rollout_seed
+from trainer.distributed import current, rollout_seed
 from trainer.envs import max_turns
 from trainer.evaluation import make_env_for
 from trainer.losses import group_advantages, policy_loss, zero_variance_groups
@@ -35,7 +35,7 @@ def sample_groups(run: JobRunner, reward_fn: RewardFn | None) -> tuple[list[Epis
     """num_prompts_per_step groups of G episodes: this process's share of them (its generation batches), and
     the step's metrics over every process's. With dynamic sampling (DAPO), groups whose rewards are all equal
     carry no gradient: they are dropped and new prompts are sampled, for a bounded number of rounds."""
-    cfg, rows, dist = run.cfg, run.train_rows, run.dist
+    cfg, rows, dist = run.cfg, run.train_rows, current()
     G, P = cfg.num_generations_per_prompt, cfg.num_prompts_per_step
     kept: list[Episode] = []
     rewards: list[float] = []
@@ -84,6 +84,8 @@ def sample_groups(run: JobRunner, reward_fn: RewardFn | None) -> tuple[list[Epis
         # rows with weighted rewards: "reward/<name>", each component's mean
         **component_means([s for rank in ranks for s in rank["scores"]]),
     }
+    if dist.enabled:  # the load of each rank (a list: events only, not MLflow)
+        stats["groups_per_rank"] = [len(rank["kept"]) // G for rank in ranks]
     if all_kept:
         passed, lengths, turns, truncated = zip(*all_kept, strict=True)
         stats["train_success_rate"] = sum(passed) / len(all_kept)
@@ -96,7 +98,7 @@ def sample_groups(run: JobRunner, reward_fn: RewardFn | None) -> tuple[list[Epis
 def step_advantages(run: JobRunner, rewards: torch.Tensor) -> torch.Tensor:
     """This process's advantages. A group is never split between ranks, so group scaling needs only this
     rank's rewards; batch scaling needs the std of the whole step's, gathered from every rank."""
-    cfg, dist = run.cfg, run.dist
+    cfg, dist = run.cfg, current()
     per_rank = dist.gather(rewards.tolist())
     start = sum(len(r) for r in per_rank[: dist.rank])
     everything = torch.tensor([x for r in per_rank for x in r], dtype=torch.float)
@@ -107,7 +109,7 @@ def optimize(run: JobRunner, episodes: list[Episode], rewards: torch.Tensor) -> 
     """One GRPO update on a batch of groups (num_iterations passes over it); under torchrun on this process's
     groups, which may be none this step (dynamic sampling), with the step's gradient summed over the ranks."""
     cfg: GRPOConfig = run.cfg
-    model, device, dist = run.model, next(run.model.parameters()).device, run.dist
+    model, device, dist = run.model, next(run.model.parameters()).device, current()
     adv = step_advantages(run, rewards).to(device)
     micro, mbs, local_tokens = [], [], 0.0
     if episodes:

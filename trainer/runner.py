@@ -8,6 +8,7 @@ checkpoints and talks to MLflow (`trainer.distributed`).
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ class JobRunner:
             self.state, rng = load_checkpoint(self.resumed_from, self.model, self.optimizer, self.scheduler)
             restore_rng(rng, self.rng)
             if spec.resume_from and self.dist.is_main:
-                discard_after(self.job, self.state["step"])
+                self._rewind_to(self.resumed_from)
         self.dist.broadcast_params(self.params)
         self.tracker = Tracker(enabled=spec.mlflow and self.dist.is_main, job_dir=self.job,
                                tracking_uri=spec.tracking_uri, experiment_name=spec.experiment_name, run_name=spec.run_name,
@@ -97,6 +98,19 @@ class JobRunner:
         sleep = getattr(self.engine, "sleep", None)
         if sleep is not None:
             sleep()
+
+    def _rewind_to(self, path: Path) -> None:
+        """After resuming from an earlier checkpoint: drop the later ones, and make adapters/last and
+        adapters/best those of the run as it stood then (a later best belongs to the abandoned future)."""
+        discard_after(self.job, self.state["step"])
+        adapters = self.job / "adapters"
+        publish_adapter(path / "adapter", adapters / "last")
+        best = self.state.get("best_step")
+        best_dir = self.job / "checkpoints" / f"step-{best:06d}" / "adapter" if best is not None else None
+        if best_dir is not None and best_dir.exists():
+            publish_adapter(best_dir, adapters / "best")
+        else:
+            shutil.rmtree(adapters / "best", ignore_errors=True)
 
     @property
     def lr(self) -> float:
@@ -169,10 +183,6 @@ class JobRunner:
             self.checkpoint(step, self.evaluate(step, self.holdout_rows) if self.holdout_rows else {})
         elif self.cfg.save_steps and step % self.cfg.save_steps == 0:
             self.checkpoint(step, None)
-
-    def eval_and_checkpoint(self, step: int) -> None:
-        metrics = self.evaluate(step, self.holdout_rows) if self.holdout_rows else {}
-        self.checkpoint(step, metrics)
 
     # --- end of run ---------------------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:

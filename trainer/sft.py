@@ -3,21 +3,25 @@
 
 A training row is either a task with a `solution` (its assistant turns are replayed in the environment,
 so tool observations are real) or a trajectory whose `messages` already hold the whole conversation;
-trajectories with `outcome: "failure"` are skipped. Loss is on assistant tokens only.
+trajectories with `outcome: "failure"` are skipped. Loss is on assistant tokens only, computed as the GRPO
+loss computes logprobs (`trainer.batching.token_logprobs`): the LM head runs on those tokens only, a chunk at a
+time, so no (batch, length, vocabulary) logits exist.
 """
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from torch.optim.lr_scheduler import LRScheduler
+from transformers import PreTrainedTokenizerBase, get_scheduler
 
+from trainer.batching import Batch, token_logprobs
 from trainer.config import JobSpec
+from trainer.distributed import Dist
 from trainer.rollout.episodes import encode, render
 from trainer.runner import JobRunner
 from trainer.tracking import EventLog
@@ -73,51 +77,59 @@ def build_examples(rows: list[dict], tokenizer: PreTrainedTokenizerBase, max_len
 
 
 def sft_loss(model: torch.nn.Module, batch: list[Example], pad_id: int) -> tuple[torch.Tensor, int]:
-    device = next(model.parameters()).device
+    """Mean cross-entropy of the assistant tokens (the mask's 1s) and their number."""
     width = max(len(ids) for ids, _ in batch)
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(batch), width), dtype=torch.long)
-    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    loss_mask = torch.zeros((len(batch), width - 1))  # position t trains on target token t + 1
     for i, (ids, mask) in enumerate(batch):
         input_ids[i, : len(ids)] = torch.tensor(ids)
         attention[i, : len(ids)] = 1
-        labels[i, : len(ids)] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(ids), -100)
-    logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device), use_cache=False).logits
-    n = int((labels[:, 1:] != -100).sum())
-    loss = torch.nn.functional.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1).to(device),
-        ignore_index=-100, reduction="sum",
-    ) / max(n, 1)
-    return loss, n
-
-
-def cosine_lr(step: int, total: int, base: float, warmup: int) -> float:
-    if step < warmup:
-        return base * (step + 1) / warmup
-    return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
+        loss_mask[i, : len(ids) - 1] = torch.tensor(mask[1:], dtype=torch.float)
+    rows = Batch(input_ids, attention, loss_mask, sampler_logprobs=torch.zeros_like(loss_mask),
+                 prompt_lens=torch.zeros(len(batch), dtype=torch.long), prompts=torch.arange(len(batch)))
+    logp, _ = token_logprobs(model, rows)  # zeros off the mask
+    n = int(loss_mask.sum())
+    return -logp.sum() / max(n, 1), n
 
 
 def sft_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
-              examples: list[Example], *, pad_id: int, steps: range, batch_size: int, lr: float, total: int,
-              rng: random.Random, max_grad_norm: float = 1.0, warmup: int = 0,
+              examples: list[Example], *, pad_id: int, steps: range, batch_size: int, rng: random.Random,
+              scheduler: LRScheduler | None = None, lr: float | None = None, total: int | None = None,
+              warmup: int = 0, max_grad_norm: float = 1.0, dist: Dist | None = None,
               on_step: Callable[[int, dict[str, float]], None] | None = None) -> None:
-    """Minibatch SFT; batches are drawn with replacement from `rng` (checkpointed with the job)."""
+    """Minibatch SFT; batches are drawn with replacement from `rng` (checkpointed with the job). The lr
+    follows `scheduler`, stepped once a step; without one (the tiny model's pre-training), a cosine from
+    `lr` over `total` steps after `warmup`. Under torchrun every rank draws the same batch (one `rng`) and
+    trains on its share of the rows, the loss normalised by the whole batch's tokens and the gradients summed."""
+    dist = dist or Dist()
+    if scheduler is None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr if lr is not None else group["lr"]
+        scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=warmup, num_training_steps=total or steps.stop - 1)
+        for _ in range(steps.start - 1):
+            scheduler.step()
     model.train()
     for step in steps:
         t0 = time.perf_counter()
         batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
-        for group in optimizer.param_groups:
-            group["lr"] = cosine_lr(step - 1, total, lr, warmup)
+        mine = batch[dist.rank::dist.world_size]
+        lr_now = optimizer.param_groups[0]["lr"]
         optimizer.zero_grad(set_to_none=True)
-        loss, n_tokens = sft_loss(model, batch, pad_id)
-        loss.backward()
+        loss, n_tokens = sft_loss(model, mine, pad_id) if mine else (torch.zeros(()), 0)
+        (n_all,) = dist.sum([n_tokens])
+        share = n_tokens / max(n_all, 1)  # this rank's part of the batch's mean
+        if mine:
+            (loss * share).backward()
+        dist.all_reduce_grads(params)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
         optimizer.step()
+        scheduler.step()
+        (batch_loss,) = dist.sum([loss.item() * share])
         dt = time.perf_counter() - t0
         if on_step:
-            on_step(step, {"loss": loss.item(), "grad_norm": grad_norm, "lr": optimizer.param_groups[0]["lr"],
-                           "tokens": n_tokens, "step_time": dt,
-                           "tokens_per_s": sum(len(ids) for ids, _ in batch) / max(dt, 1e-9)})
+            on_step(step, {"loss": batch_loss, "grad_norm": grad_norm, "lr": lr_now, "tokens": int(n_all),
+                           "step_time": dt, "tokens_per_s": sum(len(ids) for ids, _ in batch) / max(dt, 1e-9)})
 
 
 def train_sft(spec: JobSpec, events: EventLog) -> dict[str, Any]:
@@ -134,13 +146,12 @@ def train_sft(spec: JobSpec, events: EventLog) -> dict[str, Any]:
             run.step = step
             events.emit("step", step=step, examples=len(examples), **stats)
             run.tracker.log_metrics(stats, step, prefix="train/")
-            if run.should_eval(step):
-                run.eval_and_checkpoint(step)
+            run.end_of_step(step)  # evaluate + checkpoint, or checkpoint alone (save_steps)
 
         run.step = run.state["step"] + 1
         sft_steps(run.model, run.optimizer, run.params, examples, pad_id=run.tokenizer.pad_token_id,
                   steps=range(run.state["step"] + 1, cfg.max_steps + 1), batch_size=cfg.train_batch_size,
-                  lr=cfg.learning_rate, total=cfg.max_steps, rng=run.rng, max_grad_norm=cfg.max_grad_norm,
+                  rng=run.rng, scheduler=run.scheduler, max_grad_norm=cfg.max_grad_norm, dist=run.dist,
                   on_step=on_step)
         return run.finish()
     except Exception as exc:

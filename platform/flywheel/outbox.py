@@ -25,8 +25,13 @@ from django.utils.module_loading import import_string
 logger = logging.getLogger(__name__)
 
 # Dotted paths of the sweep functions: each takes no argument and returns how many rows it sent again.
-SWEEPS = ("flywheel.trajectories.upload.upload_sweep", "flywheel.trajectories.triage.triage_sweep",
-          "flywheel.registry.services.registry_sweep")
+SWEEPS = (
+    "flywheel.trajectories.upload.upload_sweep",
+    "flywheel.trajectories.triage.triage_sweep",
+    "flywheel.failures.clustering.services.clustering_sweep",
+    "flywheel.registry.services.registry_sweep",
+    "flywheel.training.services.training_sweep",
+)
 
 
 class BrokerUnavailable(Exception):

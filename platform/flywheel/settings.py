@@ -35,9 +35,11 @@ INSTALLED_APPS = [
     "flywheel.accounts",
     "flywheel.trajectories",
     "flywheel.failures",
+    "flywheel.failures.clustering",
     "flywheel.evals",
     "flywheel.environments",
     "flywheel.registry",
+    "flywheel.training",
 ]
 
 MIDDLEWARE = [
@@ -207,6 +209,10 @@ FLYWHEEL_UPLOAD_LEASE_S = get_env("FLYWHEEL_UPLOAD_LEASE_S", 300, cast=float)
 FLYWHEEL_TRIAGE = get_env("FLYWHEEL_TRIAGE", True, cast=bool)
 # A reviewer's claim on a review-queue item lasts this long; an expired claim may be taken by another.
 FLYWHEEL_QUEUE_CLAIM_S = get_env("FLYWHEEL_QUEUE_CLAIM_S", 600, cast=int)
+# A running training job's worker writes a heartbeat this often; a job silent for the timeout is failed by the
+# reaper (its worker vanished) and can be retried from its last checkpoint.
+FLYWHEEL_JOB_HEARTBEAT_S = get_env("FLYWHEEL_JOB_HEARTBEAT_S", 5, cast=float)
+FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S = get_env("FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S", 120, cast=float)
 CELERY_BEAT_SCHEDULE = {
     "outbox-sweep": {
         "task": "flywheel.outbox_sweep",

@@ -17,5 +17,9 @@ urlpatterns = [
     path("p/<slug:project_slug>/", include("flywheel.trajectories.urls")),
     path("p/<slug:project_slug>/", include("flywheel.trajectories.upload_urls")),
     path("p/<slug:project_slug>/", include("flywheel.failures.urls")),
+    path("p/<slug:project_slug>/", include("flywheel.failures.clustering.urls")),
+    path("p/<slug:project_slug>/", include("flywheel.evals.urls")),
+    path("p/<slug:project_slug>/", include("flywheel.environments.urls")),
     path("p/<slug:project_slug>/", include("flywheel.registry.urls")),
+    path("p/<slug:project_slug>/", include("flywheel.training.urls")),
 ]

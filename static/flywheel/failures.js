@@ -64,6 +64,12 @@
     if (scroll) m.scrollIntoView({ block: "nearest" });
     var number = m.id.replace(/^m/, "");
     document.querySelectorAll("[data-message-index]").forEach(function (f) { f.value = number; });
+    var promote = document.querySelector("[data-promote]");
+    if (promote) {
+      var url = new URL(promote.href);
+      url.searchParams.set("message", number);
+      promote.href = url.toString();
+    }
     var at = document.querySelector("[data-at]");
     if (at) at.textContent = "message #" + number;
     queuePage().dataset.selected = number;

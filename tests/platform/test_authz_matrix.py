@@ -83,7 +83,50 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/models/rollback": (NOT_ALLOWED, write(409, "maintainer")),  # nothing served yet
     "p/<slug:project_slug>/models/settings": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/models/v<int:version_number>/promote": (NOT_ALLOWED, write(302, "maintainer")),
+    "p/<slug:project_slug>/models/gate/<int:decision_id>/": (READ, NOT_ALLOWED),
+    # Training: members read jobs; maintainers start, confirm, cancel and retry them.
+    "p/<slug:project_slug>/training/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/training/new": (NOT_ALLOWED, write(422, "maintainer")),  # the empty form: 422
+    "p/<slug:project_slug>/training/<int:job_id>/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/training/<int:job_id>/curves": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/training/<int:job_id>/confirm": (NOT_ALLOWED, write(409, "maintainer")),  # not ready
+    "p/<slug:project_slug>/training/<int:job_id>/cancel": (NOT_ALLOWED, write(409, "maintainer")),  # finished
+    "p/<slug:project_slug>/training/<int:job_id>/retry": (NOT_ALLOWED, write(409, "maintainer")),  # succeeded
     "api/v1/models/production": (api(401, 200, 403, 404), NOT_ALLOWED),  # no model in "other"
+    # Failure modes: members read; reviewers name modes, assign them (one trajectory or a selection of the
+    # list) and work the queue; maintainers edit the taxonomy and delete modes. A form posted empty is
+    # answered with its error: 422 on the page, or a redirect back with the error as a message.
+    "p/<slug:project_slug>/failures/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/failures/new": (NOT_ALLOWED, write(422)),
+    "p/<slug:project_slug>/failures/<int:mode_id>/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/failures/<int:mode_id>/edit": (NOT_ALLOWED, write(302)),
+    "p/<slug:project_slug>/failures/<int:mode_id>/delete": (NOT_ALLOWED, write(302, "maintainer")),
+    "p/<slug:project_slug>/failures/bulk-assign": (NOT_ALLOWED, write(302)),
+    "p/<slug:project_slug>/taxonomy/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/taxonomy/categories": (NOT_ALLOWED, write(302, "maintainer")),
+    "p/<slug:project_slug>/taxonomy/<int:category_id>/edit": (NOT_ALLOWED, write(302, "maintainer")),
+    "p/<slug:project_slug>/taxonomy/<int:category_id>/delete": (NOT_ALLOWED, write(302, "maintainer")),
+    "p/<slug:project_slug>/t/<int:trajectory_id>/modes": (NOT_ALLOWED, write(BACK)),
+    "p/<slug:project_slug>/t/<int:trajectory_id>/modes/<int:mode_id>/remove": (NOT_ALLOWED, write(BACK)),
+    # The review queue claims items for a reviewer: the page itself is for reviewers and up.
+    "p/<slug:project_slug>/queue/": (write(200), NOT_ALLOWED),
+    "p/<slug:project_slug>/queue/claim": (NOT_ALLOWED, write(302)),
+    "p/<slug:project_slug>/queue/undo": (NOT_ALLOWED, write(302)),
+    "p/<slug:project_slug>/queue/skips/clear": (NOT_ALLOWED, write(302)),
+    "p/<slug:project_slug>/queue/<int:trajectory_id>/assign": (NOT_ALLOWED, write(302)),
+    "p/<slug:project_slug>/queue/<int:trajectory_id>/modes/<int:mode_id>/remove": (NOT_ALLOWED, write(302)),
+    "p/<slug:project_slug>/queue/<int:trajectory_id>/complete": (NOT_ALLOWED, write(302)),
+    "p/<slug:project_slug>/queue/<int:trajectory_id>/skip": (NOT_ALLOWED, write(302)),
+    # Clustering: members read suggestions and a run's progress; reviewers start runs and decide. The empty
+    # start form is 422 (days must be stated); the run is done and the suggestion decided: 409 past the check.
+    "p/<slug:project_slug>/clusters/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/clusters/runs": (NOT_ALLOWED, write(422)),
+    "p/<slug:project_slug>/clusters/runs/<int:clustering_id>/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/clusters/runs/<int:clustering_id>/retry": (NOT_ALLOWED, write(409)),
+    "p/<slug:project_slug>/clusters/s/<int:suggestion_id>/accept": (NOT_ALLOWED, write(409)),
+    "p/<slug:project_slug>/clusters/s/<int:suggestion_id>/merge": (NOT_ALLOWED, write(422)),  # no mode chosen
+    "p/<slug:project_slug>/clusters/s/<int:suggestion_id>/split": (NOT_ALLOWED, write(409)),
+    "p/<slug:project_slug>/clusters/s/<int:suggestion_id>/dismiss": (NOT_ALLOWED, write(409)),
     # The API: a key decides the project and the scope; no session opens it.
     "api/v1/": ((404,) * 9, (404,) * 9),
     # The schema and its docs page are public, and django-ninja serves them to any method.
@@ -92,6 +135,49 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "api/v1/trajectories": (api(401, 200, 403, 200), api(401, 403, 200, 200)),
     "api/v1/trajectories/<trajectory_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
     "api/v1/otlp/v1/traces": (NOT_ALLOWED, api(401, 403, 200, 200)),
+    # Failure modes: reading needs `read`, every write `review` (none of these keys has it).
+    "api/v1/failure-modes": (api(401, 200, 403, 200), api(401, 403, 403, 403)),
+    "api/v1/failure-modes/<mode_id>/assign": (NOT_ALLOWED, api(401, 403, 403, 403)),
+    "api/v1/failure-modes/<mode_id>/unassign": (NOT_ALLOWED, api(401, 403, 403, 403)),
+    "api/v1/queue/claim": (NOT_ALLOWED, api(401, 403, 403, 403)),
+    "api/v1/queue/<trajectory_id>/complete": (NOT_ALLOWED, api(401, 403, 403, 403)),
+    "api/v1/clusterings": (NOT_ALLOWED, api(401, 403, 403, 403)),  # starting a run needs `review`
+    "api/v1/clusterings/<clustering_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/clusterings/suggestions/<suggestion_id>/decision": (NOT_ALLOWED, api(401, 403, 403, 403)),
+    # Eval suites and task sets: members read them, their versions and exports, and calibrate verifiers;
+    # reviewers create them, promote into them (the form itself too), remove rows and make variants;
+    # maintainers freeze versions. Empty forms are answered with their errors (422).
+    "p/<slug:project_slug>/evals/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/evals/new": (NOT_ALLOWED, write(422)),
+    "p/<slug:project_slug>/evals/<int:suite_id>/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/evals/<int:suite_id>/cases/<int:case_id>/remove": (NOT_ALLOWED, write(302)),
+    "p/<slug:project_slug>/evals/<int:suite_id>/v/<int:number>/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/evals/<int:suite_id>/v/<int:number>.jsonl": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/evals/<int:suite_id>/v/<int:number>/freeze": (NOT_ALLOWED, write(302, "maintainer")),
+    "p/<slug:project_slug>/evals/calibration/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/t/<int:trajectory_id>/promote": (write(200), write(422)),
+    "p/<slug:project_slug>/promote/": (write(200), write(422)),
+    "p/<slug:project_slug>/tasks/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/tasks/new": (NOT_ALLOWED, write(422)),
+    "p/<slug:project_slug>/tasks/<int:task_set_id>/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/tasks/<int:task_set_id>/tasks/<int:task_id>/remove": (NOT_ALLOWED, write(302)),
+    "p/<slug:project_slug>/tasks/<int:task_set_id>/tasks/<int:task_id>/variants": (NOT_ALLOWED, write(302)),
+    "p/<slug:project_slug>/tasks/<int:task_set_id>/v/<int:number>/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/tasks/<int:task_set_id>/v/<int:number>.jsonl": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/tasks/<int:task_set_id>/v/<int:number>/freeze": (NOT_ALLOWED, write(302, "maintainer")),
+    # Their API: reading needs `read`; creating and promoting need `review` (none of these keys has it).
+    "api/v1/eval-suites": (api(401, 200, 403, 200), api(401, 403, 403, 403)),
+    "api/v1/eval-suites/<suite_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/eval-suites/<suite_id>/versions": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/eval-suites/<suite_id>/versions/<number>.jsonl": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/eval-suites/<suite_id>/promotions": (NOT_ALLOWED, api(401, 403, 403, 403)),
+    "api/v1/eval-suites/<suite_id>/promotions/bulk": (NOT_ALLOWED, api(401, 403, 403, 403)),
+    "api/v1/task-sets": (api(401, 200, 403, 200), api(401, 403, 403, 403)),
+    "api/v1/task-sets/<task_set_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/task-sets/<task_set_id>/versions": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/task-sets/<task_set_id>/versions/<number>.jsonl": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/task-sets/<task_set_id>/promotions": (NOT_ALLOWED, api(401, 403, 403, 403)),
+    "api/v1/task-sets/<task_set_id>/promotions/bulk": (NOT_ALLOWED, api(401, 403, 403, 403)),
     # The Django admin is for superusers only (none of these visitors): its login page shows to all...
     "admin/login/": ((200,) * 9, (200,) * 9),
     # ...and every other admin route sends them to it, staff included.
@@ -133,6 +219,7 @@ def world(db, settings, make_project, make_api_key):
     from django.contrib.contenttypes.models import ContentType
 
     from flywheel.accounts.services import membership_set
+    from flywheel.failures.services import failure_mode_assign, failure_mode_create, taxonomy_category_create
     from flywheel.trajectories import review
     from flywheel.trajectories.ingest import ingest_trajectories
     from flywheel.trajectories.models import Trajectory, TriageRun, Upload
@@ -154,6 +241,11 @@ def world(db, settings, make_project, make_api_key):
     tag = review.trajectory_tag_add(trajectory=trajectory, name="t")
     upload = Upload.objects.create(project=project, filename="a.jsonl", content=b"{}", status="failed")
     run = TriageRun.objects.create(project=project, version=1, status="done")
+    clustering, suggestion = _clustering_rows(project, trajectory)
+    mode = failure_mode_create(project=project, name="m", category_key="other", user=users["maintainer"])
+    failure_mode_assign(failure_mode=mode, trajectories=[trajectory], user=users["maintainer"])
+    unused_category = taxonomy_category_create(project=project, name="unused")
+    suite, case, task_set, task = _eval_rows(project, trajectory)
     keys = {
         "key_read": make_api_key(project, scopes=["read"]),
         "key_ingest": make_api_key(project, scopes=["ingest"]),
@@ -173,7 +265,16 @@ def world(db, settings, make_project, make_api_key):
         "tag_id": tag.pk,
         "upload_id": upload.pk,
         "run_id": run.pk,
-        "version_number": _model_version(project).number,
+        "clustering_id": clustering.pk,
+        "suggestion_id": suggestion.pk,
+        "mode_id": mode.pk,
+        "category_id": unused_category.pk,
+        **_model_rows(project),
+        "suite_id": suite.pk,
+        "case_id": case.pk,
+        "task_set_id": task_set.pk,
+        "task_id": task.pk,
+        "number": 1,  # v1 of the suite and of the task set
         "user_id": users["viewer"].pk,
         "key_id": make_api_key(project, name="to revoke").api_key.pk,
         "app_label": "trajectories",
@@ -185,14 +286,48 @@ def world(db, settings, make_project, make_api_key):
     return {"clients": clients, "values": values, "trajectory": trajectory}
 
 
-def _model_version(project):
-    """v1 in production and v2, which is not (rows only: no model folder needed)."""
-    from flywheel.registry.models import AliasAssignment, BaseModel, ModelVersion
+def _clustering_rows(project, trajectory):
+    """A finished clustering run and a suggestion of it that was already dismissed."""
+    from flywheel.failures.clustering.models import ClusteringRun, ClusterSuggestion
+
+    run = ClusteringRun.objects.create(project=project, status="done", stage="done")
+    suggestion = ClusterSuggestion.objects.create(
+        run=run, project=project, size=1, label="l", trajectory_ids=[trajectory.pk], decision="dismissed"
+    )
+    return run, suggestion
+
+
+def _eval_rows(project, trajectory):
+    """An eval suite with a case and a task set with a task, each at v1 (rows written directly: the world's
+    trajectory has no assistant turn to promote)."""
+    from flywheel.environments.services import task_set_create
+    from flywheel.evals.services import suite_create, version_create
+
+    verifier = {"type": "exact", "expected": "hello"}
+    suite = suite_create(project=project, name="s")
+    case = suite.cases.create(trajectory=trajectory, messages=trajectory.messages, verifier=verifier)
+    version_create(collection=suite)
+    task_set = task_set_create(project=project, name="ts")
+    task = task_set.tasks.create(messages=[{"role": "user", "content": "other"}], verifier=verifier)
+    version_create(collection=task_set)
+    return suite, case, task_set, task
+
+
+def _model_rows(project):
+    """v1 in production, v2 (not) with a passing gate decision, and a finished training job (rows only)."""
+    from flywheel.environments.models import TaskSet
+    from flywheel.registry.models import AliasAssignment, BaseModel, GateDecision, ModelVersion
+    from flywheel.training.models import TrainingJob
 
     base = BaseModel.objects.create(project=project, name="tiny", path="/models/tiny")
     v1 = ModelVersion.objects.create(project=project, number=1, base=base)
     AliasAssignment.objects.create(project=project, alias="production", version=v1)
-    return ModelVersion.objects.create(project=project, number=2, base=base)
+    v2 = ModelVersion.objects.create(project=project, number=2, base=base)
+    decision = GateDecision.objects.create(project=project, candidate=v2, production=v1, passed=True)
+    task_set = TaskSet.objects.create(project=project, name="t")
+    version = task_set.versions.create(number=1, rows=[], size=0, content_hash="0" * 64)
+    job = TrainingJob.objects.create(project=project, task_set_version=version, base_version=v1, status="succeeded")
+    return {"version_number": v2.number, "decision_id": decision.pk, "job_id": job.pk}
 
 
 def _url(route, values):

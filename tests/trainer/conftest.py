@@ -1,48 +1,14 @@
-"""Trainer fixtures: the tiny CPU model, built once per session (cached by the hash of the code that
-builds it, so a rerun on the same machine reuses it), and small workplace task sets."""
+"""Trainer fixtures: the tiny model with a LoRA adapter, and small workplace task sets. The tiny model itself
+(`tiny_model`) is in tests/conftest.py: the platform's training tests use it too."""
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from trainer.config import write_jsonl
-
-REPO = Path(__file__).resolve().parents[2]
-# The model depends on these files only: a change to any of them rebuilds it.
-TINY_SOURCES = ["trainer/tiny.py", "trainer/sft.py", "trainer/envs/workplace/tasks.py",
-                "trainer/envs/workplace/world.py", "trainer/envs/workplace/tools.py"]
-
-
-def _tiny_key() -> str:
-    h = hashlib.sha256()
-    for rel in TINY_SOURCES:
-        h.update((REPO / rel).read_bytes())
-    return h.hexdigest()[:16]
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ready tiny model directory (the path `trainer.models.load_model` takes)."""
-    from trainer.tiny import build_tiny
-
-    # pytest-of-<user>/ outlives one session's basetemp; that is the "cached under a tmp dir".
-    cache = tmp_path_factory.getbasetemp().parent / f"flywheel-tiny-{_tiny_key()}"
-    if not (cache / "tiny.json").exists():
-        threads = torch.get_num_threads()
-        torch.set_num_threads(int(os.environ.get("FLYWHEEL_TEST_THREADS", "1")))
-        tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        build_tiny(tmp)
-        shutil.rmtree(cache, ignore_errors=True)
-        tmp.rename(cache)
-        torch.set_num_threads(threads)
-    return cache
 
 
 @pytest.fixture(scope="session")

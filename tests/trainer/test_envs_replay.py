@@ -10,7 +10,7 @@ import pytest
 
 from trainer.cli import build_parser, cmd_evaluate
 from trainer.config import read_jsonl, write_jsonl
-from trainer.envs import DEFAULT_MAX_TURNS, make_env, replay
+from trainer.envs import DEFAULT_MAX_TURNS, make_env, replay, validate_task
 from trainer.envs.replay_env import NO_RECORDING, ReplayEnv
 from trainer.envs.workplace import TOOLS, generate_tasks
 from trainer.tracking import EventLog
@@ -178,3 +178,26 @@ def test_evaluate_a_replay_suite(tiny_model, tmp_path):
             assert messages[len(r["messages"]):] == sample["messages"]
             assert (score.reward, score.passed, score.failure) == (sample["reward"], sample["passed"], sample["failure"])
     assert "recorded" in seen  # the model made calls that the recording answered
+
+
+def test_validate_task_lists_every_problem_without_running_anything():
+    assert validate_task(row()) == []
+    bad = row(verifier={"type": "tool_call", "expected_calls": "refund"},
+              env={"type": "replay", "max_turns": 0, "recorded": [{"name": "find_person"}]})
+    assert validate_task(bad) == [
+        "task rp-1: env.max_turns must be an integer >= 1, got 0",
+        "task 'rp-1': verifier: expected_calls must be a list of {\"name\", \"arguments\"} (it may be empty)",
+    ]
+    bad = row(env={"type": "replay", "recorded": [{"name": "find_person"}]})
+    assert validate_task(bad) == ["task 'rp-1': env.recorded[0].observation: missing (the tool's answer to this call)"]
+    assert validate_task({**row(), "verifier": None} | {"reward": [{"verifier": {"type": "nope"}}]})[0].startswith(
+        "task 'rp-1': a row has a `verifier` or a weighted `reward` list, not both")
+    assert validate_task({"id": "x", "env": {"type": "teleport"}}) == [
+        "task 'x': unknown env type 'teleport' (expected one of ['http', 'python', 'replay', 'single_turn', 'workplace'])"]
+    # An environment server scores its own episodes: no verifier needed, and nothing is contacted.
+    assert validate_task({"id": "h", "env": {"type": "http", "url": "http://127.0.0.1:9"}}) == []
+    assert validate_task({"id": "h", "env": {"type": "http"}}) == [
+        "task 'h': env.url must be an http:// or https:// URL, got None"]
+    assert validate_task({"id": "p", "env": {"type": "python", "entry_point": "no_such_module:make"}}) == []
+    assert validate_task({"id": "w", "verifier": {"type": "exact", "expected": "x"}, "env": {"type": "workplace"}}) == [
+        "task w: a workplace task needs env.initial_state"]

@@ -14,11 +14,11 @@ import copy
 from typing import Any
 
 from trainer.envs.base import DEFAULT_MAX_TURNS, Env, StepResult, assistant_message, max_turns, parse_turn
-from trainer.verifiers import Score
-from trainer.verifiers.rewards import score_task
+from trainer.verifiers import Score, SpecError, validate_spec
+from trainer.verifiers.rewards import reward_components, score_task
 
 __all__ = ["DEFAULT_MAX_TURNS", "Env", "SingleTurnEnv", "StepResult", "assistant_message", "make_env", "max_turns",
-           "replay", "ENV_TYPES"]
+           "replay", "validate_task", "ENV_TYPES"]
 
 
 class SingleTurnEnv:
@@ -58,6 +58,41 @@ def make_env(task: dict[str, Any]) -> Env:
     if factory is None:
         raise ValueError(f"task {task.get('id')}: unknown env type {kind!r} (expected one of {sorted(ENV_TYPES)})")
     return factory(task)
+
+
+def validate_task(task: Any) -> list[str]:
+    """What is wrong with a task row, one readable line each naming the field ([] when nothing is): its
+    env type and turn limit, a replay row's recordings, an http row's settings, a workplace row's state, its
+    `verifier` or weighted `reward`. It contacts no server and imports no entry point, so a row can be
+    checked where it is written (the platform, before saving a task)."""
+    if not isinstance(task, dict):
+        return [f"a task row must be a JSON object, got {type(task).__name__}"]
+    env_spec = task.get("env")
+    if env_spec is not None and not isinstance(env_spec, dict):
+        return [f"task {task.get('id')!r}: env must be an object"]
+    kind = (env_spec or {}).get("type", "single_turn")
+    if kind not in ENV_TYPES:
+        return [f"task {task.get('id')!r}: unknown env type {kind!r} (expected one of {sorted(ENV_TYPES)})"]
+    problems: list[str] = []
+    try:
+        max_turns(task)
+        if kind in ("replay", "workplace", "http"):
+            ENV_TYPES[kind](task)  # their constructors check the row and do nothing else
+    except SpecError as exc:
+        problems.extend(exc.problems)
+    except ValueError as exc:
+        problems.append(str(exc))
+    # An http or python environment scores its own episodes; every other row needs a verifier or rewards.
+    if kind not in ("http", "python") or "verifier" in task or "reward" in task:
+        try:
+            if reward_components(task) is None:
+                if "verifier" not in task:
+                    problems.append(f"task {task.get('id')!r}: needs a `verifier` (or a weighted `reward` list)")
+                else:
+                    problems.extend(f"task {task.get('id')!r}: verifier: {p}" for p in validate_spec(task["verifier"]))
+        except SpecError as exc:
+            problems.extend(exc.problems)
+    return list(dict.fromkeys(problems))
 
 
 def replay(task: dict[str, Any], completions: list[str | dict]) -> tuple[list[dict], Score]:

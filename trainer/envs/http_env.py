@@ -149,8 +149,11 @@ class HttpEnv:
         components = answer.get("components") or {}
         if not isinstance(components, dict) or not all(_number(v) for v in components.values()):
             raise self._error("/verify", "\"components\" must be an object of name -> number")
-        checks = {**checks, "episode": {"turns": self.turn, "server": self.url,
-                                        **({"step_rewards": self.step_rewards} if self.step_rewards else {})}}
+        episode = checks.get("episode") if isinstance(checks.get("episode"), dict) else {}
+        episode = {**episode, "turns": self.turn, "server": self.url}
+        if self.step_rewards:
+            episode["step_rewards"] = self.step_rewards
+        checks = {**checks, "episode": episode}
         return Score(float(reward), passed, checks, None if passed else failure,
                      {str(k): float(v) for k, v in components.items()})
 

@@ -139,7 +139,8 @@ class Handler(BaseHTTPRequestHandler):
 def start(host: str = "127.0.0.1", port: int = 0, max_sessions: int = 10_000) -> WorkplaceServer:
     """A running server in a daemon thread (stop it with `shutdown()` then `server_close()`)."""
     server = WorkplaceServer((host, port), max_sessions)
-    threading.Thread(target=server.serve_forever, name="workplace-env-server", daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="workplace-env-server",
+                     daemon=True).start()
     return server
 
 

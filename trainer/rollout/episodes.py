@@ -33,6 +33,7 @@ class Episode:
     sampler_logprobs: list[float]  # aligned with token_ids; 0 where mask is 0
     prompt_len: int
     messages: list[dict[str, Any]] = field(default_factory=list)
+    opening: int = 0  # how many of `messages` the environment opened with (its reset, not the policy's turns)
     completion_tokens: int = 0
     turns: int = 0
     truncated: bool = False  # a turn hit max_new_tokens or the episode hit max_seq_len
@@ -112,6 +113,7 @@ def start_episodes(rows: list[dict], n: int, tokenizer: PreTrainedTokenizerBase,
         episodes.append(Episode(
             row=row, group=group_offset + g, env=env, token_ids=ids, mask=[0] * len(ids),
             sampler_logprobs=[0.0] * len(ids), prompt_len=len(ids), messages=list(messages),
+            opening=len(messages),
         ))
     return episodes
 

@@ -97,6 +97,9 @@ def demo_seed() -> DemoSeed:
     _save_secrets({"username": ADMIN_USERNAME, "password": password, "api_key": raw_key})
 
     result = ingest_trajectories(project=project, records=demo_trajectories(), source="demo")
+    from flywheel.failures.demo import failure_demo_seed  # the failures app builds on accounts
+
+    failure_demo_seed(project=project, user=admin)
     return DemoSeed(
         username=ADMIN_USERNAME,
         password=password,

@@ -2,27 +2,33 @@
 
 `/eval-suites` and `/task-sets` (flywheel.environments.api) answer the same operations: list, create,
 read, versions, a version's JSONL export, promotion of one trajectory (or a dry run of its checks), and
-bulk promotion of a selection or a failure mode. Keys as for trajectories: `read` for GET, `ingest` for
-the writes (the scope that puts data into the project). Freezing a version is a maintainer's act in the UI.
+bulk promotion of a selection or a failure mode. Keys as for trajectories: `read` for GET, `review` for the
+writes (promotion is a reviewer's act), recorded as the person who made the key. Freezing a version is a
+maintainer's act, in the UI.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
 
+from flywheel.accounts.models import Scope
 from flywheel.api import api
 from flywheel.evals import promotion, selectors
 from flywheel.evals import rows as row_shape
 from flywheel.evals.models import EvalSuite, SuiteKind
 from flywheel.evals.services import suite_create
-from flywheel.trajectories.api import ErrorOut, ingest_auth, read_auth
+from flywheel.trajectories.api import ApiKeyAuth, ErrorOut, ValidationErrorOut, read_auth
 from flywheel.trajectories.models import Trajectory
+
+review_auth = ApiKeyAuth(Scope.REVIEW)
 
 
 class CollectionIn(Schema):
@@ -162,9 +168,33 @@ def item_out(item: Any) -> dict[str, Any]:
             "row": item.row()}
 
 
-def register(*, model: type, prefix: str, tag: str) -> Router:
-    """The collection endpoints under `/{prefix}` for `model` (EvalSuite or TaskSet)."""
+def _path_param(name: str) -> Any:
+    """Give a handler written with `collection_id` the path parameter `name` (suite_id, task_set_id).
+
+    Why: one set of handlers serves both collections, but each URL names its own id, so that an id is never
+    mistaken for the other kind's (the authorization tests fill every parameter by name). django-ninja reads
+    parameters from `inspect.signature`, which honours `__signature__`."""
+
+    def rename(fn: Any) -> Any:
+        signature = inspect.signature(fn, eval_str=True)
+        params = [p.replace(name=name) if p.name == "collection_id" else p for p in signature.parameters.values()]
+
+        @functools.wraps(fn)
+        def handler(request: HttpRequest, **kwargs: Any) -> Any:
+            kwargs["collection_id"] = kwargs.pop(name)
+            return fn(request, **kwargs)
+
+        handler.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        return handler
+
+    return rename
+
+
+def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
+    """The collection endpoints under `/{prefix}` for `model` (EvalSuite or TaskSet); `id_name` is the
+    path parameter of its id."""
     router = Router(tags=[tag])
+    by_id = _path_param(id_name)
     label = model.LABEL
     is_suite = model is EvalSuite
 
@@ -184,31 +214,35 @@ def register(*, model: type, prefix: str, tag: str) -> Router:
             raise HttpError(404, f"No {label} {pk} in project '{request.auth.project.slug}'.")
         return collection
 
-    errors = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 429: ErrorOut, 503: ErrorOut}
+    # 422 from django-ninja when a parameter does not parse; the writes add their own refusals to it.
+    errors = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ValidationErrorOut, 429: ErrorOut, 503: ErrorOut}
+    refused = PromotionRefusedOut | ValidationErrorOut
 
     @router.get(f"/{prefix}", auth=read_auth, response={200: list[CollectionOut], **errors},
                 summary=f"List {label}s", operation_id=f"{tag}_list")
     def collection_list(request: HttpRequest) -> list[dict[str, Any]]:
         return [collection_out(c) for c in selectors.collection_list(project=request.auth.project, model=model)]
 
-    @router.post(f"/{prefix}", auth=ingest_auth, response={201: CollectionOut, 422: PromotionRefusedOut, **errors},
+    @router.post(f"/{prefix}", auth=review_auth, response={**errors, 201: CollectionOut, 422: refused},
                  summary=f"Create a {label}", operation_id=f"{tag}_create")
     def collection_create(request: HttpRequest, body: CollectionIn) -> Any:
         try:
             if is_suite:
                 c = suite_create(project=request.auth.project, name=body.name, kind=body.kind,
-                                 description=body.description)
+                                 description=body.description, user=request.auth.created_by)
             else:
                 from flywheel.environments.services import task_set_create
 
-                c = task_set_create(project=request.auth.project, name=body.name, description=body.description)
+                c = task_set_create(project=request.auth.project, name=body.name, description=body.description,
+                                    user=request.auth.created_by)
         except ValidationError as exc:
-            return 422, {"detail": f"The {label} was not created.", "errors": exc.message_dict, "conflicts": [],
-                         "checks": {"original": None, "reference": None, "warnings": []}}
-        return 201, collection_out(c, size=0, last=0)
+            return Status(422, {"detail": f"The {label} was not created.", "errors": exc.message_dict, "conflicts": [],
+                                "checks": {"original": None, "reference": None, "warnings": []}})
+        return Status(201, collection_out(c, size=0, last=0))
 
-    @router.get(f"/{prefix}/{{collection_id}}", auth=read_auth, response={200: CollectionDetailOut, **errors},
+    @router.get(f"/{prefix}/{{{id_name}}}", auth=read_auth, response={200: CollectionDetailOut, **errors},
                 summary=f"Read a {label}: its rows and versions", operation_id=f"{tag}_read")
+    @by_id
     def collection_read(request: HttpRequest, collection_id: int) -> dict[str, Any]:
         c = get(request, collection_id)
         items = list(selectors.collection_items(collection=c))
@@ -216,17 +250,19 @@ def register(*, model: type, prefix: str, tag: str) -> Router:
         return {**collection_out(c, size=len(items), last=versions[0].number if versions else 0),
                 "items": [item_out(i) for i in items], "versions": [version_out(c, v) for v in versions]}
 
-    @router.get(f"/{prefix}/{{collection_id}}/versions", auth=read_auth, response={200: list[VersionOut], **errors},
+    @router.get(f"/{prefix}/{{{id_name}}}/versions", auth=read_auth, response={200: list[VersionOut], **errors},
                 summary=f"A {label}'s versions, newest first", operation_id=f"{tag}_versions")
+    @by_id
     def collection_versions(request: HttpRequest, collection_id: int) -> list[dict[str, Any]]:
         c = get(request, collection_id)
         return [version_out(c, v) for v in selectors.collection_versions(collection=c)]
 
-    @router.get(f"/{prefix}/{{collection_id}}/versions/{{number}}.jsonl", auth=read_auth,
+    @router.get(f"/{prefix}/{{{id_name}}}/versions/{{number}}.jsonl", auth=read_auth,
                 response={200: None, **errors}, summary=f"Export a {label} version as JSONL",
                 description="One row a line in the trainer's shape (`python -m trainer evaluate --suite FILE`, "
                             "`train`); the file's SHA-256 is the version's content_hash.",
                 operation_id=f"{tag}_export")
+    @by_id
     def collection_export(request: HttpRequest, collection_id: int, number: int) -> HttpResponse:
         c = get(request, collection_id)
         version = selectors.version_get(collection=c, number=number)
@@ -234,13 +270,14 @@ def register(*, model: type, prefix: str, tag: str) -> Router:
             raise HttpError(404, f"{label} {collection_id} has no version {number}.")
         return export_response(c, version)
 
-    @router.post(f"/{prefix}/{{collection_id}}/promotions", auth=ingest_auth,
-                 response={200: PromotionOut, 201: PromotionOut, 422: PromotionRefusedOut, **errors},
+    @router.post(f"/{prefix}/{{{id_name}}}/promotions", auth=review_auth,
+                 response={**errors, 200: PromotionOut, 201: PromotionOut, 422: refused},
                  summary=f"Promote a trajectory into a {label}",
                  description="Runs the verifier on the agent's output (must fail) and on the reference (must "
                              "pass), and the leakage guard; 201 with the new row and version, 200 for a dry "
                              "run, 422 with field errors, conflicts and both checks when refused.",
                  operation_id=f"{tag}_promote")
+    @by_id
     def collection_promote(request: HttpRequest, collection_id: int, body: PromotionIn) -> Any:
         c = get(request, collection_id)
         trajectory = Trajectory.objects.filter(project=request.auth.project, pk=body.trajectory_id).first()
@@ -250,24 +287,27 @@ def register(*, model: type, prefix: str, tag: str) -> Router:
         data.update(body.dict(exclude_none=True, exclude={"trajectory_id", "accept_passing_original", "dry_run"}))
         if body.dry_run:
             check = promotion.promotion_check(trajectory=trajectory, data=data, target=c)
-            return 200, {"saved": False, "item": None, "version": None, "checks": checks_out(check), "row": check.row}
+            return Status(200, {"saved": False, "item": None, "version": None, "checks": checks_out(check),
+                                "row": check.row})
         try:
-            item, check = promotion.trajectory_promote(trajectory=trajectory, data=data, target=c, user=None,
+            item, check = promotion.trajectory_promote(trajectory=trajectory, data=data, target=c,
+                                                       user=request.auth.created_by,
                                                        accept_passing_original=body.accept_passing_original)
         except promotion.PromotionRefused as refused:
             check = refused.check
-            return 422, {"detail": "Not promoted: " + "; ".join(check.reasons()), "errors": check.errors,
-                         "conflicts": [vars(x) for x in check.conflicts], "checks": checks_out(check)}
+            return Status(422, {"detail": "Not promoted: " + "; ".join(check.reasons()), "errors": check.errors,
+                                "conflicts": [vars(x) for x in check.conflicts], "checks": checks_out(check)})
         version = c.versions.order_by("-number").first()
-        return 201, {"saved": True, "item": item_out(item), "version": version_out(c, version),
-                     "checks": checks_out(check), "row": item.row()}
+        return Status(201, {"saved": True, "item": item_out(item), "version": version_out(c, version),
+                            "checks": checks_out(check), "row": item.row()})
 
-    @router.post(f"/{prefix}/{{collection_id}}/promotions/bulk", auth=ingest_auth,
-                 response={200: BulkOut, 422: ErrorOut, **errors},
+    @router.post(f"/{prefix}/{{{id_name}}}/promotions/bulk", auth=review_auth,
+                 response={**errors, 200: BulkOut, 422: ErrorOut | ValidationErrorOut},
                  summary=f"Promote a selection or a failure mode into a {label}",
                  description="One draft per trajectory under one stated expectation; saves the drafts that "
                              "pass both checks and the leakage guard, lists the others with the reason.",
                  operation_id=f"{tag}_promote_bulk")
+    @by_id
     def collection_promote_bulk(request: HttpRequest, collection_id: int, body: BulkIn) -> Any:
         c = get(request, collection_id)
         project = request.auth.project
@@ -278,19 +318,20 @@ def register(*, model: type, prefix: str, tag: str) -> Router:
             mode = FailureMode.objects.filter(project=project, pk=body.failure_mode_id).first()
             if mode is None:
                 raise HttpError(404, f"No failure mode {body.failure_mode_id} in project '{project.slug}'.")
-            result = promotion.failure_mode_promote(failure_mode=mode, data=data, target=c)
+            result = promotion.failure_mode_promote(failure_mode=mode, data=data, target=c,
+                                                    user=request.auth.created_by)
         elif body.trajectory_ids:
             found = {t.pk: t for t in Trajectory.objects.filter(project=project, pk__in=body.trajectory_ids)}
             missing = [i for i in body.trajectory_ids if i not in found]
             if missing:
                 raise HttpError(404, f"No trajectory {missing[0]} in project '{project.slug}'.")
             result = promotion.selection_promote(items=[(found[i], None) for i in dict.fromkeys(body.trajectory_ids)],
-                                                 data=data, target=c)
+                                                 data=data, target=c, user=request.auth.created_by)
         else:
-            return 422, {"detail": "Name failure_mode_id or trajectory_ids."}
-        return 200, {"saved": [item_out(i) for i in result.saved],
-                     "skipped": [{"trajectory_id": t.pk, "reasons": r} for t, r in result.skipped],
-                     "version": version_out(c, result.version) if result.version else None}
+            return Status(422, {"detail": "Name failure_mode_id or trajectory_ids."})
+        return Status(200, {"saved": [item_out(i) for i in result.saved],
+                            "skipped": [{"trajectory_id": t.pk, "reasons": r} for t, r in result.skipped],
+                            "version": version_out(c, result.version) if result.version else None})
 
     api.add_router("", router)
     return router
@@ -306,4 +347,4 @@ def export_response(collection: Any, version: Any) -> HttpResponse:
     return response
 
 
-router = register(model=EvalSuite, prefix="eval-suites", tag="eval-suites")
+router = register(model=EvalSuite, prefix="eval-suites", tag="eval-suites", id_name="suite_id")

@@ -206,7 +206,7 @@ def _int(check: PromotionCheck, data: Mapping[str, Any], name: str, lo: int, hi:
         number = int(value)
         if isinstance(value, bool) or (isinstance(value, float) and value != number):
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         check.error(name, f"must be a whole number, got {short(value)}")
         return None
     if number < lo or (hi is not None and number > hi):
@@ -302,19 +302,27 @@ def _assistant_calls(calls: list[dict[str, Any]]) -> dict[str, Any]:
     ]}
 
 
+def _literal(arguments: dict[str, Any]) -> dict[str, Any]:
+    """Recorded arguments are read as matchers by the trainer: a value the agent sent that looks like one
+    (an object of matcher keywords) is wrapped in `equals`, so it still means exactly that value."""
+    return {k: {"equals": v} if is_matcher(v) else v for k, v in arguments.items()}
+
+
 def _replay_env(messages: list[Any], index: int, reference_calls: list[dict], observations: Any,
                 max_turns: int | None) -> dict[str, Any]:
     """The recorded calls from the promoted turn on, each with its observation, plus each corrected call
     with the observation the reviewer stated for it (the trainer answers other calls with an error)."""
-    results = {m.get("tool_call_id"): m.get("content") for m in messages[index:]
-               if isinstance(m, dict) and m.get("role") == "tool"}
+    # A tool message without content still answered: its observation is the empty string.
+    results = {m.get("tool_call_id"): m.get("content") if m.get("content") is not None else ""
+               for m in messages[index:] if isinstance(m, dict) and m.get("role") == "tool"}
     recorded = []
     for m in messages[index:]:
         if not _is_assistant(m):
             continue
         for wire, call in zip(m.get("tool_calls") or [], parse_completion(m).calls, strict=False):
             if isinstance(wire, dict) and wire.get("id") in results:
-                recorded.append({"name": call["name"], "arguments": call["arguments"], "observation": results[wire["id"]]})
+                recorded.append({"name": call["name"], "arguments": _literal(call["arguments"]),
+                                 "observation": results[wire["id"]]})
     seen = {(r["name"], row_shape.canonical_json(r["arguments"])) for r in recorded}
     for call in reference_calls:
         key = (call["name"], row_shape.canonical_json(call.get("arguments") or {}))

@@ -8,6 +8,7 @@ promote and create, maintainers freeze versions.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -30,6 +31,22 @@ KINDS: dict[str, dict[str, Any]] = {
     "suite": {"label": "eval suite", "plural": "Eval suites", "item": "case", "url": "suite"},
     "taskset": {"label": "task set", "plural": "Task sets", "item": "task", "url": "taskset"},
 }
+
+
+def for_kind(view: Any, kind: str) -> Any:
+    """The shared view for one kind of collection. Each kind's URLs name their own ids (suite_id and case_id,
+    task_set_id and task_id), so that an id of one kind is never taken for the other's."""
+    id_name, item_name = ("suite_id", "case_id") if kind == "suite" else ("task_set_id", "task_id")
+
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, project_slug: str, **kwargs: Any) -> HttpResponse:
+        if id_name in kwargs:
+            kwargs["collection_id"] = kwargs.pop(id_name)
+        if item_name in kwargs:
+            kwargs["item_id"] = kwargs.pop(item_name)
+        return view(request, project_slug, kind=kind, **kwargs)
+
+    return wrapped
 
 
 def _model(kind: str) -> type:
@@ -148,20 +165,29 @@ def version_freeze(request: HttpRequest, project: Project, kind: str, collection
 @project_view(Role.REVIEWER)
 def item_remove(request: HttpRequest, project: Project, kind: str, collection_id: int, item_id: int) -> HttpResponse:
     collection = _collection_or_404(project, kind, collection_id)
-    item = get_object_or_404(collection.items, pk=item_id)
-    version = services.item_remove(item=item, user=request.user)
-    messages.success(request, f"Removed {item.row_id}; version {version.number} made.")
+    item = collection.items.filter(pk=item_id).first()
+    if item is None:  # a second click on Remove: nothing left to do
+        messages.info(request, "Already removed.")
+    else:
+        version = services.item_remove(item=item, user=request.user)
+        messages.success(request, f"Removed {item.row_id}; version {version.number} made.")
     return redirect(reverse(f"{kind}_detail", args=[project.slug, collection.pk]))
 
 
 # --- promotion -----------------------------------------------------------------------------------------
 
 
+def _as_id(text: str) -> int | None:
+    """An id from a form or query field; None for anything else (int() refuses over 4,300 digits)."""
+    text = (text or "").strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 def _target(project: Project, value: str) -> Any:
     kind, _, pk = (value or "").partition(":")
-    if kind not in KINDS or not pk.isdigit():
+    if kind not in KINDS or _as_id(pk) is None:
         return None
-    return selectors.collection_get(project=project, model=_model(kind), pk=int(pk))
+    return selectors.collection_get(project=project, model=_model(kind), pk=_as_id(pk))
 
 
 def _text(value: Any) -> str:
@@ -184,6 +210,43 @@ def _assistant_turns(trajectory: Trajectory) -> list[tuple[int, str]]:
     return out
 
 
+def check_rows(score: Any) -> list[dict[str, Any]]:
+    """A score's checks as rows a reviewer reads: name, ok (True/False/None) and one line of detail.
+    A tool_call score's `calls` check (one entry per expected call) becomes one row per expected call."""
+    rows = []
+    for name, detail in (score.checks or {}).items():
+        if name == "calls" and isinstance(detail, list):
+            for entry in detail:
+                args = entry.get("arguments") if isinstance(entry.get("arguments"), dict) else {}
+                if entry.get("actual") is None:
+                    ok, text = False, "not called"
+                else:
+                    ok = bool(args.get("ok"))
+                    text = "; ".join(map(str, args.get("mismatches") or [])) or "arguments match"
+                rows.append({"name": f"call {entry.get('name')}", "ok": ok, "detail": text})
+            continue
+        if isinstance(detail, dict):
+            ok = detail.get("ok") if isinstance(detail.get("ok"), bool) else None
+            text = detail.get("reason") or "; ".join(map(str, detail.get("errors") or detail.get("mismatches") or []))
+            if not text:
+                rest = {k: v for k, v in detail.items() if k != "ok"}
+                text = json.dumps(rest, ensure_ascii=False, default=str)[:300] if rest else ""
+        else:
+            ok, text = None, json.dumps(detail, ensure_ascii=False, default=str)[:300]
+        rows.append({"name": name, "ok": ok, "detail": text})
+    return rows
+
+
+EXPECT_CHOICES = (("calls", "Tool calls"), ("answer", "Final answer"), ("state", "Final state (workplace)"))
+
+
+def _target_groups(project: Project) -> list[tuple[str, list[tuple[str, str]]]]:
+    targets = selectors.promotion_targets(project=project)
+    groups = [("Eval suites", [(f"suite:{s.pk}", f"{s.name} ({s.kind})") for s in targets["suites"]]),
+              ("Task sets", [(f"taskset:{t.pk}", t.name) for t in targets["task_sets"]])]
+    return [(label, options) for label, options in groups if options]
+
+
 def _form_context(request: HttpRequest, project: Project, trajectory: Trajectory, values: dict[str, Any],
                   target_value: str, check: promotion.PromotionCheck | None = None) -> dict[str, Any]:
     index = values.get("message_index")
@@ -191,10 +254,14 @@ def _form_context(request: HttpRequest, project: Project, trajectory: Trajectory
     context_messages = messages_[:index] if isinstance(index, int) else []
     return {
         "project": project, "trajectory": trajectory, "check": check,
+        "original_rows": check_rows(check.original_score) if check and check.original_score else [],
+        "reference_rows": check_rows(check.reference_score) if check and check.reference_score else [],
         "fields": {k: _text(v) for k, v in values.items()},
         "values": values,
         "errors": check.errors if check else {},
         "targets": selectors.promotion_targets(project=project),
+        "target_groups": _target_groups(project),
+        "expect_choices": EXPECT_CHOICES,
         "target_value": target_value,
         "turns": _assistant_turns(trajectory),
         "context_messages": [{"role": m.get("role"), "text": _text(m.get("content")),
@@ -211,9 +278,7 @@ def _form_context(request: HttpRequest, project: Project, trajectory: Trajectory
 def promotion_form(request: HttpRequest, project: Project, trajectory_id: int) -> HttpResponse:
     trajectory = get_object_or_404(Trajectory, project=project, pk=trajectory_id)
     if request.method == "GET":
-        message = request.GET.get("message", "")
-        values = promotion.promotion_prefill(trajectory=trajectory,
-                                             message_index=int(message) if message.isdigit() else None)
+        values = promotion.promotion_prefill(trajectory=trajectory, message_index=_as_id(request.GET.get("message", "")))
         return render(request, "evals/promote.html",
                       _form_context(request, project, trajectory, values, request.GET.get("target", "")))
     target_value = request.POST.get("target", "")
@@ -250,10 +315,9 @@ def bulk_promotion(request: HttpRequest, project: Project) -> HttpResponse:
     from flywheel.failures.models import FailureMode
 
     params = request.POST if request.method == "POST" else request.GET
-    mode = None
-    if (params.get("mode") or "").isdigit():
-        mode = FailureMode.objects.filter(project=project, pk=int(params["mode"])).first()
-    ids = [int(x) for x in (params.get("ids") or "").split(",") if x.strip().isdigit()][:1000]
+    mode_id = _as_id(params.get("mode", ""))
+    mode = FailureMode.objects.filter(project=project, pk=mode_id).first() if mode_id is not None else None
+    ids = [i for i in map(_as_id, (params.get("ids") or "").split(",")) if i is not None][:1000]
     trajectories = list(Trajectory.objects.filter(project=project, pk__in=ids).order_by("pk")) if ids else []
     result, errors = None, {}
     fields = {k: params.get(k, "") for k in promotion.SHARED_FIELDS}
@@ -271,7 +335,7 @@ def bulk_promotion(request: HttpRequest, project: Project) -> HttpResponse:
                                                  user=request.user)
     context = {"project": project, "mode": mode, "modes": FailureMode.objects.filter(project=project).order_by("name"),
                "ids": ",".join(map(str, ids)), "trajectories": trajectories, "result": result, "errors": errors,
-               "fields": fields, "targets": selectors.promotion_targets(project=project),
+               "fields": fields, "target_groups": _target_groups(project), "expect_choices": EXPECT_CHOICES,
                "target_value": params.get("target", ""), "answer_matches": promotion.ANSWER_MATCHES,
                "env_types": promotion.ENV_TYPES}
     return render(request, "evals/bulk.html", context, status=422 if errors else 200)
@@ -289,9 +353,9 @@ def calibration_page(request: HttpRequest, project: Project) -> HttpResponse:
     agent = request.GET.get("agent", "")
     errors: dict[str, str] = {}
     result = None
-    spec, tools = calibration.verifier_from_source(project=project, source=source, text=text, errors=errors)
+    spec = calibration.verifier_from_source(project=project, source=source, text=text, errors=errors)
     if spec is not None and not errors:
-        result = calibration.verifier_calibrate(project=project, verifier=spec, tools=tools, agent=agent)
+        result = calibration.verifier_calibrate(project=project, verifier=spec, agent=agent)
         if result.spec_errors:
             errors["verifier"] = "; ".join(result.spec_errors)
             result = None

@@ -87,14 +87,17 @@ def failure_mode_create(request: HttpRequest, project: Project) -> HttpResponse:
     return redirect("failure_mode_detail", project.slug, mode.pk)
 
 
-def _promotion_url(project: Project, **kwargs: Any) -> str:
-    """The promotion form's address when the app that promotes is installed (evals), else ""."""
-    for name in ("promotion_new", "promote"):
-        try:
-            return reverse(name, args=[project.slug], **kwargs)
-        except NoReverseMatch:
-            continue
-    return ""
+def _url_or_blank(name: str, *args: Any) -> str:
+    """The address of a page another app adds (evals' promotion), or "" where it is not installed."""
+    try:
+        return reverse(name, args=args)
+    except NoReverseMatch:
+        return ""
+
+
+def _promotion_url(project: Project, trajectory: Trajectory) -> str:
+    """The promotion form of `trajectory` when the app that promotes (evals) is installed, else ""."""
+    return _url_or_blank("promotion_form", project.slug, trajectory.pk)
 
 
 @require_GET
@@ -122,6 +125,7 @@ def failure_mode_detail(request: HttpRequest, project: Project, mode_id: int) ->
         "can_review": _can(request, Role.REVIEWER),
         "can_maintain": _can(request, Role.MAINTAINER),
         "ignored": cursor.errors,
+        "bulk_promotion_url": _url_or_blank("bulk_promotion", project.slug),
     }
     return render(request, "failures/failure_mode_detail.html", context)
 
@@ -375,7 +379,7 @@ def queue_page(request: HttpRequest, project: Project) -> HttpResponse:
             ),
             "keyed_modes": [(i + 1, mode, mode.pk in carried) for i, mode in enumerate(keyed)],
             "selected_message": int(selected) if selected.isascii() and selected.isdigit() else "",
-            "promotion_url": _promotion_url(project),
+            "promotion_url": _promotion_url(project, trajectory),
         }
     return render(request, "failures/queue.html", context)
 

@@ -123,3 +123,23 @@ class RegistrySettings(models.Model):
     # A vLLM server started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING: each production version
     # is loaded under its own adapter name (never a reload of one name in place).
     vllm_url = models.URLField(max_length=1000, blank=True, default="")
+    # The gate's rules (flywheel.registry.gate.GateRules fields); empty: the defaults.
+    gate_rules = models.JSONField(default=dict, blank=True)
+
+
+class GateDecision(models.Model):
+    """The gate's verdict on a candidate against production, with the report the page shows rule by rule."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="gate_decisions")
+    job = models.ForeignKey("training.TrainingJob", null=True, blank=True, on_delete=models.SET_NULL,
+                            related_name="gate_decisions")
+    candidate = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="gate_decisions")
+    production = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    passed = models.BooleanField()
+    rules = models.JSONField(default=dict)  # the GateRules it was judged by
+    report = models.JSONField(default=dict)  # GateReport.to_dict(): each rule, both values, pass or fail
+    error = models.TextField(blank=True, default="")  # the gate could not judge (no holdout, files missing)
+    decided_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-decided_at", "-id"]

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from flywheel.accounts.models import Project
-from flywheel.registry.models import Alias, AliasAssignment, AliasEvent, ModelVersion, RegistrySettings
+from flywheel.registry.models import (
+    Alias,
+    AliasAssignment,
+    AliasEvent,
+    GateDecision,
+    ModelVersion,
+    RegistrySettings,
+)
 
 
 def aliases_of(*, project: Project) -> dict[str, ModelVersion]:
@@ -39,3 +46,16 @@ def served_version_ids(*, project: Project) -> set[int]:
 
 def settings_of(*, project: Project) -> RegistrySettings:
     return RegistrySettings.objects.filter(project=project).first() or RegistrySettings(project=project)
+
+
+def gate_decisions(*, project: Project, limit: int = 50) -> list[GateDecision]:
+    return list(GateDecision.objects.filter(project=project).select_related("candidate", "production", "job")[:limit])
+
+
+def passed_gate_ids(*, project: Project) -> set[int]:
+    """Versions whose latest gate decision passed: the ones that may be promoted."""
+    latest: dict[int, bool] = {}
+    for candidate_id, passed in (GateDecision.objects.filter(project=project)
+                                 .order_by("decided_at", "id").values_list("candidate_id", "passed")):
+        latest[candidate_id] = passed
+    return {pk for pk, passed in latest.items() if passed}

@@ -157,6 +157,11 @@ def alias_move(
 
 
 def model_promote(*, project: Project, version: ModelVersion, user=None, reason: str = "") -> AliasEvent:
+    """Make `version` production: only a version whose latest gate decision passed."""
+    decision = version.gate_decisions.order_by("-decided_at", "-id").first()
+    if decision is None or not decision.passed:
+        why = "has not been through the gate" if decision is None else "did not pass the gate"
+        raise RegistryError(f"v{version.number} {why}; only a candidate that passed it is promoted.")
     return alias_move(project=project, alias=Alias.PRODUCTION, version=version, user=user, reason=reason,
                       kind=AliasEventKind.PROMOTE)
 

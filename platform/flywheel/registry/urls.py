@@ -9,5 +9,6 @@ urlpatterns = [
     path("models/base", views.base_model_register, name="registry_base_register"),
     path("models/v<int:version_number>/promote", views.version_promote, name="registry_version_promote"),
     path("models/rollback", views.production_rollback, name="registry_rollback"),
+    path("models/gate/<int:decision_id>/", views.gate_decision_page, name="registry_gate"),
     path("models/settings", views.registry_settings_save, name="registry_settings_save"),
 ]

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
 from flywheel.registry import selectors, services
-from flywheel.registry.models import Alias, ModelVersion, RegistrySettings
+from flywheel.registry.models import Alias, GateDecision, ModelVersion, RegistrySettings
 
 
 def _context(request: HttpRequest, project: Project, **extra) -> dict:
@@ -26,6 +26,8 @@ def _context(request: HttpRequest, project: Project, **extra) -> dict:
         "history": selectors.alias_history(project=project),
         "served": selectors.served_version_ids(project=project),
         "config": selectors.settings_of(project=project),
+        "passed_gate": selectors.passed_gate_ids(project=project),
+        "decisions": selectors.gate_decisions(project=project),
         "is_maintainer": request.membership.grants(Role.MAINTAINER),
         **extra,
     }
@@ -99,3 +101,17 @@ def registry_settings_save(request: HttpRequest, project: Project) -> HttpRespon
         return render(request, "registry/models.html", context, status=422)
     config.save()
     return _back(project, "saved")
+
+
+@require_GET
+@project_view()
+def gate_decision_page(request: HttpRequest, project: Project, decision_id: int) -> HttpResponse:
+    decision = get_object_or_404(
+        GateDecision.objects.select_related("candidate__base", "production__base", "job"), project=project,
+        pk=decision_id,
+    )
+    return render(request, "registry/gate.html", {
+        "project": project, "decision": decision,
+        "is_maintainer": request.membership.grants(Role.MAINTAINER),
+        "in_production": selectors.production_of(project=project),
+    })

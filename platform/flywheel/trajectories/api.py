@@ -44,7 +44,8 @@ class ApiKeyAuth(HttpBearer):
 
     openapi_description = (
         "A project API key: `Authorization: Bearer KEY`. The key decides the project; keys carry the scopes "
-        "`ingest` (POST) and `read` (GET). No or an unknown key: 401. A key without the scope, or a "
+        "`ingest` (POST of trajectories), `read` (GET) and `review` (failure modes, the review queue). No or "
+        "an unknown key: 401. A key without the scope, or a "
         "`?project=SLUG` that is not the key's project: 403. Over a key's rate (FLYWHEEL_API_RATE_PER_S, "
         "FLYWHEEL_API_BURST), or from an address that sent too many unknown keys "
         "(FLYWHEEL_API_AUTH_FAILURES_PER_MIN): 429 with Retry-After in seconds."
@@ -549,7 +550,8 @@ API_DESCRIPTION = (
     "Authenticate with a project API key: `Authorization: Bearer KEY`. A key belongs to one project, so no "
     "URL names a project: every call reads and writes the key's project. Optionally pass `?project=SLUG` "
     "as a guard; a slug other than the key's project is refused with 403. Scopes: `ingest` for the POST "
-    "endpoints, `read` for the GET ones (403 without). No key or an unknown or revoked one: 401. A body over "
+    "endpoints of ingestion, `read` for the GET ones, `review` for failure-mode and review-queue writes "
+    "(403 without). No key or an unknown or revoked one: 401. A body over "
     "FLYWHEEL_MAX_REQUEST_BYTES (or a batch over FLYWHEEL_MAX_BATCH_RECORDS records): 413, naming the limit."
 )
 if not api.description:

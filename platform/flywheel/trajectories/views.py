@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
+from flywheel.failures.history import review_history
 from flywheel.failures.selectors import assignable_modes
 from flywheel.failures.views import trajectory_review_context
 from flywheel.trajectories import review, selectors
@@ -141,7 +142,14 @@ def trajectory_outcome_set(request: HttpRequest, project: Project, trajectory_id
     if not request.htmx:
         return _back(project, trajectory)
     trajectory.refresh_from_db()
-    context = {"project": project, "trajectory": trajectory, "outcomes": Outcome.choices, "can_review": True, "oob": True}
+    context = {
+        "project": project,
+        "trajectory": trajectory,
+        "outcomes": Outcome.choices,
+        "can_review": True,
+        "oob": True,
+        "history": review_history(trajectory=trajectory),  # swapped in beside it (out of band)
+    }
     return render(request, "trajectories/_outcome.html", context | {"error": error}, status=422 if error else 200)
 
 
@@ -185,6 +193,8 @@ def _tags_response(request: HttpRequest, project: Project, trajectory: Trajector
         "can_review": True,
         "tag_suggestions": selectors.project_tag_names(project=project),
         "error": error,
+        "history": review_history(trajectory=trajectory),  # swapped in beside it (out of band)
+        "oob_history": True,
     }
     return render(request, "trajectories/_tags.html", context, status=422 if error else 200)
 

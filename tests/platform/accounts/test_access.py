@@ -135,14 +135,31 @@ def _routes(patterns=None, prefix=""):
             yield route
 
 
+def _model_rows(project):
+    """A model version, a gate decision and a training job of the project (rows only)."""
+    from flywheel.environments.models import TaskSet
+    from flywheel.registry.models import BaseModel, GateDecision, ModelVersion
+    from flywheel.training.models import TrainingJob
+
+    version = ModelVersion.objects.create(
+        project=project, number=1, base=BaseModel.objects.create(project=project, name="tiny", path="/m")
+    )
+    decision = GateDecision.objects.create(project=project, candidate=version, production=version, passed=False)
+    task_set_version = TaskSet.objects.create(project=project, name="t").versions.create(
+        number=1, rows=[], size=0, content_hash="0" * 64
+    )
+    job = TrainingJob.objects.create(project=project, task_set_version=task_set_version, base_version=version)
+    return {"version_number": version.number, "decision_id": decision.pk, "job_id": job.pk}
+
+
 @pytest.fixture
 def project_urls(setting):
     """Each route under /p/<slug>/ with every parameter naming a real object of the project, so that a view
     that forgot the access check would answer 200 (or act), not 404 for want of the object."""
     import re
 
+    from flywheel.failures.services import failure_mode_create, taxonomy_category_create
     from flywheel.trajectories.ingest import ingest_trajectories
-    from flywheel.registry.models import BaseModel, ModelVersion
     from flywheel.trajectories.models import Tag, Trajectory, TriageRun, Upload
 
     project = setting["project"]
@@ -156,10 +173,12 @@ def project_urls(setting):
         "user_id": setting["viewer"].pk,
         "key_id": setting["key"].api_key.pk,
         "run_id": TriageRun.objects.create(project=project, version=1, status="done").pk,
-        "version_number": ModelVersion.objects.create(
-            project=project, number=1, base=BaseModel.objects.create(project=project, name="tiny", path="/m")
-        ).number,
+        "mode_id": failure_mode_create(project=project, name="m", category_key="other", user=setting["owner"]).pk,
+        "category_id": taxonomy_category_create(project=project, name="unused").pk,
+        **_clustering_values(project),
+        **_model_rows(project),
     }
+    values.update(_eval_values(project))
     urls = []
     for route in _routes():
         if not route.startswith(PROJECT_PREFIX):
@@ -170,6 +189,30 @@ def project_urls(setting):
         urls.append("/" + re.sub(r"<(?:\w+:)?(\w+)>", lambda m: str(values[m.group(1)]), route))
     assert len(urls) >= 10, urls  # the settings, review and upload routes were all found
     return urls
+
+
+def _clustering_values(project):
+    """A finished clustering run and a pending suggestion of it."""
+    from flywheel.failures.clustering.models import ClusteringRun, ClusterSuggestion
+
+    run = ClusteringRun.objects.create(project=project, status="done", stage="done")
+    suggestion = ClusterSuggestion.objects.create(run=run, project=project, size=0, label="l", trajectory_ids=[])
+    return {"clustering_id": run.pk, "suggestion_id": suggestion.pk}
+
+
+def _eval_values(project):
+    """An eval suite with a case and a task set with a task, each at v1 (`number`)."""
+    from flywheel.environments.services import task_set_create
+    from flywheel.evals.services import suite_create, version_create
+
+    verifier = {"type": "exact", "expected": "x"}
+    suite = suite_create(project=project, name="s")
+    task_set = task_set_create(project=project, name="ts")
+    case = suite.cases.create(messages=[{"role": "user", "content": "a"}], verifier=verifier)
+    task = task_set.tasks.create(messages=[{"role": "user", "content": "b"}], verifier=verifier)
+    version_create(collection=suite)
+    version_create(collection=task_set)
+    return {"suite_id": suite.pk, "case_id": case.pk, "task_set_id": task_set.pk, "task_id": task.pk, "number": 1}
 
 
 def _answer(client, url):

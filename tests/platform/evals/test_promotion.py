@@ -7,6 +7,8 @@ import hashlib
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from flywheel.evals import promotion
 from flywheel.evals.leakage import LeakageError
@@ -69,6 +71,8 @@ def test_unchanged_expectation_warns_that_the_verifier_passes_the_bad_output(tra
     ({"expect": "answer", "answer_match": "regex", "expected_answer": "^Refunded"}, "reference_answer", "state the correct"),
     ({"message_index": 3}, "message_index", "not an assistant"),
     ({"message_index": "four"}, "message_index", "whole number"),
+    ({"message_index": float("inf")}, "message_index", "whole number"),
+    ({"max_turns": "9" * 5000, "env_type": "replay"}, "max_turns", "whole number"),
     ({"env_type": "teleport"}, "env_type", "choose one of"),
     ({"env_type": "workplace"}, "initial_state", "initial state"),
     ({"reference_calls": [{"name": "refund", "arguments": {"amount": {"any": True}}}]}, "reference_calls", "not a matcher"),
@@ -199,3 +203,75 @@ def test_bulk_promotion_saves_the_drafts_that_pass_and_lists_the_others(ingest, 
         assert args == {"order_id": case.trajectory.external_id.replace("bulk-", "O-"), "amount": 50}
         assert case.failure_mode_id == mode.pk and case.row()["origin"]["failure_mode"] == mode.pk
     assert result.version.number == 1 and result.version.size == 3  # one version for the batch
+
+
+def test_replay_row_states_the_observation_of_the_corrected_call(trajectory, task_set, corrected):
+    from trainer.envs import replay
+
+    data = {**corrected, "env_type": "replay", "max_turns": 3,
+            "observations": {"refund": '{"ok": true, "refunded": 50.0}'}}
+    check = promotion.promotion_check(trajectory=trajectory, data=data, target=task_set)
+    assert not check.errors, check.errors
+    env = check.row["env"]
+    assert env["type"] == "replay" and env["max_turns"] == 3
+    # The recorded call (refund 500) keeps its recorded result; the corrected one gets the stated observation.
+    assert env["recorded"] == [
+        {"name": "refund", "arguments": {"order_id": "A-1001", "amount": 500.0},
+         "observation": json.dumps({"ok": True, "refunded": 500.0})},
+        {"name": "refund", "arguments": {"order_id": "A-1001", "amount": 49.99},
+         "observation": '{"ok": true, "refunded": 50.0}'},
+    ]
+    assert check.original_score.passed is False and check.reference_score.passed is True
+    # In the trainer's replay environment the corrected call is answered, so the episode goes on past it.
+    transcript, score = replay(check.row, [check.reference, {"role": "assistant", "content": "Refunded 50.00."}])
+    assert transcript[-2] == {"role": "tool", "tool_call_id": "call_ref_0", "name": "refund",
+                              "content": '{"ok": true, "refunded": 50.0}'}
+    assert score.passed
+
+
+def test_workplace_row_expects_a_final_state(ingest, suite):
+    """A workplace episode: the agent assigned the task to the wrong person; the expected final state says who."""
+    from trainer.envs.workplace import generate_tasks
+
+    task = generate_tasks(1, seed=0, split="train", difficulty="single")[0]  # "Assign T4 ... to Peggy."
+    right = task["solution"][0]
+    wrong = json.loads(json.dumps(right))
+    wrong["tool_calls"][0]["function"]["arguments"] = json.dumps({"task_id": "T4", "assignee": "Kevin"})
+    t = ingest({"external_id": "wp-1", "outcome": "failure", "tools": task["tools"],
+                "messages": [*task["messages"], wrong, {"role": "assistant", "content": "Done."}]})
+    index = len(task["messages"])
+    data = {"message_index": index, "expect": "state", "expected_state": task["verifier"]["expected"],
+            "env_type": "workplace", "initial_state": task["env"]["initial_state"],
+            "reference_calls": [{"name": "update_task", "arguments": {"task_id": "T4", "assignee": "Peggy"}}]}
+    check = promotion.promotion_check(trajectory=t, data=data, target=suite)
+    assert not check.errors, check.errors
+    assert check.row["env"]["type"] == "workplace"
+    assert check.original_score.failure == "wrong_state" and check.reference_score.passed
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["name", "arguments", "regex", "range", "one_of", "any", "optional", "equals", "x"]),
+        inner, max_size=3),
+    max_leaves=12,
+)
+_fields = st.fixed_dictionaries({}, optional={
+    "expect": st.sampled_from(["calls", "answer", "state", "nope"]) | _json,
+    "expected_calls": _json | st.text(max_size=30), "reference_calls": _json,
+    "answer_match": st.sampled_from(["exact", "regex", "json_schema"]) | _json,
+    "expected_answer": _json, "reference_answer": _json, "expected_state": _json,
+    "env_type": st.sampled_from(["single_turn", "replay", "workplace"]) | _json,
+    "observations": _json, "initial_state": _json, "max_turns": _json, "message_index": _json,
+})
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(fields=_fields)
+def test_any_input_is_a_field_error_or_a_check_never_an_exception(trajectory, suite, fields):
+    check = promotion.promotion_check(trajectory=trajectory, data=fields, target=suite)
+    if check.errors:
+        assert all(isinstance(m, str) and m for ms in check.errors.values() for m in ms)
+        assert not check.savable()
+    else:
+        assert check.row is not None and check.original_score is not None

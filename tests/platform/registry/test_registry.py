@@ -18,7 +18,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 from flywheel.registry import mlflow_bridge, services
-from flywheel.registry.models import AliasEvent, ModelVersion, RegistrySettings, SyncState
+from flywheel.registry.models import AliasEvent, GateDecision, ModelVersion, RegistrySettings, SyncState
+
+
+def _gate_passed(*versions):
+    """A passing gate decision for each version (the gate itself is tested in test_gate.py)."""
+    for version in versions:
+        production = ModelVersion.objects.filter(project=version.project).order_by("number").first()
+        GateDecision.objects.create(project=version.project, candidate=version, production=production, passed=True)
 
 
 @pytest.fixture
@@ -45,6 +52,7 @@ def registered(project, user, model_dirs):
     v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapters[0]), user=user,
                                        lineage={"job": 7})
     v3 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapters[1]), user=user)
+    _gate_passed(v2, v3)
     return v1, v2, v3
 
 
@@ -105,6 +113,17 @@ def test_promote_then_roll_back_records_who_when_from_to_and_why(project, regist
     with pytest.raises(services.RegistryError, match="never served"):
         services.model_rollback(project=project, user=bob, to_version=v3.__class__.objects.create(
             project=project, number=4, base=v1.base))
+
+
+def test_only_a_version_that_passed_the_gate_is_promoted(project, registered):
+    v1, v2, _ = registered
+    v4 = services.model_version_create(project=project, base=v1.base)
+    with pytest.raises(services.RegistryError, match="has not been through the gate"):
+        services.model_promote(project=project, version=v4)
+    GateDecision.objects.create(project=project, candidate=v4, production=v1, passed=False)
+    with pytest.raises(services.RegistryError, match="did not pass the gate"):
+        services.model_promote(project=project, version=v4)
+    assert services.model_promote(project=project, version=v2).to_version == v2
 
 
 def test_sync_mirrors_versions_and_aliases_to_mlflow_and_is_idempotent(project, registered):

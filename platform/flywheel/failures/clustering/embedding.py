@@ -26,7 +26,7 @@ from scipy import sparse
 
 MAX_TOKENS = 128  # per text: the start of a long tool output says what it is
 BATCH = 512  # tokens distilled per forward pass
-REFERENCE_STRIDE = 10  # every 10th vocabulary id from REFERENCE_START: the fixed centre
+REFERENCE_STRIDE = 30  # every 30th vocabulary id from REFERENCE_START: the fixed centre
 REFERENCE_START = 1000  # ids below are [unused] and special tokens in BERT's vocabulary
 LOW_WEIGHT = 0.1  # stop words, punctuation and digits: present, but not what a failure is about
 

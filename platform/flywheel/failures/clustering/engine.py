@@ -12,9 +12,9 @@ job, the bench and the tests run the same code.
 3. `cluster(vectors)`: PCA to a few dozen dimensions, then scikit-learn's HDBSCAN; -1 is noise.
 4. `describe(...)`: per cluster a label from class-based TF-IDF (its most distinctive terms) and its most
    distinctive signal, the members nearest its centre, its signal mix and its centroid.
-5. `attach(...)` and `matches_dismissed(...)`: decisions that persist. A failure close to an existing mode's
-   members is suggested for that mode instead of being clustered; a cluster that matches a dismissed group
-   is not suggested again."""
+5. `cluster_with_modes(...)` and `matches_dismissed(...)`: decisions that persist. Failures that cluster
+   with an existing mode's members are suggested for that mode instead of forming a new group; a cluster that
+   matches a dismissed group is not suggested again."""
 
 from __future__ import annotations
 
@@ -54,12 +54,11 @@ CHECK_OF_KIND = {
 }
 PIECE_CHARS = 600  # of each piece of a signature: the start says what it is
 STRUCT_DIM = 64  # hashed structure features
-W_REQUEST = 0.45  # weights of the parts of a failure's vector (each part unit length)
+W_REQUEST = 0.6  # weights of the parts of a failure's vector (each part unit length)
 W_STEP = 1.0
-W_STRUCT = 0.9
-PCA_DIM = 24
-ATTACH_THRESHOLD = 0.88  # cosine of a failure to a mode's centroid to be suggested for that mode
-DISMISSED_THRESHOLD = 0.92  # cosine of a cluster's centroid to a dismissed group's to count as the same
+W_STRUCT = 0.7
+PCA_DIM = 16
+DISMISSED_THRESHOLD = 0.97  # cosine of a cluster's centroid to a dismissed group's to count as the same
 DISMISSED_OVERLAP = 0.5  # or this share of its members were in the dismissed group
 REPRESENTATIVES = 5
 
@@ -127,6 +126,16 @@ def _call_text(call: Any) -> tuple[str, str]:
     arguments = function.get("arguments")
     arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False, default=str)
     return name, f"{name} {arguments}"
+
+
+def _tool_of(messages: Sequence[dict[str, Any]], index: int) -> str:
+    """The tool whose result is message `index`."""
+    call_id = messages[index].get("tool_call_id")
+    for j in range(index - 1, -1, -1):
+        for call in messages[j].get("tool_calls") or ():
+            if isinstance(call, dict) and (call.get("id") == call_id or not call_id):
+                return _call_text(call)[0]
+    return str(messages[index].get("name") or "")
 
 
 def _check_details(kind: str, detail: dict[str, Any]) -> list[str]:
@@ -203,7 +212,12 @@ def signature(messages: Sequence[Any], signals: Iterable[dict[str, Any]]) -> Sig
             result = " ; ".join(answers)
         else:
             step = _text(message.get("content"))
-            result = next((_text(m.get("content")) for m in reversed(messages[:index]) if m.get("role") == "tool"), "")
+            # An answer: its context is the last tool result before it, and that tool is its structure.
+            for j in range(index - 1, -1, -1):
+                if messages[j].get("role") == "tool":
+                    result = _text(messages[j].get("content"))
+                    tool = _tool_of(messages, j)
+                    break
     before = messages[: (index if index is not None else len(messages)) + 1]
     request = next((_text(m.get("content")) for m in reversed(before) if m.get("role") == "user"), "")
     return Signature(
@@ -261,8 +275,8 @@ def centroid(vectors: np.ndarray) -> np.ndarray:
 
 
 def min_cluster_size_for(n: int) -> int:
-    """Big enough to be worth a reviewer's look, growing slowly with the set."""
-    return int(min(50, max(5, round(n ** 0.5 / 3))))
+    """Big enough to be worth a reviewer's look: 1% of the set, between 5 and 100."""
+    return int(min(100, max(5, n // 100)))
 
 
 def cluster(vectors: np.ndarray, *, min_cluster_size: int | None = None, seed: int = 0) -> np.ndarray:
@@ -272,11 +286,11 @@ def cluster(vectors: np.ndarray, *, min_cluster_size: int | None = None, seed: i
 
     n = len(vectors)
     size = min_cluster_size or min_cluster_size_for(n)
-    if n < max(2 * size, 4):
+    if n < max(size + 1, 4):
         return np.full(n, -1, dtype=np.int64)
     dims = min(PCA_DIM, vectors.shape[1], n - 1)
     reduced = PCA(n_components=dims, svd_solver="randomized", random_state=seed).fit_transform(vectors)
-    model = HDBSCAN(min_cluster_size=size, min_samples=max(2, size // 2), cluster_selection_method="eom", copy=True)
+    model = HDBSCAN(min_cluster_size=size, min_samples=max(2, size // 2), copy=True)
     return model.fit_predict(reduced.astype(np.float64)).astype(np.int64)
 
 
@@ -372,19 +386,32 @@ def describe(
 # --- decisions that persist --------------------------------------------------------------------------------
 
 
-def attach(vectors: np.ndarray, centroids: dict[int, np.ndarray], *, threshold: float = ATTACH_THRESHOLD) -> dict[int, list[int]]:
-    """{mode id: [failure indexes]} for failures whose cosine to a mode's centroid is at least `threshold`
-    (the closest mode wins)."""
-    if not centroids or not len(vectors):
-        return {}
-    ids = list(centroids)
-    matrix = np.vstack([centroids[i] for i in ids]).astype(np.float32)
-    similarity = vectors @ matrix.T
-    best = similarity.argmax(axis=1)
-    out: dict[int, list[int]] = {}
-    for row in np.flatnonzero(similarity[np.arange(len(vectors)), best] >= threshold):
-        out.setdefault(ids[best[row]], []).append(int(row))
-    return out
+def cluster_with_modes(
+    vectors: np.ndarray, modes: dict[int, np.ndarray], *, min_cluster_size: int | None = None, seed: int = 0
+) -> tuple[np.ndarray, dict[int, list[int]]]:
+    """Cluster failures together with existing modes' members (`modes`: mode id -> its members' vectors,
+    computed in this run). A cluster that holds members of a mode is that mode coming back: its failures are
+    suggested for the mode (the mode with most members there) instead of forming a new group. So "close to a
+    mode's members" means what it means for clustering, density, with no threshold of its own; and a few new
+    failures of a known mode attach although they are too few to make a cluster alone.
+
+    Returns (labels of the failures: -1 noise, -2 attached, else a new group; {mode id: [failure indexes]})."""
+    modes = {m: v for m, v in modes.items() if len(v)}
+    n = len(vectors)
+    size = min_cluster_size or min_cluster_size_for(n)
+    if not modes:
+        return cluster(vectors, min_cluster_size=size, seed=seed), {}
+    owners = np.concatenate([np.full(len(v), m, dtype=np.int64) for m, v in modes.items()])
+    labels = cluster(np.vstack([vectors, *modes.values()]), min_cluster_size=size, seed=seed)
+    mine, known = labels[:n].copy(), labels[n:]
+    attached: dict[int, list[int]] = {}
+    for label in set(known.tolist()) - {-1}:
+        mode = Counter(owners[known == label].tolist()).most_common(1)[0][0]
+        rows = np.flatnonzero(mine == label)
+        if len(rows):
+            attached.setdefault(int(mode), []).extend(int(r) for r in rows)
+        mine[rows] = -2
+    return mine, attached
 
 
 @dataclass(frozen=True)

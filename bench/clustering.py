@@ -1,0 +1,224 @@
+"""Clustering suggestions: 10,000 failures end to end, and the quality of the groups against known causes.
+
+    .venv/bin/python bench/clustering.py [--failures 10000] [--quality 600] [--threads 2] [--database-url URL]
+
+1. Setup (not timed): a scratch database (SQLite in a temporary folder unless --database-url names a
+   PostgreSQL server, where a scratch database is made and dropped), migrated; `--failures` labeled failing
+   trajectories from bench/clustering_fixture.py (12 causes over 9 tools, varied wording) ingested through
+   `ingest_trajectories` and triaged by `triage_project`, as a project's would be.
+2. End to end (timed): a fresh process runs the clustering job's service, `clustering_run_process`, on a
+   queued run with the default filter: read the failures and their signals, signatures, embeddings (the
+   packaged MiniLM distilled to static token vectors, the model loaded cold in that process), HDBSCAN,
+   labels, and saving the suggestions. Wall seconds, and the process's peak resident memory
+   (ru_maxrss), with `--threads` torch/BLAS threads (goal: under 60 s on 2 cores).
+3. Quality: the job's groups against the known causes (each failure's suggestion, noise as one label -1),
+   and the engine alone on a separate labeled fixture of `--quality` failures (another seed):
+   homogeneity, completeness and adjusted Rand index from sklearn.metrics (goal: homogeneity >= 0.9,
+   ARI >= 0.6).
+
+The last line is JSON: {"failures": 10000, "seconds": …, "peak_mb": …, "homogeneity": …, "completeness": …,
+"ari": …, …}; homogeneity, completeness and ari are those of the 10,000 failures' run, the separate fixture's
+follow under "fixture".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "platform"))
+PY = sys.executable
+
+
+def _setup_django(var_dir: str, database_url: str) -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = "flywheel.settings"
+    os.environ["FLYWHEEL_VAR_DIR"] = var_dir
+    os.environ["DATABASE_URL"] = database_url
+    os.environ["FLYWHEEL_TRIAGE"] = "false"  # triaged below, in this process
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+
+
+@contextmanager
+def scratch_database(server_url: str | None, var_dir: str):
+    """A database URL: a SQLite file in `var_dir`, or a scratch database on the PostgreSQL server named."""
+    if not server_url:
+        yield f"sqlite:///{var_dir}/bench.sqlite3"
+        return
+    import psycopg
+
+    name = f"bench_clustering_{os.getpid()}"
+    base = server_url.rsplit("/", 1)[0]
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def prepare(n: int) -> tuple[int, dict[int, str]]:
+    """Migrate, ingest and triage `n` labeled failures; queue a run. (run id, {trajectory id: cause})."""
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    import clustering_fixture as fixture
+
+    from flywheel.accounts.services import project_create
+    from flywheel.failures.clustering.services import clustering_run_start
+    from flywheel.trajectories.ingest import ingest_trajectories
+    from flywheel.trajectories.models import Trajectory
+    from flywheel.trajectories.triage import triage_project
+
+    project = project_create(slug="bench", name="Bench", owner=None)
+    data = fixture.failures(n, seed=0, prefix="bench")
+    cause_of = {record["external_id"]: cause for cause, record in data}
+    started = time.perf_counter()
+    for start in range(0, n, 1000):
+        result = ingest_trajectories(project=project, records=[r for _, r in data[start : start + 1000]], source="cli")
+        assert not result.rejected, result.rejected[:3]
+    triaged = triage_project(project_id=project.pk)
+    print(f"setup: {n} failures ingested and {triaged} triaged in {time.perf_counter() - started:.1f} s", flush=True)
+    labels = {pk: cause_of[ext] for pk, ext in Trajectory.objects.filter(project=project).values_list("id", "external_id")}
+    run = clustering_run_start(project=project, user=None)
+    return run.pk, labels
+
+
+def child(run_id: int) -> None:
+    """The timed part, in its own process: the job's service on a queued run."""
+    started = time.perf_counter()
+    from flywheel.failures.clustering.models import ClusterSuggestion
+    from flywheel.failures.clustering.services import clustering_run_process
+
+    run = clustering_run_process(run_id=run_id)
+    seconds = time.perf_counter() - started
+    members = {t: s.pk for s in ClusterSuggestion.objects.filter(run_id=run_id) for t in s.trajectory_ids}
+    print(
+        json.dumps(
+            {
+                "status": run.status,
+                "error": run.error,
+                "seconds": round(seconds, 2),
+                "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                "clusters": run.clusters,
+                "noise": run.noise,
+                "members": members,
+            }
+        )
+    )
+
+
+def quality_fixture(n: int) -> dict:
+    """The engine alone on a labeled fixture of `n` failures (seed 1), signals from the real detectors."""
+    import clustering_fixture as fixture
+    import numpy as np
+    from sklearn import metrics
+
+    from flywheel.failures.clustering import engine
+    from flywheel.failures.clustering.embedding import shared_embedder
+    from flywheel.trajectories.models import TriagePolicy
+    from flywheel.trajectories.triage import detect
+    from flywheel.trajectories.triage_policy import DEFAULT_UNSAFE_RULES, policy_spec
+
+    spec = policy_spec(TriagePolicy(pk=1, unsafe=DEFAULT_UNSAFE_RULES, version=1))
+    causes, signatures = [], []
+    for cause, record in fixture.failures(n, seed=1, prefix="q"):
+        found = detect(messages=record["messages"], tools=record["tools"], unsafe_spec=spec, feedback=record.get("feedback"))
+        signals = [{"kind": str(s.kind), "message_index": s.message_index, "detail": s.detail} for s in found]
+        signatures.append(engine.signature(record["messages"], signals))
+        causes.append(cause)
+    vectors = engine.features(signatures, shared_embedder())
+    labels = engine.cluster(vectors)
+    return _scores(causes, labels.tolist()) | {"failures": n, "clusters": int(len(set(labels.tolist()) - {-1})), "noise_share": round(float(np.mean(labels == -1)), 4)}
+
+
+def _scores(truth: list[str], labels: list[int]) -> dict:
+    from sklearn import metrics
+
+    return {
+        "homogeneity": round(metrics.homogeneity_score(truth, labels), 4),
+        "completeness": round(metrics.completeness_score(truth, labels), 4),
+        "ari": round(metrics.adjusted_rand_score(truth, labels), 4),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--failures", type=int, default=10_000)
+    parser.add_argument("--quality", type=int, default=600, help="failures in the separate labeled fixture")
+    parser.add_argument("--threads", type=int, default=2, help="torch and BLAS threads of the timed process")
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"), help="a PostgreSQL server (default: SQLite)")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _setup_django(os.environ["FLYWHEEL_VAR_DIR"], os.environ["DATABASE_URL"])
+        child(args.child)
+        return
+
+    with tempfile.TemporaryDirectory(prefix="flywheel-bench-clustering-") as var_dir:
+        with scratch_database(args.database_url, var_dir) as database_url:
+            _setup_django(var_dir, database_url)
+            run_id, labels = prepare(args.failures)
+            from django.db import connections
+
+            connections.close_all()
+            threads = str(args.threads)
+            env = {
+                **os.environ,
+                "OMP_NUM_THREADS": threads,
+                "OPENBLAS_NUM_THREADS": threads,
+                "MKL_NUM_THREADS": threads,
+            }
+            done = subprocess.run([PY, __file__, "--child", str(run_id)], env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"the timed process failed:\n{done.stderr[-3000:]}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            if result["status"] != "done":
+                sys.exit(f"the run did not finish: {result['status']} {result['error']}")
+            members = {int(k): v for k, v in result.pop("members").items()}
+            ids = sorted(labels)
+            end_to_end = _scores([labels[i] for i in ids], [members.get(i, -1) for i in ids])
+            print(
+                f"end to end: {args.failures} failures in {result['seconds']} s ({args.threads} threads), peak "
+                f"{result['peak_mb']} MB; {result['clusters']} groups, {result['noise']} in none; "
+                f"homogeneity {end_to_end['homogeneity']}, completeness {end_to_end['completeness']}, ARI {end_to_end['ari']}",
+                flush=True,
+            )
+            fixture = quality_fixture(args.quality)
+            print(
+                f"separate fixture: {fixture['failures']} failures, {fixture['clusters']} groups; homogeneity "
+                f"{fixture['homogeneity']}, completeness {fixture['completeness']}, ARI {fixture['ari']}"
+            )
+    print(
+        json.dumps(
+            {
+                "failures": args.failures,
+                "seconds": result["seconds"],
+                "peak_mb": result["peak_mb"],
+                **end_to_end,
+                "clusters": result["clusters"],
+                "noise": result["noise"],
+                "threads": args.threads,
+                "fixture": fixture,
+                "cpus": os.cpu_count(),
+                "load_average": [round(x, 2) for x in os.getloadavg()],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

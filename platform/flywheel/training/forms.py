@@ -1,0 +1,69 @@
+"""The new-job form's advanced section: one input per GRPOConfig field, made from the dataclass itself (its
+defaults and its help), so a field added to the trainer shows up here without a change."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from typing import Any
+
+from flywheel.training.services import RECIPE
+
+
+def config_fields() -> list[dict[str, Any]]:
+    from trainer.config import GRPOConfig
+
+    hints = typing.get_type_hints(GRPOConfig)
+    defaults = GRPOConfig()
+    rows = []
+    for field in dataclasses.fields(GRPOConfig):
+        default = RECIPE.get(field.name, getattr(defaults, field.name))
+        rows.append({
+            "name": field.name,
+            "help": field.metadata.get("help", ""),
+            "default": json.dumps(default) if isinstance(default, list | dict | type(None) | bool) else default,
+            "type": _type_name(hints.get(field.name)),
+        })
+    return rows
+
+
+def _type_name(hint: Any) -> str:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = args[0] if args else str
+    origin = typing.get_origin(hint)
+    if origin in (list, tuple):
+        return "list"
+    return getattr(hint, "__name__", "str")
+
+
+def config_from_post(post) -> tuple[dict[str, Any], dict[str, str]]:
+    """The fields the user changed (blank means the default), each parsed by its type; errors per field."""
+    values: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for row in config_fields():
+        raw = post.get(f"cfg_{row['name']}", "").strip()
+        if raw == "":
+            continue
+        kind = row["type"]
+        try:
+            if kind == "int":
+                values[row["name"]] = int(raw)
+            elif kind == "float":
+                values[row["name"]] = float(raw)
+            elif kind == "bool":
+                if raw.lower() not in ("true", "false"):
+                    raise ValueError
+                values[row["name"]] = raw.lower() == "true"
+            elif kind == "list":
+                parsed = json.loads(raw)
+                if not isinstance(parsed, list):
+                    raise ValueError
+                values[row["name"]] = parsed
+            else:
+                values[row["name"]] = None if raw == "null" else raw
+        except ValueError:
+            errors[row["name"]] = f"Expected a{'n' if kind[0] in 'aeiou' else ''} {kind}: {raw[:40]!r}."
+    return values, errors

@@ -1,0 +1,623 @@
+"""Training jobs, one function per action: create (with the leakage guard and the config checked field by
+field), measure production and advise, confirm, run (the worker's side of the trainer's job contract),
+cancel, retry from the last checkpoint, reap a job whose worker vanished, and finish (register the best
+adapter as a version, make it the candidate, run the gate)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import logging
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from flywheel import outbox
+from flywheel.accounts.models import Project
+from flywheel.evals import leakage
+from flywheel.registry import selectors as registry_selectors
+from flywheel.training.models import ACTIVE, Checkpoint, JobEvent, JobStatus, TrainingJob
+
+logger = logging.getLogger(__name__)
+
+# The field's recipe for a first GRPO job: 8 samples a prompt, an eval every 10 steps.
+RECIPE: dict[str, Any] = {"num_generations_per_prompt": 8, "eval_interval": 10}
+STDERR_TAIL = 4000
+
+
+class JobRefused(Exception):
+    """An action the job's state does not allow; the message says why."""
+
+
+# --- creating a job ----------------------------------------------------------------------------------------------
+
+
+def config_check(*, algorithm: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The recipe's defaults under the user's values, checked by the trainer's own config class: a wrong value
+    is a field error named after the GRPOConfig field."""
+    from trainer.config import GRPOConfig, SpecError
+
+    if not isinstance(config, dict):
+        raise ValidationError({"config": "The advanced settings must be a JSON object of GRPOConfig fields."})
+    merged = {**(RECIPE if algorithm == "grpo" else {}), **config}
+    try:
+        GRPOConfig.from_dict(merged, where="config")
+    except (SpecError, ValueError, TypeError) as exc:
+        message = str(exc)
+        named = re.search(r"config\.(\w+)", message)
+        unknown = re.search(r"unknown field\(s\) ([\w, ]+);", message)
+        if unknown:
+            raise ValidationError({name.strip(): "Not a GRPOConfig field." for name in unknown.group(1).split(",")}) from None
+        raise ValidationError({named.group(1) if named else "config": message}) from None
+    return merged
+
+
+def _leaks(train_rows: list[dict], eval_rows: list[dict], suite_label: str) -> list[str]:
+    """Rows of the task set that share a trajectory or a normalised request with a row of the suite."""
+    evals = [leakage.candidate_from_row(row) for row in eval_rows]
+    by_trajectory = {c.trajectory_id: c for c in evals if c.trajectory_id is not None}
+    by_prompt = {c.prompt_digest: c for c in evals if c.prompt_digest}
+    found = []
+    for row in train_rows:
+        task = leakage.candidate_from_row(row)
+        if task.trajectory_id is not None and task.trajectory_id in by_trajectory:
+            other = by_trajectory[task.trajectory_id]
+            found.append(f"{task.label} and {other.label} ({suite_label}) come from trajectory #{task.trajectory_id}")
+        elif task.prompt_digest and task.prompt_digest in by_prompt:
+            other = by_prompt[task.prompt_digest]
+            found.append(f"{task.label} asks what {other.label} ({suite_label}) asks: “{task.prompt_text[:80]}”")
+    return found
+
+
+def job_create(
+    *, project: Project, task_set_version, holdout_version=None, regression_version=None,
+    algorithm: str = "grpo", config: dict[str, Any] | None = None, num_gpus: int = 1, user=None,
+) -> TrainingJob:
+    """A job in `evaluating`: a worker measures production on the holdout, then the advice waits for a person.
+
+    Refused, with the conflicting rows listed, when the task set shares a trajectory or a request with the
+    holdout or the regression suite (the leakage guard)."""
+    from flywheel.evals.services import version_freeze
+
+    errors: dict[str, Any] = {}
+    if algorithm not in ("grpo", "sft"):
+        errors["algorithm"] = "Choose grpo or sft."
+    if not 1 <= int(num_gpus) <= 64:
+        errors["num_gpus"] = "Between 1 and 64 GPUs."
+    for field, version in (("task_set_version", task_set_version), ("holdout_version", holdout_version),
+                           ("regression_version", regression_version)):
+        if version is None:
+            continue
+        owner = getattr(version, "task_set", None) or version.suite
+        if owner.project_id != project.pk:
+            errors[field] = "That version belongs to another project."
+    if holdout_version is not None and holdout_version.suite.kind != "holdout":
+        errors["holdout_version"] = "Choose a holdout suite."
+    if task_set_version is None:
+        errors["task_set_version"] = "Choose the task set version to train on."
+    elif not task_set_version.rows:
+        errors["task_set_version"] = "That task set version has no tasks."
+    production = registry_selectors.production_of(project=project)
+    if production is None:
+        errors["model"] = "Register a base model on the Models page first: a job starts from production."
+    merged: dict[str, Any] = {}
+    try:
+        merged = config_check(algorithm=algorithm, config=config or {})
+    except ValidationError as exc:
+        errors.update({f"config.{k}" if k != "config" else k: v for k, v in exc.message_dict.items()})
+    if errors:
+        raise ValidationError(errors)
+
+    conflicts = []
+    for suite_version in (holdout_version, regression_version):
+        if suite_version is not None:
+            conflicts += _leaks(task_set_version.rows, suite_version.rows, str(suite_version))
+    if conflicts:
+        raise leakage.LeakageError([
+            leakage.Conflict("job", "task set", "suite", detail) for detail in conflicts
+        ])
+
+    with transaction.atomic():
+        for version in (task_set_version, holdout_version, regression_version):
+            if version is not None:
+                version_freeze(version=version, user=user)  # a job trains and measures on frozen rows only
+        job = TrainingJob.objects.create(
+            project=project, task_set_version=task_set_version, holdout_version=holdout_version,
+            regression_version=regression_version, base_version=production, algorithm=algorithm,
+            config=merged, num_gpus=int(num_gpus), max_steps=int(merged.get("max_steps") or _default("max_steps")),
+            status=JobStatus.EVALUATING, created_by=user, queued_at=timezone.now(),
+        )
+        _event(job, "created", data={"by": user.get_username() if user else None})
+        from flywheel.training.tasks import training_evaluate_task
+
+        outbox.send_on_commit(training_evaluate_task, job.pk)
+    return job
+
+
+def _default(name: str) -> Any:
+    from trainer.config import GRPOConfig
+
+    return getattr(GRPOConfig(), name)
+
+
+def _event(job: TrainingJob, kind: str, *, step: int | None = None, data: dict | None = None) -> JobEvent:
+    return JobEvent.objects.create(job=job, attempt=job.attempt, kind=kind, step=step, data=data or {})
+
+
+# --- the job directory -------------------------------------------------------------------------------------------
+
+
+def job_dir(job: TrainingJob) -> Path:
+    return Path(settings.FLYWHEEL_JOBS_DIR) / job.project.slug / f"job-{job.pk}"
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tmp.replace(path)
+
+
+def _prepare_dir(job: TrainingJob) -> Path:
+    """spec.json and the three JSONL files, as the trainer's job contract says."""
+    folder = job_dir(job)
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_jsonl(folder / "train.jsonl", job.task_set_version.rows)
+    for name, version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
+        if version is not None:
+            _write_jsonl(folder / f"{name}.jsonl", version.rows)
+    base = job.base_version
+    spec = {
+        "model": base.base.path,
+        "adapter": base.adapter_path or None,
+        "algorithm": job.algorithm,
+        "config": job.config,
+        "train": "train.jsonl",
+        "holdout": "holdout.jsonl" if job.holdout_version else None,
+        "regression": "regression.jsonl" if job.regression_version else None,
+        "tracking_uri": settings.MLFLOW_TRACKING_URI,
+        "experiment_name": f"flywheel-{job.project.slug}",
+        "run_name": f"job-{job.pk}",
+    }
+    (folder / "spec.json").write_text(json.dumps(spec, indent=2))
+    return folder
+
+
+@contextlib.contextmanager
+def _dir_lock(folder: Path):
+    """One run per job directory at a time, across workers on this host: an flock held while it runs."""
+    handle = (folder / ".lock").open("w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise JobRefused(f"{folder} is in use by another run") from None
+    try:
+        yield
+    finally:
+        handle.close()
+
+
+# --- running the trainer -----------------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the trainer's process: start its own process group (cancel kills the whole group) and die when the
+    worker that started it dies, so no trainer outlives its worker (Linux's PR_SET_PDEATHSIG)."""
+    os.setsid()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def trainer_command(job: TrainingJob, folder: Path) -> list[str]:
+    if job.num_gpus > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={job.num_gpus}",
+                "-m", "trainer", "train", "--spec", str(folder / "spec.json")]
+    return [sys.executable, "-m", "trainer", "train", "--spec", str(folder / "spec.json")]
+
+
+def _kill_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _stream(process: subprocess.Popen, *, on_line, on_tick, tick_s: float) -> None:
+    """Call on_line for each stdout line, and on_tick at least every tick_s while the trainer is quiet."""
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    buffer = b""
+    last_tick = time.monotonic()
+    fd = process.stdout.fileno()
+    while True:
+        if selector.select(timeout=tick_s):
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                on_line(line)
+        if time.monotonic() - last_tick >= tick_s:
+            last_tick = time.monotonic()
+            if on_tick():
+                break
+    if buffer.strip():
+        on_line(buffer)
+    selector.close()
+
+
+def _stderr_tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()[-STDERR_TAIL:]
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace").strip()
+
+
+def _run_subprocess(job: TrainingJob, command: list[str], folder: Path, *, on_event) -> tuple[int, bool]:
+    """Run the trainer, record its events, beat the heart, honour cancel. Returns (exit status, cancelled)."""
+    stderr_path = folder / f"stderr-{job.attempt}-{command[3] if len(command) > 3 else 'run'}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI}
+    with stderr_path.open("wb") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, cwd=folder, env=env,
+                                   preexec_fn=_die_with_parent)  # noqa: PLW1509 (needed: process group, death signal)
+    TrainingJob.objects.filter(pk=job.pk).update(pid=process.pid)
+    cancelled = False
+
+    def on_line(raw: bytes) -> None:
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return  # not an event: the trainer keeps stdout for events, but a library may slip a line in
+        if isinstance(record, dict) and "event" in record:
+            on_event(record)
+
+    def on_tick() -> bool:
+        nonlocal cancelled
+        TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now())
+        if TrainingJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
+            cancelled = True
+            _kill_group(process)
+            return True
+        return False
+
+    try:
+        _stream(process, on_line=on_line, on_tick=on_tick, tick_s=settings.FLYWHEEL_JOB_HEARTBEAT_S)
+        status = process.wait()
+    finally:
+        if process.poll() is None:  # the worker is being stopped: take the trainer with it
+            _kill_group(process, grace_s=5)
+    return status, cancelled
+
+
+# --- measuring production and advising ---------------------------------------------------------------------------
+
+
+def advise(metrics: dict[str, Any] | None, *, pairs: int = 0) -> dict[str, Any]:
+    """What the field advises from production's holdout results."""
+    if not metrics:
+        return {"recommendation": "grpo", "reason": "No holdout to measure on: train, but the gate cannot judge "
+                "the result without a holdout suite.", "metrics": None, "pairs": pairs}
+    success = float(metrics.get("success_rate", 0.0))
+    n = int(metrics.get("n", 0)) or 1
+    failures = metrics.get("failures") or {}
+    format_share = failures.get("invalid_format", 0) / max(1, sum(failures.values()))
+    if success < 0.05 and format_share >= 0.5:
+        recommendation, reason = "sft", (
+            f"Production succeeds on {success:.0%} of the holdout and {format_share:.0%} of its failures are "
+            "format errors: RL has no signal when nearly every sample scores zero. Warm-start with SFT on "
+            "references first, then GRPO.")
+    elif success >= 0.95:
+        recommendation, reason = "none", (
+            f"Production already succeeds on {success:.0%} of the holdout: little left to learn here. Add harder "
+            "tasks or failures the holdout does not cover.")
+    else:
+        recommendation, reason = "grpo", (
+            f"Production succeeds on {success:.0%} of the holdout: right sometimes, not reliably. That is where "
+            "GRPO learns best.")
+    if pairs:
+        reason += (f" {pairs} reviewer-corrected failures give preferred/rejected pairs: DPO would use them; "
+                   "this trainer version offers grpo and sft.")
+    return {"recommendation": recommendation, "reason": reason, "metrics": metrics, "pairs": pairs,
+            "cases": n}
+
+
+def _evaluate_command(job: TrainingJob, suite: Path, out: Path) -> list[str]:
+    base = job.base_version
+    cfg = job.config
+    command = [sys.executable, "-m", "trainer", "evaluate", "--model", base.base.path, "--suite", str(suite),
+               "--out", str(out), "--samples", str(cfg.get("eval_samples_per_prompt") or _default("eval_samples_per_prompt")),
+               "--temperature", str(cfg.get("eval_temperature", _default("eval_temperature"))),
+               "--max-new-tokens", str(cfg.get("max_new_tokens") or _default("max_new_tokens"))]
+    if base.adapter_path:
+        command += ["--adapter", base.adapter_path]
+    return command
+
+
+def job_evaluate(*, job_id: int) -> TrainingJob | None:
+    """The worker measures production on the holdout (for the advice and the gate) and the regression suite
+    (for the gate), then the job waits for a person to confirm."""
+    job = TrainingJob.objects.select_related("project", "base_version__base", "task_set_version",
+                                             "holdout_version__suite", "regression_version").get(pk=job_id)
+    if job.status != JobStatus.EVALUATING:
+        return None  # a duplicate message
+    folder = _prepare_dir(job)
+    TrainingJob.objects.filter(pk=job.pk).update(worker=_worker_name(), heartbeat_at=timezone.now())
+    metrics: dict[str, Any] = {}
+    with _dir_lock(folder):
+        for name, version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
+            if version is None:
+                continue
+            done: dict[str, Any] = {}
+
+            def on_event(record: dict, done=done) -> None:
+                if record["event"] == "done":
+                    done.update(record)
+                elif record["event"] == "error":
+                    done["error"] = record.get("message", "")
+
+            status, _ = _run_subprocess(job, _evaluate_command(job, folder / f"{name}.jsonl",
+                                                               folder / f"production-{name}.jsonl"),
+                                        folder, on_event=on_event)
+            if status != 0 or "metrics" not in done:
+                reason = done.get("error") or _stderr_tail(folder / f"stderr-{job.attempt}-evaluate.log")[-500:]
+                return _fail(job, f"Measuring production on the {name} suite failed: {reason}", step=0)
+            metrics[name] = done["metrics"]
+    pairs = sum(1 for row in job.task_set_version.rows if (row.get("origin") or {}).get("trajectory_id"))
+    TrainingJob.objects.filter(pk=job.pk, status=JobStatus.EVALUATING).update(
+        status=JobStatus.READY, advice=advise(metrics.get("holdout"), pairs=pairs), heartbeat_at=None,
+    )
+    job.refresh_from_db()
+    _event(job, "advice", data=job.advice)
+    return job
+
+
+# --- confirm, run, cancel, retry ---------------------------------------------------------------------------------
+
+
+def job_confirm(*, job: TrainingJob, user=None) -> TrainingJob:
+    """A person read the advice and starts training."""
+    from flywheel.training.tasks import training_run_task
+
+    with transaction.atomic():
+        if not TrainingJob.objects.filter(pk=job.pk, status=JobStatus.READY).update(
+            status=JobStatus.QUEUED, queued_at=timezone.now()
+        ):
+            raise JobRefused(f"The job is {job.get_status_display().lower()}: there is nothing to confirm.")
+        job.refresh_from_db()
+        _event(job, "confirmed", data={"by": user.get_username() if user else None})
+        outbox.send_on_commit(training_run_task, job.pk)
+    return job
+
+
+def _worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _fail(job: TrainingJob, message: str, *, step: int | None) -> TrainingJob:
+    TrainingJob.objects.filter(pk=job.pk).update(
+        status=JobStatus.FAILED, error=message[:4000], failed_step=step, finished_at=timezone.now(), pid=None,
+        heartbeat_at=None,
+    )
+    job.refresh_from_db()
+    _event(job, "failed", step=step, data={"message": message[:4000]})
+    return job
+
+
+def job_run(*, job_id: int) -> TrainingJob | None:
+    """The GPU worker's side: claim the job, run the trainer, record its events, finish or fail it.
+
+    A duplicate message finds the job no longer queued and does nothing."""
+    now = timezone.now()
+    claimed = TrainingJob.objects.filter(pk=job_id, status=JobStatus.QUEUED, cancel_requested=False).update(
+        status=JobStatus.RUNNING, attempt=F("attempt") + 1, worker=_worker_name(), heartbeat_at=now,
+        started_at=now, error="", failed_step=None,
+    )
+    if not claimed:
+        return None
+    job = TrainingJob.objects.select_related("project", "base_version__base", "task_set_version",
+                                             "holdout_version", "regression_version").get(pk=job_id)
+    folder = _prepare_dir(job)
+    last: dict[str, Any] = {"error": None, "done": None, "eval": {}}
+
+    def on_event(record: dict) -> None:
+        kind = record["event"]
+        step = record.get("step") if isinstance(record.get("step"), int) else None
+        data = {k: v for k, v in record.items() if k not in ("event", "step")}
+        if kind == "eval" and "case" in data:
+            return  # per-case rows stay in the job directory's files
+        JobEvent.objects.create(job=job, attempt=job.attempt, kind=kind, step=step, data=data)
+        if kind == "step" and step is not None:
+            TrainingJob.objects.filter(pk=job.pk).update(step=step, heartbeat_at=timezone.now())
+        elif kind == "eval" and step is not None:
+            last["eval"][step] = data.get("metrics") or {}
+        elif kind == "checkpoint" and step is not None:
+            best = bool(data.get("best"))
+            if best:
+                Checkpoint.objects.filter(job=job).update(best=False)
+            Checkpoint.objects.update_or_create(job=job, step=step, defaults={
+                "path": str(data.get("path", "")), "holdout": last["eval"].get(step, {}), "best": best,
+            })
+        elif kind == "error":
+            last["error"] = record
+        elif kind == "done":
+            last["done"] = record
+
+    try:
+        with _dir_lock(folder):
+            status, cancelled = _run_subprocess(job, trainer_command(job, folder), folder, on_event=on_event)
+    except JobRefused as exc:
+        return _fail(job, str(exc), step=job.step)
+    job.refresh_from_db()
+    if cancelled:
+        TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.CANCELLED, finished_at=timezone.now(),
+                                                    pid=None, heartbeat_at=None)
+        _event(job, "cancelled", step=job.step)
+        job.refresh_from_db()
+        return job
+    if status == 0 and last["done"] is not None:
+        return job_finish(job=job, done=last["done"])
+    if last["error"] is not None:
+        return _fail(job, str(last["error"].get("message", "the trainer failed")), step=last["error"].get("step"))
+    tail = _stderr_tail(folder / f"stderr-{job.attempt}-train.log")
+    return _fail(job, f"The trainer exited with status {status} without saying why. Last lines of its log:\n{tail}",
+                 step=job.step)
+
+
+def job_cancel(*, job: TrainingJob, user=None) -> TrainingJob:
+    """Ask the worker to stop the trainer (its whole process group). A job not yet running stops at once."""
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        if job.status not in (*ACTIVE, JobStatus.READY):
+            raise JobRefused(f"The job is {job.get_status_display().lower()}: there is nothing to cancel.")
+        if job.status == JobStatus.RUNNING:
+            job.cancel_requested = True
+            job.save(update_fields=["cancel_requested"])
+        else:
+            job.status = JobStatus.CANCELLED
+            job.finished_at = timezone.now()
+            job.save(update_fields=["status", "finished_at"])
+        _event(job, "cancel requested" if job.status == JobStatus.RUNNING else "cancelled",
+               data={"by": user.get_username() if user else None})
+    return job
+
+
+def job_retry(*, job: TrainingJob, user=None) -> TrainingJob:
+    """Queue a failed or cancelled job again. The trainer resumes from the last checkpoint in its directory."""
+    from flywheel.training.tasks import training_evaluate_task, training_run_task
+
+    with transaction.atomic():
+        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
+        if not job.retryable:
+            raise JobRefused(f"The job is {job.get_status_display().lower()}: only a failed or cancelled job is "
+                             "retried.")
+        measured = bool(job.advice)
+        job.status = JobStatus.QUEUED if measured else JobStatus.EVALUATING
+        job.cancel_requested = False
+        job.queued_at = timezone.now()
+        job.finished_at = None
+        job.save(update_fields=["status", "cancel_requested", "queued_at", "finished_at"])
+        checkpoint = Checkpoint.objects.filter(job=job).order_by("-step").first()
+        _event(job, "retried", data={"by": user.get_username() if user else None,
+                                     "resume_from_step": checkpoint.step if checkpoint else None})
+        outbox.send_on_commit(training_run_task if measured else training_evaluate_task, job.pk)
+    return job
+
+
+def job_reap() -> int:
+    """Fail running jobs whose heartbeat stopped: their worker vanished (killed, host lost). Retry resumes."""
+    stale = timezone.now() - timedelta(seconds=settings.FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S)
+    reaped = 0
+    for job in TrainingJob.objects.filter(status__in=(JobStatus.RUNNING, JobStatus.EVALUATING),
+                                          heartbeat_at__lt=stale).select_related("project"):
+        with transaction.atomic():
+            updated = TrainingJob.objects.filter(pk=job.pk, status=job.status, heartbeat_at__lt=stale).update(
+                status=JobStatus.FAILED, finished_at=timezone.now(), failed_step=job.step, pid=None,
+                error=(f"The worker running this job ({job.worker or 'unknown'}) stopped answering at step "
+                       f"{job.step} (no heartbeat since {job.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC). Retry resumes "
+                       "from the last checkpoint."),
+            )
+            if updated:
+                job.refresh_from_db()
+                _event(job, "reaped", step=job.step, data={"worker": job.worker})
+                reaped += 1
+    return reaped
+
+
+def training_sweep() -> int:
+    """The outbox sweep: reap vanished runs, and send again jobs that waited too long for a worker."""
+    from flywheel.training.tasks import training_evaluate_task, training_run_task
+
+    reaped = job_reap()
+    stale = timezone.now() - outbox.requeue_after()
+    sent = 0
+    waiting = TrainingJob.objects.filter(queued_at__lt=stale, heartbeat_at__isnull=True)
+    for job in waiting.filter(status__in=(JobStatus.QUEUED, JobStatus.EVALUATING)):
+        task = training_run_task if job.status == JobStatus.QUEUED else training_evaluate_task
+        try:
+            outbox.send(task, job.pk)
+        except outbox.BrokerUnavailable:
+            break
+        TrainingJob.objects.filter(pk=job.pk).update(queued_at=timezone.now())
+        sent += 1
+    return reaped + sent
+
+
+# --- finishing: the candidate and the gate -----------------------------------------------------------------------
+
+
+def _lineage(job: TrainingJob) -> dict[str, Any]:
+    rows = job.task_set_version.rows
+    origins = [row.get("origin") or {} for row in rows]
+    return {
+        "job": job.pk,
+        "task_set_version": str(job.task_set_version),
+        "task_set_hash": job.task_set_version.content_hash[:12],
+        "failure_modes": sorted({o["failure_mode"] for o in origins if o.get("failure_mode")}),
+        "trajectories": sorted({o["trajectory_id"] for o in origins if o.get("trajectory_id")})[:200],
+    }
+
+
+def job_finish(*, job: TrainingJob, done: dict[str, Any]) -> TrainingJob:
+    """Register the best adapter as a version, make it the candidate, and run the gate against production."""
+    from flywheel.registry import services as registry
+
+    adapter = done.get("adapter")
+    with transaction.atomic():
+        TrainingJob.objects.filter(pk=job.pk).update(
+            status=JobStatus.SUCCEEDED, result=done, finished_at=timezone.now(), pid=None, heartbeat_at=None,
+            mlflow_run_id=done.get("mlflow_run_id") or "",
+        )
+        job.refresh_from_db()
+        if adapter:
+            version = registry.model_version_create(
+                project=job.project, base=job.base_version.base, adapter_path=str(adapter), lineage=_lineage(job),
+                description=f"Job {job.pk}, best checkpoint at step {done.get('best_step')}", user=job.created_by,
+            )
+            job.candidate_version = version
+            job.save(update_fields=["candidate_version"])
+            registry.alias_move(project=job.project, alias="candidate", version=version, user=job.created_by,
+                                reason=f"Best checkpoint of job {job.pk}")
+    if job.candidate_version is not None:
+        from flywheel.registry.gate_runs import gate_decide_for_job
+
+        gate_decide_for_job(job=job)
+    return job
+
+
+def job_page_data(*, job: TrainingJob, after_id: int = 0) -> dict[str, Any]:
+    """The curves' points and the events after `after_id`, for the job page's polling."""
+    points: dict[str, list] = {"step": [], "reward": [], "kl": [], "completion_length": []}
+    holdout: dict[str, list] = {"step": [], "success_rate": []}
+    for event in JobEvent.objects.filter(job=job, kind__in=("step", "eval")).order_by("id"):
+        if event.kind == "step" and event.step is not None:
+            points["step"].append(event.step)
+            points["reward"].append(event.data.get("reward_mean", event.data.get("reward")))
+            points["kl"].append(event.data.get("kl"))
+            points["completion_length"].append(event.data.get("completion_length",
+                                                              event.data.get("mean_completion_tokens")))
+        elif event.kind == "eval" and event.step is not None and (event.data.get("split", "holdout") == "holdout"):
+            holdout["step"].append(event.step)
+            holdout["success_rate"].append((event.data.get("metrics") or {}).get("success_rate"))
+    return {"train": points, "holdout": holdout}

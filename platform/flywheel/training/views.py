@@ -1,0 +1,155 @@
+"""Training pages: the jobs list with the new-job form, and a job's page (advice, progress, live curves, event
+log, checkpoints, cancel, retry, the gate's decision). Maintainers start and stop jobs; members read."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from flywheel.accounts.access import project_view
+from flywheel.accounts.models import Project, Role
+from flywheel.environments.models import TaskSetVersion
+from flywheel.evals.leakage import LeakageError
+from flywheel.evals.models import EvalSuiteVersion
+from flywheel.registry import selectors as registry_selectors
+from flywheel.training import forms, services
+from flywheel.training.models import JobEvent, TrainingJob
+
+
+def _choices(project: Project) -> dict:
+    return {
+        "task_set_versions": TaskSetVersion.objects.filter(task_set__project=project).select_related("task_set")
+        .order_by("task_set__name", "-number")[:200],
+        "suite_versions": EvalSuiteVersion.objects.filter(suite__project=project).select_related("suite")
+        .order_by("suite__name", "-number")[:200],
+    }
+
+
+def _list_context(request: HttpRequest, project: Project, **extra) -> dict:
+    return {
+        "project": project,
+        "jobs": TrainingJob.objects.filter(project=project).select_related("task_set_version__task_set",
+                                                                            "created_by")[:100],
+        "production": registry_selectors.production_of(project=project),
+        "is_maintainer": request.membership.grants(Role.MAINTAINER),
+        "config_fields": forms.config_fields(),
+        "form": request.POST if request.method == "POST" else {},
+        **_choices(project),
+        **extra,
+    }
+
+
+@require_GET
+@project_view()
+def job_list(request: HttpRequest, project: Project) -> HttpResponse:
+    return render(request, "training/jobs.html", _list_context(request, project))
+
+
+def _version(model, project: Project, raw: str, owner: str):
+    if not raw:
+        return None
+    if not raw.isascii() or not raw.isdigit():
+        raise ValidationError({owner: "Choose one from the list."})
+    lookup = {"task_set__project": project} if model is TaskSetVersion else {"suite__project": project}
+    version = model.objects.filter(pk=int(raw), **lookup).first()
+    if version is None:
+        raise ValidationError({owner: "No such version in this project."})
+    return version
+
+
+@require_POST
+@project_view(Role.MAINTAINER)
+def job_new(request: HttpRequest, project: Project) -> HttpResponse:
+    post = request.POST
+    config, config_errors = forms.config_from_post(post)
+    try:
+        errors: dict = {}
+        versions = {}
+        for field, model in (("task_set_version", TaskSetVersion), ("holdout_version", EvalSuiteVersion),
+                             ("regression_version", EvalSuiteVersion)):
+            try:
+                versions[field] = _version(model, project, post.get(field, ""), field)
+            except ValidationError as exc:
+                errors.update(exc.message_dict)
+        gpus = post.get("num_gpus", "1")
+        if not gpus.isascii() or not gpus.isdigit():
+            errors["num_gpus"] = ["A whole number of GPUs."]
+        if errors or config_errors:
+            raise ValidationError({**errors, **{f"config.{k}": [v] for k, v in config_errors.items()}})
+        job = services.job_create(project=project, algorithm=post.get("algorithm", "grpo"), config=config,
+                                  num_gpus=int(gpus), user=request.user, **versions)
+    except ValidationError as exc:
+        context = _list_context(request, project, errors=exc.message_dict)
+        return render(request, "training/jobs.html", context, status=422)
+    except LeakageError as exc:
+        context = _list_context(request, project, leakage=[c.detail for c in exc.conflicts])
+        return render(request, "training/jobs.html", context, status=409)
+    return redirect("training_job", project.slug, job.pk)
+
+
+def _job(project: Project, job_id: int) -> TrainingJob:
+    return get_object_or_404(
+        TrainingJob.objects.select_related("task_set_version__task_set", "holdout_version__suite",
+                                           "regression_version__suite", "base_version__base", "candidate_version",
+                                           "created_by"),
+        project=project, pk=job_id,
+    )
+
+
+def _job_context(request: HttpRequest, project: Project, job: TrainingJob, **extra) -> dict:
+    return {
+        "project": project,
+        "job": job,
+        "events": list(JobEvent.objects.filter(job=job).exclude(kind="step").order_by("-id")[:200]),
+        "checkpoints": list(job.checkpoints.all()),
+        "decision": job.gate_decisions.select_related("candidate", "production").first(),
+        "is_maintainer": request.membership.grants(Role.MAINTAINER),
+        **extra,
+    }
+
+
+@require_GET
+@project_view()
+def job_page(request: HttpRequest, project: Project, job_id: int) -> HttpResponse:
+    job = _job(project, job_id)
+    template = "training/_job_status.html" if request.htmx else "training/job.html"
+    return render(request, template, _job_context(request, project, job))
+
+
+@require_GET
+@project_view()
+def job_curves(request: HttpRequest, project: Project, job_id: int) -> JsonResponse:
+    job = _job(project, job_id)
+    return JsonResponse({"status": job.status, **services.job_page_data(job=job)})
+
+
+def _act(request: HttpRequest, project: Project, job_id: int, action) -> HttpResponse:
+    job = _job(project, job_id)
+    try:
+        action(job=job, user=request.user)
+    except services.JobRefused as exc:
+        job.refresh_from_db()
+        return render(request, "training/job.html", _job_context(request, project, job, action_error=str(exc)),
+                      status=409)
+    return redirect(reverse("training_job", args=[project.slug, job.pk]))
+
+
+@require_POST
+@project_view(Role.MAINTAINER)
+def job_confirm(request: HttpRequest, project: Project, job_id: int) -> HttpResponse:
+    return _act(request, project, job_id, services.job_confirm)
+
+
+@require_POST
+@project_view(Role.MAINTAINER)
+def job_cancel(request: HttpRequest, project: Project, job_id: int) -> HttpResponse:
+    return _act(request, project, job_id, services.job_cancel)
+
+
+@require_POST
+@project_view(Role.MAINTAINER)
+def job_retry(request: HttpRequest, project: Project, job_id: int) -> HttpResponse:
+    return _act(request, project, job_id, services.job_retry)

@@ -1,0 +1,63 @@
+"""Promotion in real Chromium: from a failed trajectory's page, a reviewer corrects the expected call, runs
+the checks, sees the verifier fail the agent's output and pass the reference (each with its checks), and
+saves the case into a regression suite."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from playwright.sync_api import expect
+
+from flywheel.evals.services import suite_create
+from flywheel.trajectories.ingest import ingest_trajectories
+from flywheel.trajectories.models import Trajectory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOOLS = [{"type": "function", "function": {"name": "refund", "parameters": {
+    "type": "object", "properties": {"order_id": {"type": "string"}, "amount": {"type": "number"}},
+    "required": ["order_id", "amount"]}}}]
+
+
+def test_promotion_shows_both_verifier_checks_then_saves(open_page, make_user, make_project, make_membership):
+    owner, reviewer = make_user("owner"), make_user("rita")
+    project = make_project("shop", owner=owner)
+    make_membership(reviewer, project, "reviewer")
+    suite = suite_create(project=project, name="Refund regressions", kind="regression", user=owner)
+    record = {"external_id": "refund-1", "outcome": "failure", "tools": TOOLS, "messages": [
+        {"role": "user", "content": "Refund 50.00 on order A-1001 <b>please</b>"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "refund", "arguments": json.dumps({"order_id": "A-1001", "amount": 500})}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"ok": true}'},
+        {"role": "assistant", "content": "Refunded."}]}
+    assert ingest_trajectories(project=project, records=[record]).accepted == 1
+    trajectory = Trajectory.objects.get(project=project)
+
+    page = open_page(reviewer)
+    page.goto(f"/p/shop/t/{trajectory.pk}/")
+    page.click("#promote")
+    expected = page.locator("#f-expected-calls")
+    expect(expected).to_have_value(json.dumps([{"name": "refund", "arguments": {"order_id": "A-1001", "amount": 500}}],
+                                              indent=2))
+    page.select_option("#f-target", label="Refund regressions (regression)")
+    expected.fill(json.dumps([{"name": "refund", "arguments": {"order_id": "A-1001", "amount": {"range": [49.5, 50.5]}}}]))
+    page.click("#run-checks")
+
+    original, reference = page.locator("#check-original"), page.locator("#check-reference")
+    expect(original).to_have_attribute("data-passed", "false")
+    expect(original).to_contain_text("fails")
+    expect(original).to_contain_text("wrong_arguments")
+    expect(original.locator('[data-check="call refund"]')).to_contain_text("amount")
+    expect(reference).to_have_attribute("data-passed", "true")
+    expect(reference).to_contain_text("passes")
+    expect(page.locator("#warning")).to_have_count(0)
+    assert suite.cases.count() == 0  # checking saves nothing
+
+    page.click("#save")
+    expect(page).to_have_url(f"/p/shop/evals/{suite.pk}/")
+    case = suite.cases.get()
+    expect(page.locator(f'[data-item="{case.row_id}"]')).to_contain_text("Refund 50.00 on order A-1001 <b>please</b>")
+    expect(page.locator('[data-version="1"]')).to_be_visible()
+    assert case.verifier["expected_calls"][0]["arguments"]["amount"] == {"range": [49.5, 50.5]}
+    assert not page.log.page_errors and not page.log.console_errors and not page.log.dialogs

@@ -1,0 +1,117 @@
+"""The API a team scripts its promotions with: scopes and projects checked, promotion with both checks,
+field errors as 422 (never 500), bulk promotion of a failure mode, versions and the JSONL export."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def keys(make_api_key, project, make_project):
+    return {"read": make_api_key(project, scopes=["read"]), "review": make_api_key(project, scopes=["review"]),
+            "ingest": make_api_key(project, scopes=["ingest"]),
+            "other": make_api_key(make_project("elsewhere"), scopes=["read", "review"])}
+
+
+@pytest.mark.parametrize("prefix", ["eval-suites", "task-sets"])
+def test_scopes_and_projects_are_checked(api_client, keys, prefix, suite, task_set, trajectory):
+    pk = suite.pk if prefix == "eval-suites" else task_set.pk
+    base = f"/api/v1/{prefix}"
+    assert api_client.get(base, key=None).status_code == 401
+    assert api_client.get(base, key=keys["ingest"]).status_code == 403  # read needs `read`
+    listed = api_client.get(base, key=keys["read"])
+    assert listed.status_code == 200 and [c["id"] for c in listed.json()] == [pk]
+    assert api_client.get(base, key=keys["other"]).json() == []  # another project's key sees its own
+    assert api_client.get(f"{base}/{pk}", key=keys["other"]).status_code == 404
+    body = {"trajectory_id": trajectory.pk, "dry_run": True}
+    # Writes need `review`: neither `read` nor `ingest` promotes.
+    for key in (keys["read"], keys["ingest"]):
+        assert api_client.post(f"{base}/{pk}/promotions", body, key=key).status_code == 403
+    assert api_client.post(f"{base}/{pk}/promotions", body, key=keys["other"]).status_code == 404
+    assert api_client.post(f"{base}/{pk}/promotions", body, key=keys["review"]).status_code == 200
+
+
+def test_promote_dry_run_then_save_then_export(api_client, keys, suite, trajectory, corrected, user):
+    keys["review"].api_key.created_by = user
+    keys["review"].api_key.save()
+    url = f"/api/v1/eval-suites/{suite.pk}/promotions"
+    # Unset fields start from the prefill: the agent's own call, which the verifier passes: refused.
+    refused = api_client.post(url, {"trajectory_id": trajectory.pk, "message_index": 4}, key=keys["review"])
+    assert refused.status_code == 422
+    assert refused.json()["checks"]["original"]["passed"] is True and refused.json()["checks"]["warnings"]
+    dry = api_client.post(url, {"trajectory_id": trajectory.pk, **corrected, "dry_run": True}, key=keys["review"])
+    assert dry.status_code == 200 and dry.json()["saved"] is False
+    checks = dry.json()["checks"]
+    assert checks["original"]["passed"] is False and checks["original"]["failure"] == "wrong_arguments"
+    assert checks["reference"]["passed"] is True and "calls" in checks["reference"]["checks"]
+    saved = api_client.post(url, {"trajectory_id": trajectory.pk, **corrected}, key=keys["review"])
+    assert saved.status_code == 201, saved.json()
+    out = saved.json()
+    assert out["item"]["id"] == out["row"]["id"] and out["version"]["number"] == 1
+    assert suite.cases.get().created_by == user  # recorded as the key's maker
+
+    versions = api_client.get(f"/api/v1/eval-suites/{suite.pk}/versions", key=keys["read"]).json()
+    assert [v["number"] for v in versions] == [1]
+    export = api_client.get(versions[0]["export_url"], key=keys["read"])
+    assert export.status_code == 200 and export["Content-Type"].startswith("application/x-ndjson")
+    assert hashlib.sha256(export.content).hexdigest() == versions[0]["content_hash"]
+    rows = [json.loads(line) for line in export.content.decode().splitlines()]
+    assert rows == [out["row"]]
+    assert api_client.get(versions[0]["export_url"], key=keys["ingest"]).status_code == 403
+    assert api_client.get(f"/api/v1/eval-suites/{suite.pk}/versions/9.jsonl", key=keys["read"]).status_code == 404
+    detail = api_client.get(f"/api/v1/eval-suites/{suite.pk}", key=keys["read"]).json()
+    assert detail["size"] == 1 and detail["items"][0]["trajectory_id"] == trajectory.pk
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"expected_calls": [{"name": "refund", "arguments": {"amount": {"regex": "a++"}}}]}, "expected_calls"),
+    ({"expected_calls": "not json ["}, "expected_calls"),
+    ({"expected_calls": {"name": "refund"}}, "expected_calls"),
+    ({"expect": "telepathy"}, "expect"),
+    ({"message_index": 99}, "message_index"),
+    ({"max_turns": 0, "env_type": "replay"}, "max_turns"),
+    ({"expect": "answer", "answer_match": "json_schema", "expected_answer": {"type": 5}}, "expected_answer"),
+])
+def test_bad_fields_are_422_naming_the_field(api_client, keys, suite, trajectory, corrected, change, field):
+    response = api_client.post(f"/api/v1/eval-suites/{suite.pk}/promotions",
+                               {"trajectory_id": trajectory.pk, **corrected, **change}, key=keys["review"])
+    assert response.status_code == 422, response.content
+    assert field in response.json()["errors"], response.json()
+    assert suite.cases.count() == 0
+
+
+def test_leakage_conflicts_come_back_listed(api_client, keys, suite, task_set, trajectory, corrected):
+    assert api_client.post(f"/api/v1/eval-suites/{suite.pk}/promotions", {"trajectory_id": trajectory.pk, **corrected},
+                           key=keys["review"]).status_code == 201
+    response = api_client.post(f"/api/v1/task-sets/{task_set.pk}/promotions",
+                               {"trajectory_id": trajectory.pk, **corrected}, key=keys["review"])
+    assert response.status_code == 422
+    assert {c["rule"] for c in response.json()["conflicts"]} == {"trajectory", "prompt"}
+
+
+def test_create_and_bulk_promote_a_failure_mode(api_client, keys, project, ingest, refund_record, user):
+    from flywheel.failures.services import failure_mode_assign, failure_mode_create
+
+    created = api_client.post("/api/v1/task-sets", {"name": "Scripted"}, key=keys["review"])
+    assert created.status_code == 201 and created.json()["kind"] is None
+    assert api_client.post("/api/v1/task-sets", {"name": "Scripted"}, key=keys["review"]).status_code == 422
+    pk = created.json()["id"]
+    ts = [ingest(refund_record(f"api-{i}", order=f"K-{i}", request=f"Refund 50.00 for K-{i}")) for i in range(2)]
+    mode = failure_mode_create(project=project, name="Wrong refund", category_key="wrong_arguments", user=user)
+    failure_mode_assign(failure_mode=mode, trajectories=ts, user=user, message_index=4)
+    body = {"failure_mode_id": mode.pk, "expected_calls": [{"name": "refund", "arguments": {
+        "order_id": {"regex": "^K-"}, "amount": {"one_of": [50, 50.0]}}}]}
+    result = api_client.post(f"/api/v1/task-sets/{pk}/promotions/bulk", body, key=keys["review"])
+    assert result.status_code == 200, result.content
+    out = result.json()
+    assert sorted(i["trajectory_id"] for i in out["saved"]) == sorted(t.pk for t in ts)
+    assert out["skipped"] == [] and out["version"]["size"] == 2
+    again = api_client.post(f"/api/v1/task-sets/{pk}/promotions/bulk", body, key=keys["review"]).json()
+    assert again["saved"] == [] and all("already" in r["reasons"][0] for r in again["skipped"])
+    missing = api_client.post(f"/api/v1/task-sets/{pk}/promotions/bulk", {"trajectory_ids": [10**9]}, key=keys["review"])
+    assert missing.status_code == 404

@@ -1,0 +1,237 @@
+"""Training jobs: the config checked field by field, the leakage guard, the advice, and the whole life of a
+job through a real Celery worker and the real trainer on the tiny model (measure production, confirm,
+train, candidate, gate), cancel killing the trainer's process group, retry resuming from the checkpoint,
+a trainer failure shown with its step, and the reaper for a vanished worker."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.urls import reverse
+from django.utils import timezone
+
+from flywheel.environments.models import TaskSet, TaskSetVersion
+from flywheel.evals.leakage import LeakageError
+from flywheel.evals.models import EvalSuite, EvalSuiteVersion
+from flywheel.registry import services as registry
+from flywheel.registry.models import GateDecision
+from flywheel.training import services
+from flywheel.training.models import Checkpoint, JobEvent, JobStatus, TrainingJob
+
+# A job small enough for two busy cores: 2 prompts x 4 samples a step, an eval and a checkpoint every step.
+SMALL = {"num_prompts_per_step": 2, "num_generations_per_prompt": 4, "max_new_tokens": 40, "max_steps": 2,
+         "eval_interval": 1, "eval_samples_per_prompt": 2, "learning_rate": 1e-3, "r": 4, "alpha": 8,
+         "num_threads": 1}
+
+
+def _rows(tasks, prefix, trajectory_ids=None):
+    rows = []
+    for i, task in enumerate(tasks):
+        call = next(m for m in task["solution"] if m.get("tool_calls"))["tool_calls"][0]["function"]
+        rows.append({
+            "id": f"{prefix}-{i}", "messages": task["messages"], "tools": task["tools"],
+            "verifier": {"type": "tool_call", "expected_calls": [
+                {"name": call["name"], "arguments": json.loads(call["arguments"])}]},
+            "origin": {"trajectory_id": trajectory_ids[i] if trajectory_ids else None},
+        })
+    return rows
+
+
+@pytest.fixture(scope="module")
+def workplace():
+    from trainer.envs.workplace import generate_tasks
+
+    return {"train": generate_tasks(24, seed=0, split="train", difficulty="single"),
+            "holdout": generate_tasks(12, seed=1, split="holdout", difficulty="single")}
+
+
+def _version(model, owner, rows, **owner_fields):
+    from flywheel.evals import rows as row_shape
+
+    collection = owner.objects.create(**owner_fields)
+    key = "task_set" if model is TaskSetVersion else "suite"
+    return model.objects.create(**{key: collection}, number=1, rows=rows, size=len(rows),
+                                content_hash=row_shape.content_hash(rows))
+
+
+@pytest.fixture
+def world(project, user, tiny_model, workplace):
+    production = registry.base_model_register(project=project, name="tiny", path=str(tiny_model), user=user)
+    return {
+        "project": project, "user": user, "production": production,
+        "train": _version(TaskSetVersion, TaskSet, _rows(workplace["train"], "task"), project=project, name="refunds"),
+        "holdout": _version(EvalSuiteVersion, EvalSuite, _rows(workplace["holdout"][:4], "case"), project=project,
+                            name="holdout", kind="holdout"),
+        "regression": _version(EvalSuiteVersion, EvalSuite, _rows(workplace["holdout"][4:6], "reg"),
+                               project=project, name="regressions", kind="regression"),
+    }
+
+
+def test_config_errors_name_the_field(world):
+    with pytest.raises(ValidationError) as exc:
+        services.job_create(project=world["project"], task_set_version=world["train"],
+                            config={"learning_rate": -1.0, "loss_type": "ppo"})
+    assert set(exc.value.message_dict) & {"config.learning_rate", "config.loss_type"}
+    with pytest.raises(ValidationError) as exc:
+        services.job_create(project=world["project"], task_set_version=world["train"], config={"lr": 1e-4})
+    assert exc.value.message_dict["config.lr"] == ["Not a GRPOConfig field."]
+    assert not TrainingJob.objects.exists()
+
+
+def test_a_job_needs_a_production_model(make_project, world):
+    other = make_project()
+    version = _version(TaskSetVersion, TaskSet, world["train"].rows, project=other, name="t")
+    with pytest.raises(ValidationError) as exc:
+        services.job_create(project=other, task_set_version=version)
+    assert "Register a base model" in exc.value.message_dict["model"][0]
+
+
+def test_the_leakage_guard_refuses_a_task_set_that_shares_a_trajectory_or_a_request(world, workplace):
+    shared = _rows(workplace["holdout"][:2], "leak", trajectory_ids=[101, 102])
+    holdout = _version(EvalSuiteVersion, EvalSuite, _rows(workplace["holdout"][:1], "h", trajectory_ids=[101]),
+                       project=world["project"], name="h2", kind="holdout")
+    train = _version(TaskSetVersion, TaskSet, shared, project=world["project"], name="leaky")
+    with pytest.raises(LeakageError) as exc:
+        services.job_create(project=world["project"], task_set_version=train, holdout_version=holdout)
+    details = [c.detail for c in exc.value.conflicts]
+    assert any("trajectory #101" in d for d in details)
+    # The second task asks what no holdout case asks: it is not listed.
+    assert not any("leak-1" in d for d in details)
+    assert not TrainingJob.objects.exists()
+
+
+def test_advice_follows_production_on_the_holdout():
+    assert services.advise({"success_rate": 0.0, "n": 20, "failures": {"invalid_format": 18, "wrong_tool": 2}})[
+        "recommendation"] == "sft"
+    assert services.advise({"success_rate": 0.4, "n": 20, "failures": {"wrong_tool": 12}})["recommendation"] == "grpo"
+    assert services.advise({"success_rate": 0.97, "n": 20, "failures": {}})["recommendation"] == "none"
+    assert "DPO" in services.advise({"success_rate": 0.4, "n": 20, "failures": {}}, pairs=5)["reason"]
+
+
+def test_a_job_measures_production_trains_and_its_candidate_goes_through_the_gate(world, celery_worker):
+    job = services.job_create(project=world["project"], task_set_version=world["train"],
+                              holdout_version=world["holdout"], regression_version=world["regression"],
+                              config=SMALL, user=world["user"])
+    assert world["train"].__class__.objects.get(pk=world["train"].pk).frozen  # frozen when the job starts
+    ready = celery_worker.wait_for(lambda: TrainingJob.objects.filter(pk=job.pk, status=JobStatus.READY).first(),
+                                   timeout=240)
+    assert ready.advice["metrics"]["n"] == 4 * SMALL["eval_samples_per_prompt"]
+    assert ready.advice["recommendation"] in {"sft", "grpo", "none"}
+    services.job_confirm(job=ready, user=world["user"])
+    done = celery_worker.wait_for(
+        lambda: TrainingJob.objects.filter(pk=job.pk).exclude(status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
+        .first(), timeout=400)
+    assert done.status == JobStatus.SUCCEEDED, (done.error, celery_worker.log_tail())
+    assert done.step == 2 and done.result["best_step"] in (1, 2)
+    assert JobEvent.objects.filter(job=job, kind="step").count() == 2
+    assert list(Checkpoint.objects.filter(job=job).values_list("step", flat=True)) == [1, 2]
+    assert Checkpoint.objects.filter(job=job, best=True).count() == 1
+    candidate = done.candidate_version
+    assert candidate is not None and len(candidate.adapter_sha256) == 64
+    assert candidate.lineage["job"] == job.pk
+    from flywheel.registry.selectors import aliases_of
+
+    assert aliases_of(project=world["project"])["candidate"] == candidate
+    decision = GateDecision.objects.get(job=job)
+    assert decision.error == "" and decision.report["cases"] == 4
+    names = [rule["name"] for rule in decision.report["rules"]]
+    assert names[0] == "holdout success" and "regression cases" in names
+    # Production's side of the gate is what was measured before training.
+    assert decision.report["rules"][0]["production"] == pytest.approx(
+        ready.advice["metrics"]["success_rate"], abs=0.5)
+    if not decision.passed:
+        with pytest.raises(registry.RegistryError, match="did not pass the gate"):
+            registry.model_promote(project=world["project"], version=candidate)
+
+
+def test_cancel_kills_the_trainer_and_retry_resumes_from_the_checkpoint(world, celery_worker):
+    job = services.job_create(project=world["project"], task_set_version=world["train"],
+                              config={**SMALL, "max_steps": 40, "eval_on_start": False}, user=world["user"])
+    ready = celery_worker.wait_for(lambda: TrainingJob.objects.filter(pk=job.pk, status=JobStatus.READY).first(),
+                                   timeout=60)
+    assert ready.advice["metrics"] is None  # no holdout: nothing to measure
+    services.job_confirm(job=ready)
+    running = celery_worker.wait_for(lambda: Checkpoint.objects.filter(job=job).exists()
+                                     and TrainingJob.objects.get(pk=job.pk), timeout=300)
+    pid = running.pid
+    assert pid and os.getpgid(pid) == pid  # the trainer leads its own process group
+    services.job_cancel(job=running)
+    cancelled = celery_worker.wait_for(
+        lambda: TrainingJob.objects.filter(pk=job.pk, status=JobStatus.CANCELLED).first(), timeout=60)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # gone, not an orphan
+    step_at_cancel = Checkpoint.objects.filter(job=job).order_by("-step").first().step
+    services.job_retry(job=cancelled)
+    resumed = celery_worker.wait_for(
+        lambda: JobEvent.objects.filter(job=job, attempt=2, kind="step").first(), timeout=300)
+    assert resumed.step > step_at_cancel  # it went on from the checkpoint, not from step 1
+    services.job_cancel(job=TrainingJob.objects.get(pk=job.pk))
+    celery_worker.wait_for(lambda: TrainingJob.objects.filter(pk=job.pk, status=JobStatus.CANCELLED).first(),
+                           timeout=60)
+
+
+def test_a_trainer_failure_is_shown_with_its_step(world, celery_worker, client_for, tmp_path):
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    production = registry.base_model_register(project=world["project"], name="broken", path=str(broken))
+    GateDecision.objects.create(project=world["project"], candidate=production, production=world["production"],
+                                passed=True)
+    registry.model_promote(project=world["project"], version=production)
+    job = services.job_create(project=world["project"], task_set_version=world["train"], config=SMALL)
+    ready = celery_worker.wait_for(lambda: TrainingJob.objects.filter(pk=job.pk, status=JobStatus.READY).first())
+    services.job_confirm(job=ready)
+    failed = celery_worker.wait_for(lambda: TrainingJob.objects.filter(pk=job.pk, status=JobStatus.FAILED).first(),
+                                    timeout=120)
+    assert failed.failed_step == 0 and "failed before training started" in failed.error and "tokenizer" in failed.error
+    page = client_for(world["user"]).get(reverse("training_job", args=[world["project"].slug, job.pk]))
+    html = page.content.decode()
+    assert "Failed at step 0" in html and 'id="retry-job"' in html
+
+
+def test_the_reaper_fails_a_job_whose_worker_vanished(world):
+    job = TrainingJob.objects.create(
+        project=world["project"], task_set_version=world["train"], base_version=world["production"],
+        status=JobStatus.RUNNING, step=7, max_steps=20, worker="gpu-host:4242", advice={"recommendation": "grpo"},
+        heartbeat_at=timezone.now() - timedelta(hours=1),
+    )
+    fresh = TrainingJob.objects.create(
+        project=world["project"], task_set_version=world["train"], base_version=world["production"],
+        status=JobStatus.RUNNING, heartbeat_at=timezone.now(),
+    )
+    assert services.job_reap() == 1
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and job.failed_step == 7
+    assert "gpu-host:4242" in job.error and "Retry resumes" in job.error
+    assert TrainingJob.objects.get(pk=fresh.pk).status == JobStatus.RUNNING
+    assert services.job_retry(job=job).status == JobStatus.QUEUED
+
+
+def test_only_maintainers_start_jobs_and_form_errors_are_shown(world, make_user, make_membership, client_for):
+    viewer = make_user("viewer")
+    make_membership(viewer, world["project"], "viewer")
+    url = reverse("training_job_new", args=[world["project"].slug])
+    assert client_for(viewer).post(url, {"task_set_version": world["train"].pk}).status_code == 403
+    response = client_for(world["user"]).post(url, {"task_set_version": world["train"].pk,
+                                                    "cfg_max_steps": "ten", "cfg_loss_type": "ppo"})
+    html = response.content.decode()
+    assert response.status_code == 422 and "Expected an int" in html
+    page = client_for(viewer).get(reverse("training_jobs", args=[world["project"].slug]))
+    assert page.status_code == 200 and 'id="start-job"' not in page.content.decode()
+    # Every GRPOConfig field has its input in the maintainer's form.
+    from dataclasses import fields
+
+    from trainer.config import GRPOConfig
+
+    form = client_for(world["user"]).get(reverse("training_jobs", args=[world["project"].slug])).content.decode()
+    assert all(f'name="cfg_{f.name}"' in form for f in fields(GRPOConfig))
+
+
+def test_job_dir_is_per_job(world):
+    job = TrainingJob(project=world["project"], pk=5)
+    assert services.job_dir(job) == Path(services.settings.FLYWHEEL_JOBS_DIR) / world["project"].slug / "job-5"

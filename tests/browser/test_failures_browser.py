@@ -49,6 +49,7 @@ def test_queue_by_keyboard_alone_and_bulk_select_with_shift_click(open_page, liv
     expect(page.locator("[data-progress]")).to_contain_text("0 done · 5 remaining")
     page.keyboard.press("Enter")  # claim
     expect(page.locator(f'[data-queue-item="{rows[0].pk}"]')).to_be_visible()
+    page.wait_for_load_state("load")  # the keys' scripts run (deferred) before the next key
     page.keyboard.press("j")
     page.keyboard.press("j")  # message #1, the refund call
     expect(page.locator("article#m1")).to_have_class(re.compile(r"\bcurrent\b"))
@@ -61,6 +62,7 @@ def test_queue_by_keyboard_alone_and_bulk_select_with_shift_click(open_page, liv
     number = page.locator("button.keyed", has_text="Refund with a wrong id").locator("kbd").inner_text()
     page.keyboard.press(number)  # assign the mode shown beside that number
     expect(page.locator(".mode-list")).to_contain_text("Refund with a wrong id")
+    page.wait_for_load_state("load")
     expect(page.locator("article#m1")).to_have_class(re.compile(r"\bcurrent\b"))  # the cursor stays
     assert FailureModeAssignment.objects.get(failure_mode=wrong_id, trajectory=rows[0]).message_index == 1
     page.keyboard.press("?")
@@ -71,6 +73,7 @@ def test_queue_by_keyboard_alone_and_bulk_select_with_shift_click(open_page, liv
     page.keyboard.press("Enter")  # complete and next
     expect(page.locator("[data-progress]")).to_contain_text("1 done · 4 remaining")
     expect(page.locator(f'[data-queue-item="{rows[4].pk}"]')).to_be_visible()  # then the newest
+    page.wait_for_load_state("load")
     assert Trajectory.objects.get(pk=rows[0].pk).reviewed_outcome == "failure"
     page.keyboard.press("u")  # undo the completion: the first item is back
     expect(page.locator(f'[data-queue-item="{rows[0].pk}"]')).to_be_visible()

@@ -89,6 +89,7 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/training/new": (NOT_ALLOWED, write(422, "maintainer")),  # the empty form: 422
     "p/<slug:project_slug>/training/<int:job_id>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/training/<int:job_id>/curves": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/training/<int:job_id>/checkpoints/<int:step>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/training/<int:job_id>/confirm": (NOT_ALLOWED, write(409, "maintainer")),  # not ready
     "p/<slug:project_slug>/training/<int:job_id>/cancel": (NOT_ALLOWED, write(409, "maintainer")),  # finished
     "p/<slug:project_slug>/training/<int:job_id>/retry": (NOT_ALLOWED, write(409, "maintainer")),  # succeeded
@@ -327,7 +328,8 @@ def _model_rows(project):
     task_set = TaskSet.objects.create(project=project, name="t")
     version = task_set.versions.create(number=1, rows=[], size=0, content_hash="0" * 64)
     job = TrainingJob.objects.create(project=project, task_set_version=version, base_version=v1, status="succeeded")
-    return {"version_number": v2.number, "decision_id": decision.pk, "job_id": job.pk}
+    job.checkpoints.create(step=3, path="/jobs/x/checkpoint-3", best=True)
+    return {"version_number": v2.number, "decision_id": decision.pk, "job_id": job.pk, "step": 3}
 
 
 def _url(route, values):

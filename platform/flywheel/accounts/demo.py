@@ -100,6 +100,9 @@ def demo_seed() -> DemoSeed:
     from flywheel.failures.demo import failure_demo_seed  # the failures app builds on accounts
 
     failure_demo_seed(project=project, user=admin)
+    from flywheel.registry.demo import registry_demo_seed
+
+    registry_demo_seed(project=project)  # the tiny model, built and registered by the worker
     return DemoSeed(
         username=ADMIN_USERNAME,
         password=password,

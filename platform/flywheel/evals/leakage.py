@@ -6,7 +6,8 @@ Rules, checked when a row is added (promotion, variants) and again when a versio
 - a row whose prompt is a near duplicate of a row on the other side is refused. Today "near duplicate" is
   the same normalised last user request (`rows.prompt_digest`). More rules plug into
   `NEAR_DUPLICATE_FINDERS`: an embedding rule (cosine >= 0.95 by the clustering model's sentence embeddings)
-  is a function with the same signature as `same_normalised_request`.
+  is a function with the same signature as `same_normalised_request`, and then applies everywhere the guard
+  runs: promotion, variants, freezing, and a job's task set against its suites (`rows_conflicts`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-
-from django.db.models import Q, QuerySet
 
 from flywheel.accounts.models import Project
 from flywheel.evals import rows as row_shape
@@ -59,39 +58,65 @@ def candidate_from_row(row: dict[str, Any]) -> Candidate:
     )
 
 
-def _other_side(project: Project, side: str) -> QuerySet:
-    """The rows a candidate of `side` must not leak into: every current row on the other side."""
+def _other_side(project: Project, side: str) -> list[Candidate]:
+    """Every current row on the other side of `side`, as candidates labelled with where they live."""
     if side == "eval":
         from flywheel.environments.models import Task
 
-        return Task.objects.filter(task_set__project=project).select_related("task_set")
-    from flywheel.evals.models import EvalCase
+        prefix, where = Task.ROW_PREFIX, "task set"
+        rows = Task.objects.filter(task_set__project=project).values_list(
+            "pk", "trajectory_id", "prompt_digest", "prompt_text", "task_set__name")
+    else:
+        from flywheel.evals.models import EvalCase
 
-    return EvalCase.objects.filter(suite__project=project).select_related("suite")
+        prefix, where = EvalCase.ROW_PREFIX, "eval suite"
+        rows = EvalCase.objects.filter(suite__project=project).values_list(
+            "pk", "trajectory_id", "prompt_digest", "prompt_text", "suite__name")
+    return [Candidate(f"{prefix}-{pk} in {where} '{name}'", trajectory_id, digest, text)
+            for pk, trajectory_id, digest, text, name in rows.order_by("pk")]
 
 
-def _describe(item: Any) -> str:
-    collection = getattr(item, "suite", None) or getattr(item, "task_set", None)
-    return f"{item.row_id} in {collection.LABEL} '{collection.name}'"
+def same_trajectory(candidates: list[Candidate], others: list[Candidate]) -> list[Conflict]:
+    """Rows made from the same production trajectory."""
+    by_trajectory: dict[int, list[Candidate]] = {}
+    for other in others:
+        if other.trajectory_id is not None:
+            by_trajectory.setdefault(other.trajectory_id, []).append(other)
+    return [Conflict("trajectory", c.label, other.label, f"trajectory #{c.trajectory_id} is behind a row on the other side")
+            for c in candidates if c.trajectory_id is not None for other in by_trajectory.get(c.trajectory_id, [])]
 
 
-def same_normalised_request(candidates: list[Candidate], others: QuerySet) -> list[Conflict]:
+def same_normalised_request(candidates: list[Candidate], others: list[Candidate]) -> list[Conflict]:
     """Rows asking the same thing once case, spaces and punctuation are gone."""
-    digests = {c.prompt_digest for c in candidates if c.prompt_digest}
-    if not digests:
+    by_digest: dict[str, list[Candidate]] = {}
+    for other in others:
+        if other.prompt_digest:
+            by_digest.setdefault(other.prompt_digest, []).append(other)
+    return [Conflict("prompt", c.label, other.label, f"same request as a row on the other side: {c.prompt_text[:120]!r}")
+            for c in candidates if c.prompt_digest for other in by_digest.get(c.prompt_digest, [])]
+
+
+# (rows joining one side, rows of the other side) -> conflicts. Each rule decides what "the same" means;
+# an embedding rule (cosine >= 0.95) is appended here with the same signature.
+NEAR_DUPLICATE_FINDERS: list[Callable[[list[Candidate], list[Candidate]], list[Conflict]]] = [
+    same_trajectory, same_normalised_request,
+]
+
+
+def conflicts_between(candidates: Iterable[Candidate], others: Iterable[Candidate]) -> list[Conflict]:
+    """Every rule's conflicts between two sides given as candidates (e.g. two frozen versions' rows)."""
+    candidates, others = list(candidates), list(others)
+    if not candidates or not others:
         return []
-    hits: dict[str, list[Any]] = {}
-    for item in others.filter(prompt_digest__in=digests).order_by("pk"):
-        hits.setdefault(item.prompt_digest, []).append(item)
-    return [
-        Conflict("prompt", c.label, _describe(item), f"same request as a row on the other side: {c.prompt_text[:120]!r}")
-        for c in candidates
-        for item in hits.get(c.prompt_digest, [])
-    ]
+    return [conflict for finder in NEAR_DUPLICATE_FINDERS for conflict in finder(candidates, others)]
 
 
-# (candidates, rows of the other side) -> conflicts. Each finder decides what "near" means.
-NEAR_DUPLICATE_FINDERS: list[Callable[[list[Candidate], QuerySet], list[Conflict]]] = [same_normalised_request]
+def rows_conflicts(*, rows: Iterable[dict[str, Any]], other_rows: Iterable[dict[str, Any]], other_label: str = "") -> list[Conflict]:
+    """Conflicts between the rows of two versions (a task set's and a suite's), by the same rules."""
+    others = [candidate_from_row(row) for row in other_rows]
+    if other_label:
+        others = [Candidate(f"{c.label} in {other_label}", c.trajectory_id, c.prompt_digest, c.prompt_text) for c in others]
+    return conflicts_between((candidate_from_row(row) for row in rows), others)
 
 
 def leakage_conflicts(*, project: Project, side: str, candidates: Iterable[Candidate]) -> list[Conflict]:
@@ -99,20 +124,7 @@ def leakage_conflicts(*, project: Project, side: str, candidates: Iterable[Candi
     candidates = list(candidates)
     if not candidates:
         return []
-    others = _other_side(project, side)
-    conflicts: list[Conflict] = []
-    trajectory_ids = {c.trajectory_id for c in candidates if c.trajectory_id is not None}
-    if trajectory_ids:
-        by_trajectory: dict[int, list[Any]] = {}
-        for item in others.filter(Q(trajectory_id__in=trajectory_ids)).order_by("pk"):
-            by_trajectory.setdefault(item.trajectory_id, []).append(item)
-        what = "is already behind a training task" if side == "eval" else "is already behind an eval case"
-        for c in candidates:
-            for item in by_trajectory.get(c.trajectory_id, []):
-                conflicts.append(Conflict("trajectory", c.label, _describe(item), f"trajectory #{c.trajectory_id} {what}"))
-    for finder in NEAR_DUPLICATE_FINDERS:
-        conflicts.extend(finder(candidates, others))
-    return conflicts
+    return conflicts_between(candidates, _other_side(project, side))
 
 
 def leakage_check(*, project: Project, side: str, candidates: Iterable[Candidate]) -> None:

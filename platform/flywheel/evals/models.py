@@ -86,6 +86,14 @@ class VersionBase(models.Model):
     def frozen(self) -> bool:
         return self.frozen_at is not None
 
+    # What may change on a stored version: who froze it and when (and the hash, set once it is stored).
+    MUTABLE = frozenset({"frozen_at", "frozen_by", "content_hash"})
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None and not set(kwargs.get("update_fields") or ("rows",)) <= self.MUTABLE:
+            raise ValueError(f"version {self.number} is immutable: make a new version instead")
+        super().save(*args, **kwargs)
+
 
 class SuiteKind(models.TextChoices):
     HOLDOUT = "holdout", "Holdout"

@@ -85,6 +85,27 @@ def _leaks(train_rows: list[dict], eval_rows: list[dict], suite_label: str) -> l
     return found
 
 
+# The kinds the platform writes. `http` (a server a user names) and `python` (code a row names) are for the
+# trainer's command line only: from the platform they would let a task row reach any host or run any code.
+PLATFORM_ENV_TYPES = ("single_turn", "replay", "workplace")
+
+
+def rows_check(train_rows: list[dict], *suite_versions) -> list[str]:
+    """Every row a job would read, checked by the trainer's own row validation, plus the platform's kinds."""
+    from trainer.envs import validate_task
+
+    problems = []
+    for rows in (train_rows, *[v.rows for v in suite_versions if v is not None]):
+        for row in rows:
+            kind = ((row.get("env") or {}) if isinstance(row, dict) else {}).get("type", "single_turn")
+            if kind not in PLATFORM_ENV_TYPES:
+                problems.append(f"task {row.get('id')!r}: env type {kind!r} runs from the trainer's command line "
+                                "only, not from the platform")
+            else:
+                problems += validate_task(row)
+    return problems
+
+
 def job_create(
     *, project: Project, task_set_version, holdout_version=None, regression_version=None,
     algorithm: str = "grpo", config: dict[str, Any] | None = None, num_gpus: int = 1, user=None,
@@ -123,6 +144,10 @@ def job_create(
         errors.update({f"config.{k}" if k != "config" else k: v for k, v in exc.message_dict.items()})
     if errors:
         raise ValidationError(errors)
+
+    problems = rows_check(task_set_version.rows, holdout_version, regression_version)
+    if problems:
+        raise ValidationError({"task_set_version": problems[:20]})
 
     conflicts = []
     for suite_version in (holdout_version, regression_version):
@@ -278,7 +303,9 @@ def _stderr_tail(path: Path) -> str:
 def _run_subprocess(job: TrainingJob, command: list[str], folder: Path, *, on_event) -> tuple[int, bool]:
     """Run the trainer, record its events, beat the heart, honour cancel. Returns (exit status, cancelled)."""
     stderr_path = folder / f"stderr-{job.attempt}-{command[3] if len(command) > 3 else 'run'}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI}
+    # Task rows come from users: never let one name code for the trainer to import (`env.type: python`).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI,
+           "FLYWHEEL_ENV_ENTRY_POINTS": "0"}
     with stderr_path.open("wb") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, cwd=folder, env=env,
                                    preexec_fn=_die_with_parent)  # noqa: PLW1509 (needed: process group, death signal)
@@ -580,29 +607,29 @@ def _lineage(job: TrainingJob) -> dict[str, Any]:
 
 
 def job_finish(*, job: TrainingJob, done: dict[str, Any]) -> TrainingJob:
-    """Register the best adapter as a version, make it the candidate, and run the gate against production."""
+    """Register the best adapter as a version, make it the candidate, run the gate against production, and
+    only then say the job succeeded: a page that sees `succeeded` sees the candidate and its verdict too."""
     from flywheel.registry import services as registry
+    from flywheel.registry.gate_runs import gate_decide_for_job
 
     adapter = done.get("adapter")
     with transaction.atomic():
-        TrainingJob.objects.filter(pk=job.pk).update(
-            status=JobStatus.SUCCEEDED, result=done, finished_at=timezone.now(), pid=None, heartbeat_at=None,
-            mlflow_run_id=done.get("mlflow_run_id") or "",
-        )
-        job.refresh_from_db()
+        job.result = done
+        job.mlflow_run_id = done.get("mlflow_run_id") or ""
         if adapter:
-            version = registry.model_version_create(
+            job.candidate_version = registry.model_version_create(
                 project=job.project, base=job.base_version.base, adapter_path=str(adapter), lineage=_lineage(job),
                 description=f"Job {job.pk}, best checkpoint at step {done.get('best_step')}", user=job.created_by,
             )
-            job.candidate_version = version
-            job.save(update_fields=["candidate_version"])
-            registry.alias_move(project=job.project, alias="candidate", version=version, user=job.created_by,
-                                reason=f"Best checkpoint of job {job.pk}")
-    if job.candidate_version is not None:
-        from flywheel.registry.gate_runs import gate_decide_for_job
-
-        gate_decide_for_job(job=job)
+            registry.alias_move(project=job.project, alias="candidate", version=job.candidate_version,
+                                user=job.created_by, reason=f"Best checkpoint of job {job.pk}")
+            gate_decide_for_job(job=job)
+        job.status = JobStatus.SUCCEEDED
+        job.finished_at = timezone.now()
+        job.pid = None
+        job.heartbeat_at = None
+        job.save(update_fields=["result", "mlflow_run_id", "candidate_version", "status", "finished_at", "pid",
+                                "heartbeat_at"])
     return job
 
 

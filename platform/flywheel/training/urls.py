@@ -8,6 +8,7 @@ urlpatterns = [
     path("training/", views.job_list, name="training_jobs"),
     path("training/new", views.job_new, name="training_job_new"),
     path("training/<int:job_id>/", views.job_page, name="training_job"),
+    path("training/<int:job_id>/checkpoints/<int:step>/", views.checkpoint_page, name="training_checkpoint"),
     path("training/<int:job_id>/curves", views.job_curves, name="training_job_curves"),
     path("training/<int:job_id>/confirm", views.job_confirm, name="training_job_confirm"),
     path("training/<int:job_id>/cancel", views.job_cancel, name="training_job_cancel"),

@@ -153,3 +153,16 @@ def job_cancel(request: HttpRequest, project: Project, job_id: int) -> HttpRespo
 @project_view(Role.MAINTAINER)
 def job_retry(request: HttpRequest, project: Project, job_id: int) -> HttpResponse:
     return _act(request, project, job_id, services.job_retry)
+
+
+@require_GET
+@project_view()
+def checkpoint_page(request: HttpRequest, project: Project, job_id: int, step: int) -> HttpResponse:
+    from flywheel.training.inspector import checkpoint_view
+
+    job = _job(project, job_id)
+    checkpoint = get_object_or_404(job.checkpoints, step=step)
+    return render(request, "training/checkpoint.html", {
+        "project": project, "job": job, "checkpoint": checkpoint,
+        **checkpoint_view(job=job, step=step, folder=services.job_dir(job)),
+    })

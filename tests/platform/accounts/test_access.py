@@ -149,7 +149,8 @@ def _model_rows(project):
         number=1, rows=[], size=0, content_hash="0" * 64
     )
     job = TrainingJob.objects.create(project=project, task_set_version=task_set_version, base_version=version)
-    return {"version_number": version.number, "decision_id": decision.pk, "job_id": job.pk}
+    job.checkpoints.create(step=3, path="/jobs/x/checkpoint-3")
+    return {"version_number": version.number, "decision_id": decision.pk, "job_id": job.pk, "step": 3}
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import pytest
 from flywheel.failures.clustering import services
 from flywheel.failures.clustering.models import ClusteringRun, Decision
 from flywheel.failures.models import FailureMode
-from flywheel.trajectories.models import Trajectory
 
 HOSTILE = "<script>window.__pwned=1</script>"
 
@@ -31,13 +30,16 @@ def members(make_user, make_membership, project):
 
 def test_the_page_shows_each_suggestion_with_representatives_escaped(client_for, done_run, members, project):
     suggestion = done_run.suggestions.first()
-    Trajectory.objects.filter(pk=suggestion.representative_ids[0]).update(title=HOSTILE)
+    assert [e["id"] for e in suggestion.examples] == suggestion.representative_ids
+    suggestion.examples[0] |= {"request": HOSTILE, "result": HOSTILE}  # agent text, as a request may hold
+    suggestion.save(update_fields=["examples"])
     response = client_for(members["viewer"]).get(f"/p/{project.slug}/clusters/")
     assert response.status_code == 200
     html = response.content.decode()
     assert html.count('class="cl-sugg panel"') == 2
     assert f"/p/{project.slug}/t/{suggestion.representative_ids[0]}/" in html
-    assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in html and HOSTILE not in html
+    assert html.count("&lt;script&gt;window.__pwned=1&lt;/script&gt;") == 2 and HOSTILE not in html
+    assert suggestion.examples[1]["step"].split(" ")[0] in html  # the failing call shown beside the request
     assert "Accept as new mode" not in html  # viewers read only
     assert 'max="100" value="100"' in html
 

@@ -1,6 +1,6 @@
 """A version's export works unchanged with the trainer: `python -m trainer score` judges the original
 outputs failed and the references passed, exactly as promotion's checks did, and `python -m trainer
-evaluate --suite FILE` runs the file on the tiny model."""
+evaluate --suite FILE` runs the file on the tiny model (the suite's shared, cached `tiny_model`)."""
 
 from __future__ import annotations
 
@@ -19,18 +19,6 @@ pytestmark = pytest.mark.django_db
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="session")
-def small_tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny model folder for the trainer's command line: the one the trainer tests cache when it is there,
-    else one with a short warm start (about 15 s): this test is about the file, not about the model's skill."""
-    from trainer.tiny import build_tiny
-
-    cached = sorted(tmp_path_factory.getbasetemp().parent.glob("flywheel-tiny-*/tiny.json"))
-    if cached:
-        return cached[-1].parent
-    return build_tiny(tmp_path_factory.mktemp("tiny"), n_tasks=60, steps=2, batch_size=4)
-
-
 def _trainer(*args: str) -> tuple[int, list[dict], str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -40,7 +28,7 @@ def _trainer(*args: str) -> tuple[int, list[dict], str]:
 
 
 def test_exported_version_runs_unchanged_in_the_trainer(client_for, user, project, ingest, refund_record, suite,
-                                                        corrected, tmp_path, small_tiny_model):
+                                                        corrected, tmp_path, tiny_model):
     calls_case, calls_check = promotion.trajectory_promote(
         trajectory=ingest(refund_record("x-1")), data=corrected, target=suite, user=user)
     answer = ingest(refund_record("x-2", order="Q-2", request="Refund 50.00 on Q-2 and tell me when done",
@@ -64,7 +52,7 @@ def test_exported_version_runs_unchanged_in_the_trainer(client_for, user, projec
     code, rows, stderr = _trainer("score", str(suite_file), str(references))
     assert code == 0 and all(r["passed"] for r in rows), rows
 
-    code, events, stderr = _trainer("evaluate", "--model", str(small_tiny_model), "--suite", str(suite_file),
+    code, events, stderr = _trainer("evaluate", "--model", str(tiny_model), "--suite", str(suite_file),
                                     "--samples", "2", "--max-new-tokens", "16", "--threads", "1")
     assert code == 0, stderr[-3000:]
     cases = [e["case"] for e in events if e["event"] == "eval"]

@@ -127,6 +127,9 @@ def test_promotion_makes_versions_with_a_content_hash(trajectory, ingest, refund
     assert v2.size == 2 and v2.content_hash != v1.content_hash
     v1.refresh_from_db()
     assert v1.size == 1 and len(v1.rows) == 1  # versions never change
+    v1.rows = []
+    with pytest.raises(ValueError, match="immutable"):
+        v1.save()
 
     v3 = item_remove(item=case, user=user)
     assert v3.number == 3 and [r["id"] for r in v3.rows] == [r["id"] for r in v2.rows[1:]]
@@ -275,3 +278,27 @@ def test_any_input_is_a_field_error_or_a_check_never_an_exception(trajectory, su
         assert not check.savable()
     else:
         assert check.row is not None and check.original_score is not None
+
+
+def test_version_rows_checked_against_each_other_and_a_new_rule_plugs_in(
+        trajectory, ingest, refund_record, suite, task_set, corrected, user, monkeypatch):
+    from flywheel.evals import leakage
+
+    promotion.trajectory_promote(trajectory=trajectory, data=corrected, target=suite, user=user)
+    other = ingest(refund_record("r-2", order="B-7", request="I was charged twice for B-7, refund 50.00"))
+    data = {**corrected, "expected_calls": [{"name": "refund", "arguments": {"order_id": "B-7", "amount": 50}}]}
+    promotion.trajectory_promote(trajectory=other, data=data, target=task_set, user=user)
+    suite_rows, task_rows = suite.versions.get().rows, task_set.versions.get().rows
+    assert leakage.rows_conflicts(rows=task_rows, other_rows=suite_rows) == []
+    assert [c.rule for c in leakage.rows_conflicts(rows=suite_rows, other_rows=suite_rows, other_label="v1")] == [
+        "trajectory", "prompt"]
+
+    # The embedding rule is a function of the same shape; here, any two refund requests are "near".
+    def both_refunds(candidates, others):
+        return [leakage.Conflict("embedding", c.label, o.label, "cosine 0.97") for c in candidates for o in others
+                if "refund" in c.prompt_text.lower() and "refund" in o.prompt_text.lower()]
+
+    monkeypatch.setattr(leakage, "NEAR_DUPLICATE_FINDERS", [*leakage.NEAR_DUPLICATE_FINDERS, both_refunds])
+    assert [c.rule for c in leakage.rows_conflicts(rows=task_rows, other_rows=suite_rows)] == ["embedding"]
+    with pytest.raises(LeakageError):
+        version_freeze(version=task_set.versions.get(), user=user)

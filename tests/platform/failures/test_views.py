@@ -191,3 +191,23 @@ def test_every_new_page_renders_without_inline_script_or_style(client_for, proje
         page = response.content.decode()
         assert response.status_code == 200, name
         assert "<script>" not in page and " style=" not in page and "<style" not in page, name
+
+
+def test_a_modes_page_lists_the_eval_cases_and_tasks_promoted_from_it(client_for, project, user, make_trajectories):
+    from flywheel.environments.models import Task
+    from flywheel.environments.services import task_set_create
+    from flywheel.evals.models import EvalCase
+    from flywheel.evals.services import suite_create
+
+    carried, other = make_trajectories(project, 2)
+    mode = services.failure_mode_create(project=project, name="M", category_key="other", user=user)
+    services.failure_mode_assign(failure_mode=mode, trajectories=[carried], user=user)
+    suite = suite_create(project=project, name="Refund regressions")
+    task_set = task_set_create(project=project, name="Refund tasks")
+    from_mode = EvalCase.objects.create(suite=suite, failure_mode=mode)  # promoted from the whole mode
+    unrelated = EvalCase.objects.create(suite=suite, trajectory=other)
+    from_trajectory = Task.objects.create(task_set=task_set, trajectory=carried)  # from one of its trajectories
+    page = client_for(user).get(reverse("failure_mode_detail", args=[project.slug, mode.pk])).content.decode()
+    assert f"{from_mode.row_id}</span> in Refund regressions" in page
+    assert f"{from_trajectory.row_id}</span> in Refund tasks" in page
+    assert f">{unrelated.row_id}<" not in page

@@ -83,6 +83,17 @@ def test_config_errors_name_the_field(world):
     assert not TrainingJob.objects.exists()
 
 
+def test_rows_the_platform_must_not_run_are_refused(world):
+    rows = [dict(world["train"].rows[0], id="srv", env={"type": "http", "url": "http://169.254.169.254/"}),
+            dict(world["train"].rows[1], id="code", env={"type": "python", "entry_point": "os:system"})]
+    version = _version(TaskSetVersion, TaskSet, rows, project=world["project"], name="sneaky")
+    with pytest.raises(ValidationError) as exc:
+        services.job_create(project=world["project"], task_set_version=version)
+    problems = exc.value.message_dict["task_set_version"]
+    assert any("'srv'" in p and "command line only" in p for p in problems)
+    assert any("'code'" in p for p in problems)
+
+
 def test_a_job_needs_a_production_model(make_project, world):
     other = make_project()
     version = _version(TaskSetVersion, TaskSet, world["train"].rows, project=other, name="t")

@@ -135,6 +135,8 @@ class ClusterSuggestion(models.Model):
     suggested_category = models.CharField(max_length=32, blank=True, default="")  # its members' usual one
     trajectory_ids = models.JSONField(default=list)
     representative_ids = models.JSONField(default=list)  # nearest the centre first
+    # The representatives' signatures, cut short: [{"id", "request", "step", "result"}] (agent text: escape it).
+    examples = models.JSONField(default=list, blank=True)
     signals = models.JSONField(default=dict, blank=True)  # signal kind -> members carrying it
     centroid = models.JSONField(default=list, blank=True)  # unit vector in the embedder's space
     # Set: the members sit among this existing mode's; accepting assigns them to it.

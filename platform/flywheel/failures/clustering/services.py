@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 MAX_FAILURES = 50_000
 CHUNK = 1000  # trajectories read per query, and the progress step
+EXAMPLE_CHARS = 160  # of each part of a representative shown on the page
 MODE_SAMPLE = 200  # members of an existing mode read to know where it sits
 # A run whose worker wrote nothing for this long has lost it: the sweep sends it again.
 RUN_STALE_AFTER = timedelta(minutes=10)
@@ -243,6 +244,14 @@ def _read(ids: list[int], on_chunk: Any = None) -> _Failures:
     return out
 
 
+def _example(trajectory_id: int, signature: engine.Signature) -> dict[str, Any]:
+    def cut(text: str) -> str:
+        text = " ".join(text.split())
+        return text if len(text) <= EXAMPLE_CHARS else text[: EXAMPLE_CHARS - 1] + "…"
+
+    return {"id": trajectory_id, "request": cut(signature.request), "step": cut(signature.step), "result": cut(signature.result)}
+
+
 def _usual_category(categories: list[str]) -> str:
     counted = Counter(c for c in categories if c)
     return counted.most_common(1)[0][0] if counted else FailureCategory.OTHER
@@ -334,6 +343,7 @@ def clustering_run_process(*, run_id: int, embedder: engine.Embedder | None = No
                 suggested_category=_usual_category([failures.categories[i] for i in group.members]),
                 trajectory_ids=members,
                 representative_ids=[failures.ids[i] for i in group.representatives],
+                examples=[_example(failures.ids[i], failures.signatures[i]) for i in group.representatives],
                 signals=group.signals,
                 centroid=[round(float(x), 5) for x in group.centroid],
                 target_mode=target,

@@ -24,13 +24,13 @@ SIGNAL_LABELS = dict(SignalKind.choices)
 
 
 def _suggestion_rows(suggestions: list[ClusterSuggestion]) -> list[dict]:
-    """Each suggestion with its representatives' titles (one query for all) and a readable signal mix."""
+    """Each suggestion with its representatives (those still there: one query for all) and a readable signal mix."""
     ids = {i for s in suggestions for i in s.representative_ids}
-    titles = dict(Trajectory.objects.filter(id__in=ids).values_list("id", "title"))
+    present = set(Trajectory.objects.filter(id__in=ids).values_list("id", flat=True))
     return [
         {
             "s": s,
-            "representatives": [(i, titles.get(i, "")) for i in s.representative_ids if i in titles],
+            "representatives": [e for e in s.examples if e.get("id") in present],
             "signals": [(SIGNAL_LABELS.get(k, k), n, n * 100 // max(1, s.size)) for k, n in s.signals.items()],
         }
         for s in suggestions

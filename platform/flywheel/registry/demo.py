@@ -1,0 +1,51 @@
+"""The demo project's model (`make run`): the trainer's tiny CPU model, built on the worker the first time
+(it takes a minute or two on a CPU) and registered as the project's first version, so that production
+exists and a training job can start from it. Idempotent: found by name."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from django.conf import settings
+
+from flywheel import outbox
+from flywheel.accounts.models import Project
+from flywheel.registry.models import BaseModel
+
+DEMO_MODEL_NAME = "tiny (demo)"
+
+
+def demo_model_dir() -> Path:
+    return Path(settings.FLYWHEEL_MODELS_DIR) / "tiny-demo"
+
+
+def registry_demo_seed(*, project: Project) -> bool:
+    """Queue the build of the demo model unless the project has it; True when queued."""
+    from flywheel.registry.tasks import demo_model_task
+
+    if BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists():
+        return False
+    outbox.send_on_commit(demo_model_task, project.pk)
+    return True
+
+
+def demo_model_build(*, project_id: int) -> str:
+    """Build the tiny model into FLYWHEEL_MODELS_DIR/tiny-demo (once per machine) and register it."""
+    from flywheel.registry.services import base_model_register
+    from trainer.tiny import build_tiny
+
+    project = Project.objects.get(pk=project_id)
+    if BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists():
+        return "registered already"
+    folder = demo_model_dir()
+    if not (folder / "tiny.json").exists():
+        # Built aside and renamed: a worker stopped halfway leaves no folder that looks finished.
+        tmp = folder.with_name(folder.name + ".building")
+        shutil.rmtree(tmp, ignore_errors=True)
+        build_tiny(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    owner = project.memberships.filter(role="maintainer").select_related("user").first()
+    base_model_register(project=project, name=DEMO_MODEL_NAME, path=str(folder), user=owner.user if owner else None)
+    return "registered"

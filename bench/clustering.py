@@ -125,7 +125,6 @@ def quality_fixture(n: int) -> dict:
     """The engine alone on a labeled fixture of `n` failures (seed 1), signals from the real detectors."""
     import clustering_fixture as fixture
     import numpy as np
-    from sklearn import metrics
 
     from flywheel.failures.clustering import engine
     from flywheel.failures.clustering.embedding import shared_embedder

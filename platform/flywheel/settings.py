@@ -207,6 +207,8 @@ FLYWHEEL_UPLOAD_LEASE_S = get_env("FLYWHEEL_UPLOAD_LEASE_S", 300, cast=float)
 # Triage detectors run on a worker after each ingest commits (flywheel.trajectories.triage); off: trajectories
 # stay untriaged until a maintainer re-runs triage on the project's Triage page.
 FLYWHEEL_TRIAGE = get_env("FLYWHEEL_TRIAGE", True, cast=bool)
+# Name new clustering suggestions with the llm_judge verifier's OpenAI-compatible endpoint (off: keyword labels).
+FLYWHEEL_CLUSTER_NAMING = get_env("FLYWHEEL_CLUSTER_NAMING", False, cast=bool)
 # A reviewer's claim on a review-queue item lasts this long; an expired claim may be taken by another.
 FLYWHEEL_QUEUE_CLAIM_S = get_env("FLYWHEEL_QUEUE_CLAIM_S", 600, cast=int)
 # A running training job's worker writes a heartbeat this often; a job silent for the timeout is failed by the

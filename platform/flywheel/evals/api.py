@@ -301,6 +301,23 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
         return Status(201, {"saved": True, "item": item_out(item), "version": version_out(c, version),
                             "checks": checks_out(check), "row": item.row()})
 
+    def bulk(project: Any, c: Any, body: BulkIn, data: dict[str, Any], user: Any) -> promotion.BulkResult | None:
+        if body.failure_mode_id is not None:
+            from flywheel.failures.models import FailureMode
+
+            mode = FailureMode.objects.filter(project=project, pk=body.failure_mode_id).first()
+            if mode is None:
+                raise HttpError(404, f"No failure mode {body.failure_mode_id} in project '{project.slug}'.")
+            return promotion.failure_mode_promote(failure_mode=mode, data=data, target=c, user=user)
+        if body.trajectory_ids:
+            found = {t.pk: t for t in Trajectory.objects.filter(project=project, pk__in=body.trajectory_ids)}
+            missing = [i for i in body.trajectory_ids if i not in found]
+            if missing:
+                raise HttpError(404, f"No trajectory {missing[0]} in project '{project.slug}'.")
+            return promotion.selection_promote(items=[(found[i], None) for i in dict.fromkeys(body.trajectory_ids)],
+                                               data=data, target=c, user=user)
+        return None
+
     @router.post(f"/{prefix}/{{{id_name}}}/promotions/bulk", auth=review_auth,
                  response={**errors, 200: BulkOut, 422: ErrorOut | ValidationErrorOut},
                  summary=f"Promote a selection or a failure mode into a {label}",
@@ -312,22 +329,11 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
         c = get(request, collection_id)
         project = request.auth.project
         data = body.dict(exclude_none=True, exclude={"failure_mode_id", "trajectory_ids"})
-        if body.failure_mode_id is not None:
-            from flywheel.failures.models import FailureMode
-
-            mode = FailureMode.objects.filter(project=project, pk=body.failure_mode_id).first()
-            if mode is None:
-                raise HttpError(404, f"No failure mode {body.failure_mode_id} in project '{project.slug}'.")
-            result = promotion.failure_mode_promote(failure_mode=mode, data=data, target=c,
-                                                    user=request.auth.created_by)
-        elif body.trajectory_ids:
-            found = {t.pk: t for t in Trajectory.objects.filter(project=project, pk__in=body.trajectory_ids)}
-            missing = [i for i in body.trajectory_ids if i not in found]
-            if missing:
-                raise HttpError(404, f"No trajectory {missing[0]} in project '{project.slug}'.")
-            result = promotion.selection_promote(items=[(found[i], None) for i in dict.fromkeys(body.trajectory_ids)],
-                                                 data=data, target=c, user=request.auth.created_by)
-        else:
+        try:
+            result = bulk(project, c, body, data, request.auth.created_by)
+        except promotion.BulkTooLarge as exc:
+            return Status(422, {"detail": str(exc)})
+        if result is None:
             return Status(422, {"detail": "Name failure_mode_id or trajectory_ids."})
         return Status(200, {"saved": [item_out(i) for i in result.saved],
                             "skipped": [{"trajectory_id": t.pk, "reasons": r} for t, r in result.skipped],

@@ -119,12 +119,19 @@ def rows_conflicts(*, rows: Iterable[dict[str, Any]], other_rows: Iterable[dict[
     return conflicts_between((candidate_from_row(row) for row in rows), others)
 
 
-def leakage_conflicts(*, project: Project, side: str, candidates: Iterable[Candidate]) -> list[Conflict]:
-    """Every conflict of rows about to join `side` ("eval" or "train") with the project's other side."""
+def other_side(*, project: Project, side: str) -> list[Candidate]:
+    """The rows a row joining `side` is compared with; read once for a batch (bulk promotion)."""
+    return _other_side(project, side)
+
+
+def leakage_conflicts(*, project: Project, side: str, candidates: Iterable[Candidate],
+                      others: list[Candidate] | None = None) -> list[Conflict]:
+    """Every conflict of rows about to join `side` ("eval" or "train") with the project's other side
+    (`others`, when the caller already read it with `other_side`)."""
     candidates = list(candidates)
     if not candidates:
         return []
-    return conflicts_between(candidates, _other_side(project, side))
+    return conflicts_between(candidates, _other_side(project, side) if others is None else others)
 
 
 def leakage_check(*, project: Project, side: str, candidates: Iterable[Candidate]) -> None:

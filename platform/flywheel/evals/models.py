@@ -3,11 +3,13 @@
 The abstract bases here are shared with `flywheel.environments` (task sets and tasks): an eval case and an
 environment task are the same row shape, and a version of either is the same frozen list of rows.
 A version is written once and never edited: its `rows` are the export, its `content_hash` their SHA-256
-(`flywheel.evals.rows`). Freezing (maintainers) marks a version fit for a job after a last leakage check.
+(`flywheel.evals.rows`); each distinct row is stored once (`StoredRow`). Freezing (maintainers) marks a version fit for a job after a last leakage check.
 """
 
 from __future__ import annotations
 
+import hashlib
+from functools import cached_property
 from typing import Any
 
 from django.conf import settings
@@ -61,12 +63,30 @@ class ItemBase(models.Model):
         )
 
 
+class StoredRow(models.Model):
+    """One row's content, stored once however many versions hold it (keyed by the SHA-256 of its canonical
+    JSON): a collection that grows by one row per version costs one new row per version, not a full copy."""
+
+    digest = models.CharField(max_length=64, primary_key=True)
+    data = models.JSONField()
+
+    @classmethod
+    def store(cls, rows: list[dict[str, Any]]) -> list[str]:
+        """The digests of `rows`, in order, after storing the ones not stored yet."""
+        digests = [hashlib.sha256(row_shape.canonical_json(row).encode("utf-8")).hexdigest() for row in rows]
+        cls.objects.bulk_create([cls(digest=d, data=row) for d, row in zip(digests, rows, strict=True)],
+                                ignore_conflicts=True)
+        return digests
+
+
 class VersionBase(models.Model):
-    """An immutable snapshot of a collection's rows. Made by every change; never edited afterwards."""
+    """An immutable snapshot of a collection's rows. Made by every change; never edited afterwards.
+
+    The rows themselves live in `StoredRow`; a version holds their digests in order (`rows` reads them)."""
 
     number = models.PositiveIntegerField()
     content_hash = models.CharField(max_length=64)
-    rows = models.JSONField(default=list)
+    row_digests = models.JSONField(default=list)
     size = models.PositiveIntegerField(default=0)
     note = models.CharField(max_length=300, blank=True, default="")  # what changed
     created_by = models.ForeignKey(
@@ -86,11 +106,17 @@ class VersionBase(models.Model):
     def frozen(self) -> bool:
         return self.frozen_at is not None
 
+    @cached_property
+    def rows(self) -> list[dict[str, Any]]:
+        """The version's rows in order: what its JSONL export holds."""
+        stored = StoredRow.objects.in_bulk(self.row_digests)
+        return [stored[d].data for d in self.row_digests]
+
     # What may change on a stored version: who froze it and when (and the hash, set once it is stored).
     MUTABLE = frozenset({"frozen_at", "frozen_by", "content_hash"})
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.pk is not None and not set(kwargs.get("update_fields") or ("rows",)) <= self.MUTABLE:
+        if self.pk is not None and not set(kwargs.get("update_fields") or ("row_digests",)) <= self.MUTABLE:
             raise ValueError(f"version {self.number} is immutable: make a new version instead")
         super().save(*args, **kwargs)
 

@@ -426,8 +426,10 @@ def _spec_field(expect: str) -> str:
     return {"calls": "expected_calls", "answer": "expected_answer", "state": "expected_state"}[expect]
 
 
-def promotion_check(*, trajectory: Trajectory, data: Mapping[str, Any], target: Any) -> PromotionCheck:
-    """Build the row the fields describe and run both verifier checks and the leakage guard."""
+def promotion_check(*, trajectory: Trajectory, data: Mapping[str, Any], target: Any,
+                    others: list[leakage.Candidate] | None = None) -> PromotionCheck:
+    """Build the row the fields describe and run both verifier checks and the leakage guard (against
+    `others`, the other side's rows, when a batch read them once)."""
     check = PromotionCheck(trajectory=trajectory, values={})
     _read_fields(check, data)
     messages = _messages(trajectory)
@@ -464,6 +466,7 @@ def promotion_check(*, trajectory: Trajectory, data: Mapping[str, Any], target: 
         candidates=[leakage.Candidate(f"trajectory #{trajectory.pk}", trajectory.pk,
                                       row_shape.prompt_digest(row["messages"]),
                                       row_shape.last_user_request(row["messages"]))],
+        others=others,
     )
     return check
 
@@ -507,6 +510,15 @@ def trajectory_promote(*, trajectory: Trajectory, data: Mapping[str, Any], targe
     return item, check
 
 
+# A bulk promotion runs in the request (about 200 drafts/s on a busy PostgreSQL): past this many, promote in
+# parts, so that no request outlives a proxy's time-out.
+BULK_MAX = 2000
+
+
+class BulkTooLarge(ValueError):
+    pass
+
+
 # Fields the reviewer states once for a whole selection; the rest is drafted per trajectory.
 SHARED_FIELDS = ("expect", "expected_calls", "answer_match", "expected_answer", "reference_answer",
                  "expected_state", "env_type", "initial_state", "max_turns")
@@ -516,7 +528,12 @@ def selection_promote(*, items: Iterable[tuple[Trajectory, int | None]], data: M
                       user: Any = None, failure_mode: Any = None) -> BulkResult:
     """One draft per (trajectory, message index hint) under the one stated expectation: saves the drafts that
     pass both checks (and the leakage guard), lists the others with the reason, and makes one version."""
+    items = list(items)
+    if len(items) > BULK_MAX:
+        raise BulkTooLarge(f"{len(items)} trajectories: at most {BULK_MAX} at a time; promote a selection in parts")
     result = BulkResult()
+    # The other side does not change while this batch adds to one side: read it once.
+    others = leakage.other_side(project=target.project, side=target.SIDE)
     with transaction.atomic():
         for trajectory, hint in items:
             if trajectory.project_id != target.project_id:
@@ -524,7 +541,7 @@ def selection_promote(*, items: Iterable[tuple[Trajectory, int | None]], data: M
                 continue
             draft = promotion_prefill(trajectory=trajectory, message_index=default_message_index(trajectory, hint))
             draft.update({k: data[k] for k in SHARED_FIELDS if k in data})
-            check = promotion_check(trajectory=trajectory, data=draft, target=target)
+            check = promotion_check(trajectory=trajectory, data=draft, target=target, others=others)
             if check.savable():
                 result.saved.append(_save(check, target=target, user=user, failure_mode=failure_mode))
             else:

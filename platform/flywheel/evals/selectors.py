@@ -28,8 +28,8 @@ def collection_items(*, collection: Any) -> QuerySet:
 
 
 def collection_versions(*, collection: Any) -> QuerySet:
-    # The rows are the heavy part; a list of versions never needs them.
-    return collection.versions.defer("rows").select_related("created_by", "frozen_by").order_by("-number")
+    # A list of versions never needs their rows.
+    return collection.versions.defer("row_digests").select_related("created_by", "frozen_by").order_by("-number")
 
 
 def version_get(*, collection: Any, number: int) -> Any:

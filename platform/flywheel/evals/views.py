@@ -328,11 +328,16 @@ def bulk_promotion(request: HttpRequest, project: Project) -> HttpResponse:
             errors["target"] = "choose the suite or task set to promote into"
         elif mode is None and not trajectories:
             errors["mode"] = "choose a failure mode or a selection of trajectories"
-        elif mode is not None:
-            result = promotion.failure_mode_promote(failure_mode=mode, data=data, target=target, user=request.user)
         else:
-            result = promotion.selection_promote(items=[(t, None) for t in trajectories], data=data, target=target,
-                                                 user=request.user)
+            try:
+                if mode is not None:
+                    result = promotion.failure_mode_promote(failure_mode=mode, data=data, target=target,
+                                                            user=request.user)
+                else:
+                    result = promotion.selection_promote(items=[(t, None) for t in trajectories], data=data,
+                                                         target=target, user=request.user)
+            except promotion.BulkTooLarge as exc:
+                errors["mode"] = str(exc)
     context = {"project": project, "mode": mode, "modes": FailureMode.objects.filter(project=project).order_by("name"),
                "ids": ",".join(map(str, ids)), "trajectories": trajectories, "result": result, "errors": errors,
                "fields": fields, "target_groups": _target_groups(project), "expect_choices": EXPECT_CHOICES,

@@ -125,6 +125,8 @@ class RegistrySettings(models.Model):
     vllm_url = models.URLField(max_length=1000, blank=True, default="")
     # The gate's rules (flywheel.registry.gate.GateRules fields); empty: the defaults.
     gate_rules = models.JSONField(default=dict, blank=True)
+    # A candidate that passes the gate goes to production at once (else a maintainer clicks Promote).
+    auto_promote = models.BooleanField(default=False)
 
 
 class GateDecision(models.Model):
@@ -143,3 +145,18 @@ class GateDecision(models.Model):
 
     class Meta:
         ordering = ["-decided_at", "-id"]
+
+
+class WebhookDelivery(models.Model):
+    """One attempt to tell the serving stack about a move of production: the delivery log."""
+
+    event = models.ForeignKey(AliasEvent, on_delete=models.CASCADE, related_name="deliveries")
+    target = models.CharField(max_length=16, default="webhook")  # webhook | vllm
+    url = models.CharField(max_length=1000)
+    at = models.DateTimeField(auto_now_add=True)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    duration_ms = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-at", "-id"]

@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
@@ -30,6 +31,7 @@ from flywheel.registry.models import (
     ModelVersion,
     RegistrySettings,
     SyncState,
+    WebhookDelivery,
 )
 
 logger = logging.getLogger(__name__)
@@ -125,34 +127,78 @@ def model_version_create(
 # --- aliases -------------------------------------------------------------------------------------------------
 
 
+class MlflowUnavailable(RegistryError):
+    """MLflow did not take the move: nothing changed, in the database or in MLflow."""
+
+
+def _mirror_alias(*, project: Project, alias: str, version: ModelVersion) -> None:
+    """Point MLflow's alias at `version`, registering the version there first when needed."""
+    from flywheel.registry import mlflow_bridge
+
+    try:
+        if not version.mlflow_version:
+            version.mlflow_version = mlflow_bridge.version_register(version)
+            ModelVersion.objects.filter(pk=version.pk).update(mlflow_version=version.mlflow_version)
+        mlflow_bridge.alias_set(project_slug=project.slug, alias=alias, mlflow_version=version.mlflow_version)
+    except Exception as exc:  # noqa: BLE001 (whatever MLflow raises, the move must not half-happen)
+        raise MlflowUnavailable(
+            f"MLflow did not take the move ({type(exc).__name__}: {str(exc)[:300]}); nothing changed. "
+            "Try again once MLflow is back."
+        ) from exc
+
+
+def _restore_alias(*, project: Project, alias: str, previous: ModelVersion | None) -> None:
+    from flywheel.registry import mlflow_bridge
+
+    if previous is None or not previous.mlflow_version:
+        return
+    try:
+        mlflow_bridge.alias_set(project_slug=project.slug, alias=alias, mlflow_version=previous.mlflow_version)
+    except Exception:  # noqa: BLE001 (the sync's reconcile puts it right later)
+        logger.warning("registry: could not restore MLflow alias %s of %s", alias, project.slug)
+
+
 def alias_move(
     *, project: Project, alias: str, version: ModelVersion, user=None, reason: str = "",
     kind: str = AliasEventKind.SET,
 ) -> AliasEvent:
-    """Point `alias` at `version`, record who, when, from, to and why, and queue the mirror and the webhook.
+    """Point `alias` at `version` in the database and in MLflow together, record who, when, from, to and
+    why, and queue the announcement to the serving stack.
 
-    The one function every move goes through: promotion, rollback and a manual set."""
+    The one function every move goes through: promotion, rollback and a manual set. MLflow is written inside
+    the database transaction, last: if MLflow refuses (MlflowUnavailable) the transaction rolls back and
+    nothing changed anywhere; if the commit fails after MLflow moved, MLflow's alias is put back."""
     if alias not in Alias.values:
         raise RegistryError(f"Unknown alias {alias!r}; aliases are {', '.join(Alias.values)}.")
     if version.project_id != project.pk:
         raise RegistryError("That version belongs to another project.")
-    with transaction.atomic():
-        Project.objects.select_for_update().filter(pk=project.pk).first()
-        current = AliasAssignment.objects.filter(project=project, alias=alias).select_related("version").first()
-        if current is not None and current.version_id == version.pk:
-            raise RegistryError(f"{alias} already points at v{version.number}.")
-        event = AliasEvent.objects.create(
-            project=project, alias=alias, kind=kind, from_version=current.version if current else None,
-            to_version=version, reason=reason.strip(), user=user,
-            # Only production is announced to the serving stack.
-            webhook_state=SyncState.PENDING if alias == Alias.PRODUCTION else SyncState.DONE,
-        )
-        if current is None:
-            AliasAssignment.objects.create(project=project, alias=alias, version=version)
-        else:
-            current.version = version
-            current.save(update_fields=["version", "updated_at"])
-        _sync_on_commit(project)
+    previous: ModelVersion | None = None
+    mirrored = False
+    try:
+        with transaction.atomic():
+            Project.objects.select_for_update().filter(pk=project.pk).first()
+            current = AliasAssignment.objects.filter(project=project, alias=alias).select_related("version").first()
+            if current is not None and current.version_id == version.pk:
+                raise RegistryError(f"{alias} already points at v{version.number}.")
+            previous = current.version if current else None
+            event = AliasEvent.objects.create(
+                project=project, alias=alias, kind=kind, from_version=previous, to_version=version,
+                reason=reason.strip(), user=user, mlflow_state=SyncState.DONE,
+                # Only production is announced to the serving stack.
+                webhook_state=SyncState.PENDING if alias == Alias.PRODUCTION else SyncState.DONE,
+            )
+            if current is None:
+                AliasAssignment.objects.create(project=project, alias=alias, version=version)
+            else:
+                current.version = version
+                current.save(update_fields=["version", "updated_at"])
+            _mirror_alias(project=project, alias=alias, version=version)
+            mirrored = True
+            _sync_on_commit(project)
+    except DatabaseError:
+        if mirrored:
+            _restore_alias(project=project, alias=alias, previous=previous)
+        raise
     return event
 
 
@@ -220,41 +266,66 @@ def webhook_body(event: AliasEvent) -> bytes:
         "base_model_path": version.base.path,
         "adapter_path": version.adapter_path or None,
         "adapter_sha256": version.adapter_sha256 or None,
+        "vllm_lora_name": vllm_lora_name(event.project.slug, version.number),
         "reason": event.reason,
         "at": event.at.isoformat(),
     }
     return json.dumps(payload, sort_keys=True).encode()
 
 
-def webhook_signature(secret: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def vllm_lora_name(project_slug: str, number: int) -> str:
+    """A new adapter name per version: vLLM may serve a stale prefix cache for a name reloaded in place."""
+    return f"{project_slug}-v{number}"
 
 
-def _post(url: str, body: bytes, headers: dict[str, str]) -> None:
+def webhook_signature(secret: str, timestamp: str, body: bytes) -> str:
+    """HMAC-SHA256 over "<timestamp>.<body>": a receiver checks it and refuses old timestamps (replays)."""
+    return "sha256=" + hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/json", **headers})
     with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:  # noqa: S310 (a URL a maintainer set)
         response.read(1 << 16)
+        return response.status
+
+
+def _deliver(event: AliasEvent, target: str, url: str, body: bytes, headers: dict[str, str],
+             ok_codes: tuple[int, ...] = ()) -> None:
+    """POST and log the attempt; raises when the receiver did not take it."""
+    started = time.monotonic()
+    status, error = None, ""
+    try:
+        status = _post(url, body, headers)
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+        if exc.code not in ok_codes:
+            error = f"HTTP {exc.code}"
+    except Exception as exc:  # noqa: BLE001 (refused, timed out, bad address: all a failed delivery)
+        error = f"{type(exc).__name__}: {exc}"
+    WebhookDelivery.objects.create(event=event, target=target, url=url, status_code=status, error=error[:2000],
+                                   duration_ms=int((time.monotonic() - started) * 1000))
+    if error:
+        raise RuntimeError(f"{target} {url}: {error}")
 
 
 def _announce(event: AliasEvent, config: RegistrySettings | None) -> None:
     """Tell the serving stack: a vLLM server loads the adapter under a name of its own, then the webhook."""
     version = event.to_version
     if config and config.vllm_url and version.adapter_path:
-        body = json.dumps({"lora_name": f"{event.project.slug}-v{version.number}",
+        body = json.dumps({"lora_name": vllm_lora_name(event.project.slug, version.number),
                            "lora_path": version.adapter_path}).encode()
-        try:
-            _post(config.vllm_url.rstrip("/") + "/v1/load_lora_adapter", body, {})
-        except urllib.error.HTTPError as exc:
-            # vLLM answers 400 when that name is loaded already (a retry after a lost webhook): done.
-            if exc.code != 400:
-                raise
+        # vLLM answers 400 when that name is loaded already (a retry after a lost answer): done.
+        _deliver(event, "vllm", config.vllm_url.rstrip("/") + "/v1/load_lora_adapter", body, {}, ok_codes=(400,))
     if config and config.webhook_url:
         body = webhook_body(event)
-        headers = {"X-Flywheel-Event": "alias.moved"}
+        timestamp = str(int(time.time()))
+        headers = {"X-Flywheel-Event": "alias.moved", "X-Flywheel-Timestamp": timestamp,
+                   "X-Flywheel-Delivery": str(event.pk)}
         if config.webhook_secret:
-            headers["X-Flywheel-Signature"] = webhook_signature(config.webhook_secret, body)
-        _post(config.webhook_url, body, headers)
+            headers["X-Flywheel-Signature"] = webhook_signature(config.webhook_secret, timestamp, body)
+        _deliver(event, "webhook", config.webhook_url, body, headers)
 
 
 def registry_sync(*, project_id: int) -> dict[str, int]:
@@ -280,20 +351,22 @@ def registry_sync(*, project_id: int) -> dict[str, int]:
         ModelVersion.objects.filter(pk=version.pk, mlflow_version="").update(mlflow_version=mlflow_version)
         done["versions"] += 1
 
+    # Reconcile: MLflow's aliases follow the database's (a move whose commit failed after MLflow moved,
+    # an alias someone set in MLflow's own UI).
     waiting = AliasEvent.objects.filter(project=project).exclude(mlflow_state=SyncState.DONE)
-    if waiting.exists():
-        try:
-            for assignment in AliasAssignment.objects.filter(project=project).select_related("version"):
-                version = ModelVersion.objects.get(pk=assignment.version_id)
-                if mlflow_bridge.alias_get(project_slug=project.slug, alias=assignment.alias) != version.mlflow_version:
-                    mlflow_bridge.alias_set(project_slug=project.slug, alias=assignment.alias,
-                                            mlflow_version=version.mlflow_version)
-                    done["aliases"] += 1
-            waiting.update(mlflow_state=SyncState.DONE)
-        except Exception as exc:  # noqa: BLE001
-            for event in waiting:
-                _failed(event, "mlflow_state", f"MLflow: {exc}")
-            done["failed"] += 1
+    try:
+        for assignment in AliasAssignment.objects.filter(project=project).select_related("version"):
+            mlflow_version = assignment.version.mlflow_version
+            if mlflow_version and mlflow_bridge.alias_get(project_slug=project.slug,
+                                                          alias=assignment.alias) != mlflow_version:
+                mlflow_bridge.alias_set(project_slug=project.slug, alias=assignment.alias,
+                                        mlflow_version=mlflow_version)
+                done["aliases"] += 1
+        waiting.update(mlflow_state=SyncState.DONE)
+    except Exception as exc:  # noqa: BLE001
+        for event in waiting:
+            _failed(event, "mlflow_state", f"MLflow: {exc}")
+        done["failed"] += 1
 
     config = RegistrySettings.objects.filter(project=project).first()
     pending = AliasEvent.objects.filter(project=project).exclude(webhook_state=SyncState.DONE).order_by("at", "id")

@@ -613,6 +613,7 @@ def job_finish(*, job: TrainingJob, done: dict[str, Any]) -> TrainingJob:
     from flywheel.registry.gate_runs import gate_decide_for_job
 
     adapter = done.get("adapter")
+    decision = None
     with transaction.atomic():
         job.result = done
         job.mlflow_run_id = done.get("mlflow_run_id") or ""
@@ -623,14 +624,32 @@ def job_finish(*, job: TrainingJob, done: dict[str, Any]) -> TrainingJob:
             )
             registry.alias_move(project=job.project, alias="candidate", version=job.candidate_version,
                                 user=job.created_by, reason=f"Best checkpoint of job {job.pk}")
-            gate_decide_for_job(job=job)
+            decision = gate_decide_for_job(job=job)
         job.status = JobStatus.SUCCEEDED
         job.finished_at = timezone.now()
         job.pid = None
         job.heartbeat_at = None
         job.save(update_fields=["result", "mlflow_run_id", "candidate_version", "status", "finished_at", "pid",
                                 "heartbeat_at"])
+    if decision is not None and decision.passed:
+        _auto_promote(job=job)
     return job
+
+
+def _auto_promote(*, job: TrainingJob) -> None:
+    """Projects that opted in promote a candidate that passed the gate at once; others click Promote."""
+    from flywheel.registry import services as registry
+    from flywheel.registry.models import RegistrySettings
+
+    config = RegistrySettings.objects.filter(project=job.project).first()
+    if not (config and config.auto_promote):
+        return
+    try:
+        registry.model_promote(project=job.project, version=job.candidate_version,
+                               reason=f"Passed the gate (job {job.pk}); automatic promotion is on")
+        _event(job, "promoted", data={"version": job.candidate_version.number})
+    except registry.RegistryError as exc:
+        _event(job, "promotion failed", data={"message": str(exc)})
 
 
 def job_page_data(*, job: TrainingJob, after_id: int = 0) -> dict[str, Any]:

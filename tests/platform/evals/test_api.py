@@ -94,7 +94,7 @@ def test_leakage_conflicts_come_back_listed(api_client, keys, suite, task_set, t
     assert {c["rule"] for c in response.json()["conflicts"]} == {"trajectory", "prompt"}
 
 
-def test_create_and_bulk_promote_a_failure_mode(api_client, keys, project, ingest, refund_record, user):
+def test_create_and_bulk_promote_a_failure_mode(api_client, keys, project, ingest, refund_record, user, monkeypatch):
     from flywheel.failures.services import failure_mode_assign, failure_mode_create
 
     created = api_client.post("/api/v1/task-sets", {"name": "Scripted"}, key=keys["review"])
@@ -115,3 +115,8 @@ def test_create_and_bulk_promote_a_failure_mode(api_client, keys, project, inges
     assert again["saved"] == [] and all("already" in r["reasons"][0] for r in again["skipped"])
     missing = api_client.post(f"/api/v1/task-sets/{pk}/promotions/bulk", {"trajectory_ids": [10**9]}, key=keys["review"])
     assert missing.status_code == 404
+    from flywheel.evals import promotion
+
+    monkeypatch.setattr(promotion, "BULK_MAX", 1)  # past the limit: refused whole, nothing half done
+    too_many = api_client.post(f"/api/v1/task-sets/{pk}/promotions/bulk", body, key=keys["review"])
+    assert too_many.status_code == 422 and "at most 1" in too_many.json()["detail"]

@@ -127,7 +127,7 @@ def test_promotion_makes_versions_with_a_content_hash(trajectory, ingest, refund
     assert v2.size == 2 and v2.content_hash != v1.content_hash
     v1.refresh_from_db()
     assert v1.size == 1 and len(v1.rows) == 1  # versions never change
-    v1.rows = []
+    v1.row_digests = []
     with pytest.raises(ValueError, match="immutable"):
         v1.save()
 

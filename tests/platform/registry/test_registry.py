@@ -126,43 +126,56 @@ def test_only_a_version_that_passed_the_gate_is_promoted(project, registered):
     assert services.model_promote(project=project, version=v2).to_version == v2
 
 
-def test_sync_mirrors_versions_and_aliases_to_mlflow_and_is_idempotent(project, registered):
-    v1, v2, _ = registered
+def test_every_move_is_in_mlflow_at_once_and_sync_registers_the_rest(project, registered):
+    v1, v2, v3 = registered
     services.model_promote(project=project, version=v2, reason="x")
-    first = services.registry_sync(project_id=project.pk)
-    assert first["versions"] == 3 and first["failed"] == 0
     v2.refresh_from_db()
     assert mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == v2.mlflow_version
+    first = services.registry_sync(project_id=project.pk)
+    assert first["versions"] == 1 and first["failed"] == 0  # v3: never moved, registered by the sync
     services.model_rollback(project=project)
-    again = services.registry_sync(project_id=project.pk)
-    assert again["versions"] == 0  # nothing registered twice
     v1.refresh_from_db()
     assert mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == v1.mlflow_version
+    again = services.registry_sync(project_id=project.pk)
+    assert (again["versions"], again["aliases"], again["failed"]) == (0, 0, 0)
     name = mlflow_bridge.registered_model_name(project.slug)
-    assert len(mlflow_bridge.client().search_model_versions(f"name = '{name}'")) == 3
-    assert not AliasEvent.objects.exclude(mlflow_state=SyncState.DONE).exists()
+    assert len(mlflow_bridge.client().search_model_versions(f"name = '{name}'")) == 3  # nothing registered twice
 
 
-def test_an_mlflow_outage_keeps_the_move_and_the_sweep_retries_it(project, registered, settings, tmp_path):
-    _, v2, _ = registered
+def test_the_sync_puts_back_an_alias_moved_behind_the_registry(project, registered):
+    v1, v2, v3 = registered
+    services.registry_sync(project_id=project.pk)
+    v3.refresh_from_db()
+    mlflow_bridge.alias_set(project_slug=project.slug, alias="production", mlflow_version=v3.mlflow_version)
+    assert services.registry_sync(project_id=project.pk)["aliases"] == 1
+    v1.refresh_from_db()
+    assert mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == v1.mlflow_version
+
+
+def test_with_mlflow_down_a_promotion_changes_nothing_and_a_retry_completes_it(project, registered, settings):
+    v1, v2, _ = registered
     good_uri = settings.MLFLOW_TRACKING_URI
-    settings.MLFLOW_TRACKING_URI = "sqlite:////proc/flywheel-no-such-dir/mlflow.db"  # cannot be created
-    services.model_promote(project=project, version=v2, reason="during the outage")
-    result = services.registry_sync(project_id=project.pk)
-    assert result["failed"] == 1
-    event = AliasEvent.objects.filter(project=project).first()
-    assert event.to_version == v2 and event.mlflow_state == SyncState.FAILED and "MLflow" in event.last_error
-    # The database says what serves whatever MLflow said: the API already answers v2.
+    settings.MLFLOW_TRACKING_URI = "sqlite:////proc/flywheel-no-such-dir/mlflow.db"  # cannot be opened
+    with pytest.raises(services.MlflowUnavailable, match="nothing changed"):
+        services.model_promote(project=project, version=v2, reason="during the outage")
     from flywheel.registry.selectors import production_of
 
-    assert production_of(project=project) == v2
-    # The sweep picks it up once its retry time has come.
-    AliasEvent.objects.update(next_attempt_at=timezone.now())
-    assert services.registry_sweep() >= 1
+    assert production_of(project=project) == v1
+    assert AliasEvent.objects.filter(project=project).count() == 1  # only the first "set"
     settings.MLFLOW_TRACKING_URI = good_uri
-    assert services.registry_sync(project_id=project.pk)["failed"] == 0
+    v1.refresh_from_db()
+    assert mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == v1.mlflow_version
+    services.model_promote(project=project, version=v2, reason="again")
     v2.refresh_from_db()
+    assert production_of(project=project) == v2
     assert mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == v2.mlflow_version
+
+
+def test_the_page_says_why_a_promotion_did_not_happen(project, registered, user, client_for, settings):
+    _, v2, _ = registered
+    settings.MLFLOW_TRACKING_URI = "sqlite:////proc/flywheel-no-such-dir/mlflow.db"
+    response = client_for(user).post(reverse("registry_version_promote", args=[project.slug, v2.number]))
+    assert response.status_code == 409 and "nothing changed" in response.content.decode()
 
 
 class _Receiver(BaseHTTPRequestHandler):
@@ -189,7 +202,7 @@ def receiver():
     server.shutdown()
 
 
-def test_production_moves_are_announced_in_order_signed_and_once(project, registered, receiver):
+def test_production_moves_are_announced_in_order_signed_logged_and_once(project, registered, receiver):
     _, v2, v3 = registered
     url = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
     RegistrySettings.objects.create(project=project, webhook_url=url, webhook_secret="s3cret")
@@ -200,17 +213,22 @@ def test_production_moves_are_announced_in_order_signed_and_once(project, regist
     services.model_promote(project=project, version=v3, reason="b")
     assert services.registry_sync(project_id=project.pk)["failed"] == 1
     assert len(_Receiver.received) == 1  # stopped at the first failure: v3 is not announced before v2
+    failed = AliasEvent.objects.get(project=project, to_version=v2)
+    assert failed.webhook_state == SyncState.FAILED and failed.next_attempt_at > timezone.now()
+    assert [(d.status_code, d.error) for d in failed.deliveries.all()] == [(500, "HTTP 500")]
     _Receiver.fail = False
     _Receiver.received.clear()
     services.registry_sync(project_id=project.pk)
     bodies = [json.loads(body) for _, body in _Receiver.received]
     assert [(b["version"], b["from_version"]) for b in bodies] == [(2, 1), (3, 2)]
     headers, body = _Receiver.received[1]
-    expected = "sha256=" + hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
+    timestamp = headers["X-Flywheel-Timestamp"]
+    expected = "sha256=" + hmac.new(b"s3cret", timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
     assert headers["X-Flywheel-Signature"] == expected
-    assert bodies[1]["adapter_sha256"] == v3.adapter_sha256 and bodies[1]["adapter_path"] == v3.adapter_path
+    assert bodies[1]["adapter_sha256"] == v3.adapter_sha256 and bodies[1]["vllm_lora_name"] == f"{project.slug}-v3"
     services.registry_sync(project_id=project.pk)
     assert len(_Receiver.received) == 2  # nothing sent twice
+    assert [d.status_code for d in failed.deliveries.order_by("at", "id")] == [500, 204]
 
 
 def test_the_api_answers_the_production_version(project, registered, api_client, make_api_key, make_project):
@@ -251,16 +269,18 @@ def test_bad_settings_and_a_bad_base_path_are_field_errors_on_the_page(project, 
     assert response.status_code == 422 and "not a folder" in response.content.decode()
 
 
-def test_registry_sync_runs_in_the_worker_after_commit(celery_worker, make_project, model_dirs):
+def test_the_worker_announces_a_move_after_commit(celery_worker, make_project, model_dirs, receiver):
     from django.db import transaction
 
     project = make_project()
+    RegistrySettings.objects.create(project=project, webhook_url=f"http://127.0.0.1:{receiver.server_address[1]}/")
     with transaction.atomic():
-        version = services.base_model_register(project=project, name="tiny", path=str(model_dirs[0]))
-    # The event is marked mirrored last, after the version is registered and the alias set.
-    celery_worker.wait_for(lambda: AliasEvent.objects.filter(project=project, mlflow_state=SyncState.DONE).first())
-    mirrored = ModelVersion.objects.get(pk=version.pk).mlflow_version
-    assert mirrored and mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == mirrored
+        services.base_model_register(project=project, name="tiny", path=str(model_dirs[0]))
+        assert not _Receiver.received  # nothing leaves before the commit
+    delivered = celery_worker.wait_for(
+        lambda: AliasEvent.objects.filter(project=project, webhook_state=SyncState.DONE).first())
+    assert delivered.deliveries.get().status_code == 204
+    assert json.loads(_Receiver.received[0][1])["version"] == 1
 
 
 def test_paths_are_stored_as_given(project, model_dirs):

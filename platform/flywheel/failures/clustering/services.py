@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from flywheel import outbox
 from flywheel.accounts.models import Project
-from flywheel.failures.clustering import engine
+from flywheel.failures.clustering import engine, naming
 from flywheel.failures.clustering.models import (
     ClusteringRun,
     ClusterSuggestion,
@@ -284,11 +284,12 @@ def clustering_run_process(*, run_id: int, embedder: engine.Embedder | None = No
         # Where existing modes sit: a sample of each one's members, read and embedded in this run's space.
         mode_members: dict[int, list[int]] = {}
         if run.parent is None:
-            rows = FailureModeAssignment.objects.filter(failure_mode__project=project).order_by("failure_mode_id", "-trajectory_id")
-            for mode_id, trajectory_id in rows.values_list("failure_mode_id", "trajectory_id").iterator():
-                members = mode_members.setdefault(mode_id, [])
-                if len(members) < MODE_SAMPLE:
-                    members.append(trajectory_id)
+            for mode_id in FailureMode.objects.filter(project=project).values_list("id", flat=True):
+                # Its newest members: one index range each (assignment_mode_traj).
+                newest = FailureModeAssignment.objects.filter(failure_mode_id=mode_id).order_by("-trajectory_id")
+                members = list(newest.values_list("trajectory_id", flat=True)[:MODE_SAMPLE])
+                if members:
+                    mode_members[mode_id] = members
         mode_ids = sorted({t for members in mode_members.values() for t in members})
         known = _read(mode_ids)
 
@@ -359,7 +360,11 @@ def clustering_run_process(*, run_id: int, embedder: engine.Embedder | None = No
             if engine.matches_dismissed(group.centroid, [failures.ids[i] for i in group.members], dismissed):
                 skipped += 1
                 continue
-            suggestions.append(suggestion(group))
+            item = suggestion(group)
+            name = naming.cluster_name(label=item.label, examples=item.examples)
+            if name:
+                item.label = name[:200]
+            suggestions.append(item)
         with transaction.atomic():
             # A retry replaces what an earlier attempt saved.
             ClusterSuggestion.objects.filter(run_id=run_id, decision=Decision.PENDING).delete()

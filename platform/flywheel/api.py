@@ -11,3 +11,4 @@ from flywheel.failures.clustering import api as _clustering_api  # noqa: E402, F
 from flywheel.evals import api as _evals_api  # noqa: E402, F401
 from flywheel.environments import api as _environments_api  # noqa: E402, F401
 from flywheel.registry import api as _registry_api  # noqa: E402, F401
+from flywheel.training import api as _training_api  # noqa: E402, F401

@@ -94,6 +94,13 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/training/<int:job_id>/cancel": (NOT_ALLOWED, write(409, "maintainer")),  # finished
     "p/<slug:project_slug>/training/<int:job_id>/retry": (NOT_ALLOWED, write(409, "maintainer")),  # succeeded
     "api/v1/models/production": (api(401, 200, 403, 404), NOT_ALLOWED),  # no model in "other"
+    "api/v1/models/production/rollback": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `promote`
+    "api/v1/models/history": (api(401, 200, 403, 200), NOT_ALLOWED),
+    "api/v1/model-versions/<number>": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/model-versions/<number>/promote": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `promote`
+    "api/v1/training-jobs": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
+    "api/v1/training-jobs/<job_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/training-jobs/<job_id>/cancel": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
     # Failure modes: members read; reviewers name modes, assign them (one trajectory or a selection of the
     # list) and work the queue; maintainers edit the taxonomy and delete modes. A form posted empty is
     # answered with its error: 422 on the page, or a redirect back with the error as a message.

@@ -49,6 +49,8 @@ class Scope(models.TextChoices):
     INGEST = "ingest", "Ingest trajectories"
     READ = "read", "Read trajectories"
     REVIEW = "review", "Review: assign failure modes, work the review queue"
+    TRAIN = "train", "Train: start and cancel training jobs"
+    PROMOTE = "promote", "Promote: move production to a version that passed the gate, roll it back"
 
 
 class ApiKey(models.Model):

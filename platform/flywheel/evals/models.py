@@ -9,7 +9,6 @@ A version is written once and never edited: its `rows` are the export, its `cont
 from __future__ import annotations
 
 import hashlib
-from functools import cached_property
 from typing import Any
 
 from django.conf import settings
@@ -106,19 +105,33 @@ class VersionBase(models.Model):
     def frozen(self) -> bool:
         return self.frozen_at is not None
 
-    @cached_property
+    _rows: list[dict[str, Any]] | None = None
+    _rows_given = False
+
+    @property
     def rows(self) -> list[dict[str, Any]]:
-        """The version's rows in order: what its JSONL export holds."""
-        stored = StoredRow.objects.in_bulk(self.row_digests)
-        return [stored[d].data for d in self.row_digests]
+        """The version's rows in order: what its JSONL export holds. Given when the version is made
+        (`create(rows=...)`), they are stored on its first save."""
+        if self._rows is None:
+            stored = StoredRow.objects.in_bulk(self.row_digests)
+            self._rows = [stored[d].data for d in self.row_digests]
+        return self._rows
+
+    @rows.setter
+    def rows(self, value: list[dict[str, Any]]) -> None:
+        self._rows, self._rows_given = list(value), True
 
     # What may change on a stored version: who froze it and when (and the hash, set once it is stored).
     MUTABLE = frozenset({"frozen_at", "frozen_by", "content_hash"})
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        if self.pk is not None and not set(kwargs.get("update_fields") or ("row_digests",)) <= self.MUTABLE:
+        if self.pk is None:
+            if self._rows_given:
+                self.row_digests = StoredRow.store(self._rows or [])
+        elif self._rows_given or not set(kwargs.get("update_fields") or ("row_digests",)) <= self.MUTABLE:
             raise ValueError(f"version {self.number} is immutable: make a new version instead")
         super().save(*args, **kwargs)
+        self._rows_given = False
 
 
 class SuiteKind(models.TextChoices):

@@ -16,7 +16,7 @@ from django.utils import timezone
 from flywheel.accounts.models import Project
 from flywheel.evals import leakage
 from flywheel.evals import rows as row_shape
-from flywheel.evals.models import EvalSuite, StoredRow, SuiteKind
+from flywheel.evals.models import EvalSuite, SuiteKind
 
 
 def clean_name(name: str) -> str:
@@ -49,7 +49,7 @@ def version_create(*, collection: Any, user: Any = None, note: str = "") -> Any:
         rows = [item.row() for item in collection.items.order_by("pk")]
         last = collection.versions.order_by("-number").first()
         version = collection.versions.create(
-            number=(last.number if last else 0) + 1, row_digests=StoredRow.store(rows), size=len(rows),
+            number=(last.number if last else 0) + 1, rows=rows, size=len(rows),
             content_hash=row_shape.content_hash(rows), note=note[:300], created_by=user,
         )
         # The hash is of what the export serves: the rows as the database gives them back.

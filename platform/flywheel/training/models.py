@@ -63,6 +63,8 @@ class TrainingJob(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     pid = models.IntegerField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
+    # Started from the API with `confirm`: training follows the measurement without waiting for a person.
+    confirmed_in_advance = models.BooleanField(default=False)
     queued_at = models.DateTimeField(null=True, blank=True)
 
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

@@ -109,6 +109,7 @@ def rows_check(train_rows: list[dict], *suite_versions) -> list[str]:
 def job_create(
     *, project: Project, task_set_version, holdout_version=None, regression_version=None,
     algorithm: str = "grpo", config: dict[str, Any] | None = None, num_gpus: int = 1, user=None,
+    confirm: bool = False,
 ) -> TrainingJob:
     """A job in `evaluating`: a worker measures production on the holdout, then the advice waits for a person.
 
@@ -166,7 +167,7 @@ def job_create(
             project=project, task_set_version=task_set_version, holdout_version=holdout_version,
             regression_version=regression_version, base_version=production, algorithm=algorithm,
             config=merged, num_gpus=int(num_gpus), max_steps=int(merged.get("max_steps") or _default("max_steps")),
-            status=JobStatus.EVALUATING, created_by=user, queued_at=timezone.now(),
+            status=JobStatus.EVALUATING, created_by=user, queued_at=timezone.now(), confirmed_in_advance=confirm,
         )
         _event(job, "created", data={"by": user.get_username() if user else None})
         from flywheel.training.tasks import training_evaluate_task
@@ -218,6 +219,7 @@ def _prepare_dir(job: TrainingJob) -> Path:
         "tracking_uri": settings.MLFLOW_TRACKING_URI,
         "experiment_name": f"flywheel-{job.project.slug}",
         "run_name": f"job-{job.pk}",
+        "num_gpus": job.num_gpus,
     }
     (folder / "spec.json").write_text(json.dumps(spec, indent=2))
     return folder
@@ -250,10 +252,10 @@ def _die_with_parent() -> None:
 
 
 def trainer_command(job: TrainingJob, folder: Path) -> list[str]:
-    if job.num_gpus > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={job.num_gpus}",
-                "-m", "trainer", "train", "--spec", str(folder / "spec.json")]
-    return [sys.executable, "-m", "trainer", "train", "--spec", str(folder / "spec.json")]
+    """`python -m trainer train`, under torchrun on this host when the job takes more than one GPU."""
+    from trainer.distributed import launch_command
+
+    return launch_command(folder / "spec.json", job.num_gpus)
 
 
 def _kill_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -302,7 +304,7 @@ def _stderr_tail(path: Path) -> str:
 
 def _run_subprocess(job: TrainingJob, command: list[str], folder: Path, *, on_event) -> tuple[int, bool]:
     """Run the trainer, record its events, beat the heart, honour cancel. Returns (exit status, cancelled)."""
-    stderr_path = folder / f"stderr-{job.attempt}-{command[3] if len(command) > 3 else 'run'}.log"
+    stderr_path = folder / f"stderr-{job.attempt}-{'evaluate' if 'evaluate' in command else 'train'}.log"
     # Task rows come from users: never let one name code for the trainer to import (`env.type: python`).
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI,
            "FLYWHEEL_ENV_ENTRY_POINTS": "0"}
@@ -417,6 +419,9 @@ def job_evaluate(*, job_id: int) -> TrainingJob | None:
     )
     job.refresh_from_db()
     _event(job, "advice", data=job.advice)
+    if job.confirmed_in_advance:
+        job_confirm(job=job)
+        job.refresh_from_db()
     return job
 
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from flywheel.evals import promotion
 from flywheel.evals.leakage import LeakageError
+from flywheel.evals.models import StoredRow
 from flywheel.evals.rows import export_jsonl
 from flywheel.evals.services import item_remove, version_freeze
 
@@ -125,11 +126,14 @@ def test_promotion_makes_versions_with_a_content_hash(trajectory, ingest, refund
     promotion.trajectory_promote(trajectory=other, data=data, target=suite, user=user)
     v2 = suite.versions.get(number=2)
     assert v2.size == 2 and v2.content_hash != v1.content_hash
+    # Each distinct row is stored once: v2 shares case-1's row with v1.
+    assert v2.row_digests[0] == v1.row_digests[0] and StoredRow.objects.count() == 2
     v1.refresh_from_db()
     assert v1.size == 1 and len(v1.rows) == 1  # versions never change
-    v1.row_digests = []
-    with pytest.raises(ValueError, match="immutable"):
-        v1.save()
+    for change in ("row_digests", "rows"):
+        setattr(v1, change, [])
+        with pytest.raises(ValueError, match="immutable"):
+            v1.save()
 
     v3 = item_remove(item=case, user=user)
     assert v3.number == 3 and [r["id"] for r in v3.rows] == [r["id"] for r in v2.rows[1:]]

@@ -286,3 +286,23 @@ def test_the_worker_announces_a_move_after_commit(celery_worker, make_project, m
 def test_paths_are_stored_as_given(project, model_dirs):
     version = services.base_model_register(project=project, name="t", path=str(model_dirs[0]))
     assert Path(version.base.path) == model_dirs[0]
+
+
+def test_the_api_promotes_rolls_back_and_lists_the_history(project, registered, api_client, make_api_key):
+    v1, v2, _ = registered
+    v4 = services.model_version_create(project=project, base=v1.base)
+    GateDecision.objects.create(project=project, candidate=v4, production=v1, passed=False, report={"rules": [
+        {"name": "holdout success", "passed": False}, {"name": "unsafe actions", "passed": True}]})
+    key = make_api_key(project, scopes=["read", "promote"])
+    refused = api_client.post(f"/api/v1/model-versions/{v4.number}/promote", {"reason": "try"}, key=key)
+    assert refused.status_code == 409 and "Failing rules: holdout success." in refused.json()["detail"]
+    moved = api_client.post(f"/api/v1/model-versions/{v2.number}/promote", {"reason": "better"}, key=key).json()
+    assert (moved["kind"], moved["from_version"], moved["to_version"]) == ("promote", 1, 2)
+    back = api_client.post("/api/v1/models/production/rollback", {"reason": "bad"}, key=key).json()
+    assert (back["kind"], back["to_version"], back["reason"]) == ("rollback", 1, "bad")
+    history = api_client.get("/api/v1/models/history", key=key).json()
+    assert [(m["kind"], m["to_version"]) for m in history] == [("rollback", 1), ("promote", 2), ("set", 1)]
+    version = api_client.get(f"/api/v1/model-versions/{v2.number}", key=key).json()
+    assert version["adapter_sha256"] == v2.adapter_sha256 and version["gate"]["passed"] is True
+    read_only = make_api_key(project, scopes=["read"])
+    assert api_client.post("/api/v1/models/production/rollback", {}, key=read_only).status_code == 403

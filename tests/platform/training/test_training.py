@@ -246,3 +246,31 @@ def test_only_maintainers_start_jobs_and_form_errors_are_shown(world, make_user,
 def test_job_dir_is_per_job(world):
     job = TrainingJob(project=world["project"], pk=5)
     assert services.job_dir(job) == Path(services.settings.FLYWHEEL_JOBS_DIR) / world["project"].slug / "job-5"
+
+
+def test_the_api_starts_a_job_with_field_errors_and_the_leakage_guard(world, api_client, make_api_key, workplace):
+    key = make_api_key(world["project"], scopes=["read", "train"])
+    bad = api_client.post("/api/v1/training-jobs", {"task_set_version": world["train"].pk,
+                                                     "config": {"learning_rate": "fast", "beta": -1}}, key=key)
+    assert bad.status_code == 422
+    locations = [tuple(d["loc"]) for d in bad.json()["detail"]]
+    assert ("body", "config", "learning_rate") in locations or ("body", "config", "beta") in locations
+    missing = api_client.post("/api/v1/training-jobs", {"task_set_version": 999999}, key=key)
+    assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "task_set_version"]
+    holdout = _version(EvalSuiteVersion, EvalSuite, _rows(workplace["train"][:1], "h"), project=world["project"],
+                       name="h2", kind="holdout")
+    leaky = api_client.post("/api/v1/training-jobs", {"task_set_version": world["train"].pk,
+                                                       "holdout_version": holdout.pk}, key=key)
+    assert leaky.status_code == 409 and "task-0" in leaky.json()["detail"]
+    started = api_client.post("/api/v1/training-jobs", {"task_set_version": world["train"].pk,
+                                                         "holdout_version": world["holdout"].pk,
+                                                         "config": SMALL}, key=key)
+    assert started.status_code == 201 and started.json()["status"] == "evaluating"
+    job_id = started.json()["id"]
+    assert TrainingJob.objects.get(pk=job_id).confirmed_in_advance
+    body = api_client.get(f"/api/v1/training-jobs/{job_id}", key=key).json()
+    assert (body["status"], body["max_steps"], body["gate"]) == ("evaluating", 2, None)
+    assert api_client.post(f"/api/v1/training-jobs/{job_id}/cancel", {}, key=key).json()["status"] == "cancelled"
+    read_only = make_api_key(world["project"], scopes=["read"])
+    assert api_client.post("/api/v1/training-jobs", {"task_set_version": world["train"].pk},
+                           key=read_only).status_code == 403

@@ -196,6 +196,10 @@ class GRPOConfig:
                             "top_p at 1 and top_k at 0")
         if not 0 <= self.epsilon < 1:
             raise SpecError(f"config.epsilon must be in [0, 1), got {self.epsilon!r}")
+        if not self.beta >= 0:
+            raise SpecError(f"config.beta (the KL coefficient) must be >= 0, got {self.beta!r}")
+        if not self.learning_rate > 0:
+            raise SpecError(f"config.learning_rate must be > 0, got {self.learning_rate!r}")
         if self.lr_scheduler_type is not None:
             _check_choice("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS)
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:

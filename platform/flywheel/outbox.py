@@ -31,6 +31,7 @@ SWEEPS = (
     "flywheel.failures.clustering.services.clustering_sweep",
     "flywheel.registry.services.registry_sweep",
     "flywheel.training.services.training_sweep",
+    "flywheel.evals.runs.eval_sweep",
 )
 
 

@@ -22,4 +22,5 @@ urlpatterns = [
     path("p/<slug:project_slug>/", include("flywheel.environments.urls")),
     path("p/<slug:project_slug>/", include("flywheel.registry.urls")),
     path("p/<slug:project_slug>/", include("flywheel.training.urls")),
+    path("p/<slug:project_slug>/", include("flywheel.evals.run_urls")),
 ]

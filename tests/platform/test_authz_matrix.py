@@ -84,7 +84,13 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/models/settings": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/models/v<int:version_number>/promote": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/models/gate/<int:decision_id>/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/dashboard/": (READ, NOT_ALLOWED),
     # Training: members read jobs; maintainers start, confirm, cancel and retry them.
+    # Eval runs: members read; reviewers start them.
+    "p/<slug:project_slug>/evals/runs/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/evals/runs/new": (NOT_ALLOWED, write(422)),  # the empty form: 422
+    "p/<slug:project_slug>/evals/runs/compare": ((LOGIN, 404, 404, 400, 400, 400, LOGIN, LOGIN, LOGIN), NOT_ALLOWED),  # no runs named
+    "p/<slug:project_slug>/evals/runs/<int:eval_run_id>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/training/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/training/new": (NOT_ALLOWED, write(422, "maintainer")),  # the empty form: 422
     "p/<slug:project_slug>/training/<int:job_id>/": (READ, NOT_ALLOWED),
@@ -186,6 +192,9 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "api/v1/task-sets/<task_set_id>/versions/<number>.jsonl": (api(401, 200, 403, 404), NOT_ALLOWED),
     "api/v1/task-sets/<task_set_id>/promotions": (NOT_ALLOWED, api(401, 403, 403, 403)),
     "api/v1/task-sets/<task_set_id>/promotions/bulk": (NOT_ALLOWED, api(401, 403, 403, 403)),
+    "api/v1/task-sets/<task_set_id>/tasks/<task_id>/variants": (NOT_ALLOWED, api(401, 403, 403, 403)),
+    # Calibration computes and writes nothing: `read` (another project's key calibrates on its own project).
+    "api/v1/verifier-calibrations": (NOT_ALLOWED, api(401, 200, 403, 200)),
     # The Django admin is for superusers only (none of these visitors): its login page shows to all...
     "admin/login/": ((200,) * 9, (200,) * 9),
     # ...and every other admin route sends them to it, staff included.
@@ -195,6 +204,7 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
 TABLE["admin/logout/"] = ((302,) * 9, (302,) * 9)
 
 POST_BODIES = {  # what an API POST carries: the smallest valid body, so that the answer past auth is 200
+    "api/v1/verifier-calibrations": '{"verifier": {"type": "exact", "expected": "x"}}',
     "api/v1/trajectories": "[]",
     "api/v1/otlp/v1/traces": '{"resourceSpans": []}',
 }
@@ -324,6 +334,7 @@ def _eval_rows(project, trajectory):
 def _model_rows(project):
     """v1 in production, v2 (not) with a passing gate decision, and a finished training job (rows only)."""
     from flywheel.environments.models import TaskSet
+    from flywheel.evals.run_models import EvalRun
     from flywheel.registry.models import AliasAssignment, BaseModel, GateDecision, ModelVersion
     from flywheel.training.models import TrainingJob
 
@@ -336,7 +347,16 @@ def _model_rows(project):
     version = task_set.versions.create(number=1, rows=[], size=0, content_hash="0" * 64)
     job = TrainingJob.objects.create(project=project, task_set_version=version, base_version=v1, status="succeeded")
     job.checkpoints.create(step=3, path="/jobs/x/checkpoint-3", best=True)
-    return {"version_number": v2.number, "decision_id": decision.pk, "job_id": job.pk, "step": 3}
+    eval_run = EvalRun.objects.create(project=project, model_version=v1, suite_version=_suite_version(project))
+    return {"version_number": v2.number, "decision_id": decision.pk, "job_id": job.pk, "step": 3,
+            "eval_run_id": eval_run.pk}
+
+
+def _suite_version(project):
+    from flywheel.evals.models import EvalSuite
+
+    suite = EvalSuite.objects.create(project=project, name="runs", kind="holdout")
+    return suite.versions.create(number=1, rows=[], size=0, content_hash="0" * 64)
 
 
 def _url(route, values):

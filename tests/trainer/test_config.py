@@ -35,3 +35,14 @@ def test_dapo_switches_on_its_tricks():
 def test_errors_name_the_field(bad, field):
     with pytest.raises(SpecError, match=field):
         GRPOConfig.from_dict(bad)
+
+
+def test_negative_beta_and_non_positive_learning_rate_are_refused():
+    import pytest
+
+    from trainer.config import GRPOConfig, SpecError
+
+    with pytest.raises(SpecError, match="config.beta"):
+        GRPOConfig(beta=-0.1)
+    with pytest.raises(SpecError, match="config.learning_rate"):
+        GRPOConfig(learning_rate=0.0)

@@ -191,3 +191,7 @@ class EvalSuiteVersion(VersionBase):
 
     def __str__(self) -> str:
         return f"{self.suite.name} v{self.number}"
+
+
+# Eval runs live in their own module; imported here so Django finds them in this app.
+from flywheel.evals.run_models import EvalCaseResult, EvalRun  # noqa: E402, F401

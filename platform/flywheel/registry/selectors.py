@@ -59,3 +59,11 @@ def passed_gate_ids(*, project: Project) -> set[int]:
                                  .order_by("decided_at", "id").values_list("candidate_id", "passed")):
         latest[candidate_id] = passed
     return {pk for pk, passed in latest.items() if passed}
+
+
+def latest_gate_decision(*, version: ModelVersion | None) -> GateDecision | None:
+    """The decision that counts for `version` (the latest), with both sides for the page."""
+    if version is None:
+        return None
+    return (GateDecision.objects.filter(candidate=version).select_related("production")
+            .order_by("-decided_at", "-id").first())

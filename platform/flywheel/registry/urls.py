@@ -1,4 +1,4 @@
-"""The Models page and its actions, under /p/<project_slug>/models/."""
+"""The Models page and its actions, under /p/<project_slug>/models/, and the flywheel dashboard."""
 
 from django.urls import path
 
@@ -11,4 +11,5 @@ urlpatterns = [
     path("models/rollback", views.production_rollback, name="registry_rollback"),
     path("models/gate/<int:decision_id>/", views.gate_decision_page, name="registry_gate"),
     path("models/settings", views.registry_settings_save, name="registry_settings_save"),
+    path("dashboard/", views.dashboard_page, name="flywheel_dashboard"),
 ]

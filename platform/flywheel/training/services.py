@@ -56,6 +56,9 @@ def config_check(*, algorithm: str, config: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise ValidationError({"config": "The advanced settings must be a JSON object of GRPOConfig fields."})
     merged = {**(RECIPE if algorithm == "grpo" else {}), **config}
+    type_errors = _config_type_errors(config)
+    if type_errors:
+        raise ValidationError(type_errors)
     try:
         GRPOConfig.from_dict(merged, where="config")
     except (SpecError, ValueError, TypeError) as exc:
@@ -66,6 +69,38 @@ def config_check(*, algorithm: str, config: dict[str, Any]) -> dict[str, Any]:
             raise ValidationError({name.strip(): "Not a GRPOConfig field." for name in unknown.group(1).split(",")}) from None
         raise ValidationError({named.group(1) if named else "config": message}) from None
     return merged
+
+
+def _config_type_errors(config: dict[str, Any]) -> dict[str, str]:
+    """Each value against its GRPOConfig field's type: a JSON body can say "fast" where a float belongs, and
+    the trainer would only find out at its first step."""
+    import dataclasses
+    import types
+    import typing
+
+    from trainer.config import GRPOConfig
+
+    hints = typing.get_type_hints(GRPOConfig)
+    errors = {}
+    for field in dataclasses.fields(GRPOConfig):
+        if field.name not in config:
+            continue
+        value, hint = config[field.name], hints[field.name]
+        allowed = typing.get_args(hint) if (isinstance(hint, types.UnionType)
+                                            or typing.get_origin(hint) is typing.Union) else (hint,)
+        allowed = tuple(typing.get_origin(a) or a for a in allowed)
+        if value is None and type(None) in allowed:
+            continue
+        if isinstance(value, bool) and bool not in allowed:
+            ok = False  # True is an int to Python, not to a user
+        elif float in allowed and isinstance(value, int):
+            ok = True
+        else:
+            ok = isinstance(value, tuple(a for a in allowed if isinstance(a, type)))
+        if not ok:
+            names = " or ".join(getattr(a, "__name__", str(a)).replace("NoneType", "null") for a in allowed)
+            errors[field.name] = f"Expected {names}, got {json.dumps(value)[:60]}."
+    return errors
 
 
 def _leaks(train_rows: list[dict], eval_rows: list[dict], suite_label: str) -> list[str]:
@@ -630,6 +665,7 @@ def job_finish(*, job: TrainingJob, done: dict[str, Any]) -> TrainingJob:
             registry.alias_move(project=job.project, alias="candidate", version=job.candidate_version,
                                 user=job.created_by, reason=f"Best checkpoint of job {job.pk}")
             decision = gate_decide_for_job(job=job)
+            _record_eval_runs(job=job, best_step=int(done.get("best_step") or 0))
         job.status = JobStatus.SUCCEEDED
         job.finished_at = timezone.now()
         job.pid = None
@@ -639,6 +675,28 @@ def job_finish(*, job: TrainingJob, done: dict[str, Any]) -> TrainingJob:
     if decision is not None and decision.passed:
         _auto_promote(job=job)
     return job
+
+
+def _record_eval_runs(*, job: TrainingJob, best_step: int) -> None:
+    """The job's measurements as eval runs: production before training and the candidate's best checkpoint,
+    on the holdout and the regression suite, so the dashboard and the runs page read the gate's numbers."""
+    from flywheel.evals.runs import eval_run_record, read_cases
+
+    folder = job_dir(job)
+    checkpoint = Checkpoint.objects.filter(job=job, step=best_step).first()
+    for split, suite_version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
+        if suite_version is None:
+            continue
+        production = folder / f"production-{split}.jsonl"
+        candidate = folder / "evals" / f"{split}-step-{best_step:06d}.jsonl"
+        if production.exists():
+            metrics = (job.advice or {}).get("metrics") if split == "holdout" else {}
+            eval_run_record(project=job.project, model_version=job.base_version, suite_version=suite_version,
+                            cases=read_cases(production), metrics=metrics or {}, job=job, step=0)
+        if candidate.exists():
+            metrics = checkpoint.holdout if (checkpoint and split == "holdout") else {}
+            eval_run_record(project=job.project, model_version=job.candidate_version, suite_version=suite_version,
+                            cases=read_cases(candidate), metrics=metrics or {}, job=job, step=best_step)
 
 
 def _auto_promote(*, job: TrainingJob) -> None:

@@ -138,6 +138,8 @@ def _routes(patterns=None, prefix=""):
 def _model_rows(project):
     """A model version, a gate decision and a training job of the project (rows only)."""
     from flywheel.environments.models import TaskSet
+    from flywheel.evals.models import EvalSuite
+    from flywheel.evals.run_models import EvalRun
     from flywheel.registry.models import BaseModel, GateDecision, ModelVersion
     from flywheel.training.models import TrainingJob
 
@@ -150,7 +152,11 @@ def _model_rows(project):
     )
     job = TrainingJob.objects.create(project=project, task_set_version=task_set_version, base_version=version)
     job.checkpoints.create(step=3, path="/jobs/x/checkpoint-3")
-    return {"version_number": version.number, "decision_id": decision.pk, "job_id": job.pk, "step": 3}
+    suite = EvalSuite.objects.create(project=project, name="runs", kind="holdout")
+    eval_run = EvalRun.objects.create(project=project, model_version=version, suite_version=suite.versions.create(
+        number=1, rows=[], size=0, content_hash="0" * 64))
+    return {"version_number": version.number, "decision_id": decision.pk, "job_id": job.pk, "step": 3,
+            "eval_run_id": eval_run.pk}
 
 
 @pytest.fixture

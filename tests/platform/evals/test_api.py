@@ -120,3 +120,35 @@ def test_create_and_bulk_promote_a_failure_mode(api_client, keys, project, inges
     monkeypatch.setattr(promotion, "BULK_MAX", 1)  # past the limit: refused whole, nothing half done
     too_many = api_client.post(f"/api/v1/task-sets/{pk}/promotions/bulk", body, key=keys["review"])
     assert too_many.status_code == 422 and "at most 1" in too_many.json()["detail"]
+
+
+def test_calibration_and_variants_from_the_api(api_client, keys, ingest, refund_record, task_set, user):
+    from flywheel.trajectories.review import trajectory_outcome_set
+
+    for i, (amount, label) in enumerate([(50.0, "success"), (500.0, "failure"), (55.0, "success")]):
+        trajectory_outcome_set(trajectory=ingest(refund_record(f"c-{i}", amount=amount)), outcome=label, user=user)
+    spec = {"type": "tool_call", "expected_calls": [{"name": "refund", "arguments": {"order_id": {"any": True}, "amount": 50}}]}
+    out = api_client.post("/api/v1/verifier-calibrations", {"verifier": spec}, key=keys["read"])
+    assert out.status_code == 200, out.content
+    body = out.json()
+    assert body["n"] == 3 and body["matrix"] == {"success": {"pass": 1, "fail": 1}, "failure": {"pass": 0, "fail": 1}}
+    assert body["precision"] == 1.0 and body["recall"] == 0.5 and body["too_few"] is True
+    assert [d["label"] for d in body["disagreements"]] == ["success"]
+    bad = api_client.post("/api/v1/verifier-calibrations", {"verifier": {"type": "regex", "pattern": "(?<=a)"}},
+                          key=keys["read"])
+    assert bad.status_code == 422 and "verifier" in bad.json()["errors"]
+    assert api_client.post("/api/v1/verifier-calibrations", {"source": "case:999"}, key=keys["read"]).status_code == 422
+    assert api_client.post("/api/v1/verifier-calibrations", {"verifier": spec}, key=keys["ingest"]).status_code == 403
+
+    t = ingest(refund_record("v-1", order="A-1001"))
+    ingest(refund_record("v-2", order="Z-9", request="something else"))
+    data = {"trajectory_id": t.pk, "message_index": 4,
+            "expected_calls": [{"name": "refund", "arguments": {"order_id": "A-1001", "amount": 50}}]}
+    task_id = api_client.post(f"/api/v1/task-sets/{task_set.pk}/promotions", data, key=keys["review"]).json()["item"]["id"]
+    url = f"/api/v1/task-sets/{task_set.pk}/tasks/{task_id.removeprefix('task-')}/variants"
+    assert api_client.post(url, {"kinds": ["argument"]}, key=keys["read"]).status_code == 403
+    made = api_client.post(url, {"kinds": ["argument"]}, key=keys["review"])
+    assert made.status_code == 200, made.content
+    assert [i["row"]["verifier"]["expected_calls"][0]["arguments"]["order_id"] for i in made.json()["saved"]] == ["Z-9"]
+    assert made.json()["version"] == 2
+    assert api_client.post(f"/api/v1/task-sets/{task_set.pk}/tasks/999999/variants", {}, key=keys["review"]).status_code == 404

@@ -159,3 +159,18 @@ def test_calibration_page(client_for, members, project, ingest, refund_record):
     assert f'data-trajectory="{odd.pk}"' in html and 'id="too-few"' in html
     bad_spec = client_for(members["viewer"]).get(url, {"verifier": '{"type": "regex", "pattern": "(a)\\\\1"}'})
     assert bad_spec.status_code == 422 and 'data-field="verifier"' in bad_spec.content.decode()
+
+
+def test_freezing_a_leaking_version_lists_the_conflicts(client_for, user, project, trajectory, ingest, refund_record,
+                                                         task_set, suite, corrected):
+    from flywheel.evals.rows import last_user_request, prompt_digest
+
+    promotion.trajectory_promote(trajectory=trajectory, data=corrected, target=task_set, user=user)
+    # A case asking the same thing, written straight to the suite (as a row older than the guard would be).
+    messages = [{"role": "user", "content": "please refund 50.00 on order A-1001; the mug arrived broken"}]
+    suite.cases.create(messages=messages, verifier={"type": "exact", "expected": "x"},
+                       prompt_digest=prompt_digest(messages), prompt_text=last_user_request(messages))
+    response = client_for(user).post(reverse("taskset_freeze", args=[project.slug, task_set.pk, 1]))
+    html = response.content.decode()
+    assert response.status_code == 409 and 'id="conflicts"' in html and 'data-rule="prompt"' in html
+    assert "Refunds" in html and task_set.versions.get().frozen_at is None

@@ -1,0 +1,283 @@
+"""Reads for the flywheel dashboard: how far a project's trajectories travel round the loop (the funnel),
+where a model version came from (its lineage), which versions a trajectory helped train, what each failure
+mode has behind it (trajectories, eval cases, tasks, versions trained on it), and each mode's pass rate on
+each model version, from the per-case results of eval runs (the gate's report is per rule, not per case)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Count, Max, Q
+
+from flywheel.accounts.models import Project
+from flywheel.environments.models import Task, TaskSetVersion
+from flywheel.evals.models import EvalCase, EvalCaseResult, EvalRun, SuiteKind
+from flywheel.evals.run_models import EvalRunStatus
+from flywheel.failures.models import FailureMode, FailureModeAssignment
+from flywheel.registry.models import Alias, AliasEvent, AliasEventKind, ModelVersion
+from flywheel.training.models import TrainingJob
+from flywheel.trajectories.models import Outcome, Trajectory
+
+# --- the funnel --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FunnelStage:
+    """One step of the loop. `ratio` is the share of the step before it in the same unit (None for a first
+    step or after an empty one); `base` is what the bar is drawn against (the first count in its unit)."""
+
+    key: str
+    label: str
+    count: int
+    unit: str
+    base: int
+    ratio: float | None
+    detail: str = ""
+
+
+def _rows_origins(rows: Iterable[dict[str, Any]], key: str) -> set[int]:
+    found = set()
+    for row in rows:
+        value = (row.get("origin") or {}).get(key) if isinstance(row, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            found.add(value)
+    return found
+
+
+def trained_task_set_versions(*, project: Project) -> list[TaskSetVersion]:
+    """The task-set versions a job actually trained on (it started running), each once."""
+    ids = (TrainingJob.objects.filter(project=project, started_at__isnull=False)
+           .values_list("task_set_version_id", flat=True).distinct())
+    return list(TaskSetVersion.objects.filter(pk__in=list(ids)).select_related("task_set"))
+
+
+def promoted_versions(*, project: Project) -> list[ModelVersion]:
+    """Versions a promotion (by hand or automatic) made production at some time."""
+    ids = (AliasEvent.objects.filter(project=project, alias=Alias.PRODUCTION, kind=AliasEventKind.PROMOTE)
+           .values_list("to_version_id", flat=True).distinct())
+    return list(ModelVersion.objects.filter(pk__in=list(ids)))
+
+
+@dataclass(frozen=True)
+class _Origins:
+    trajectories: frozenset[int]
+    failure_modes: frozenset[int]
+
+
+def _version_origins(versions: Iterable[ModelVersion]) -> dict[int, _Origins]:
+    """Per version, the trajectories and failure modes behind it: from its job's task-set rows when the job is
+    still there (complete; each task-set version read once), else from the ids its lineage kept (cut at 200)."""
+    versions = list(versions)
+    job_ids = {v.lineage.get("job") for v in versions if isinstance(v.lineage, dict)}
+    jobs = {j.pk: j for j in TrainingJob.objects.filter(pk__in=[i for i in job_ids if isinstance(i, int)])
+            .select_related("task_set_version")}
+    by_task_set: dict[int, _Origins] = {}
+    out: dict[int, _Origins] = {}
+    for version in versions:
+        lineage = version.lineage if isinstance(version.lineage, dict) else {}
+        job = jobs.get(lineage.get("job"))
+        if job is not None and job.project_id == version.project_id:
+            if job.task_set_version_id not in by_task_set:
+                rows = job.task_set_version.rows
+                by_task_set[job.task_set_version_id] = _Origins(
+                    frozenset(_rows_origins(rows, "trajectory_id")), frozenset(_rows_origins(rows, "failure_mode")))
+            out[version.pk] = by_task_set[job.task_set_version_id]
+        else:
+            out[version.pk] = _Origins(
+                frozenset(t for t in lineage.get("trajectories") or [] if isinstance(t, int)),
+                frozenset(m for m in lineage.get("failure_modes") or [] if isinstance(m, int)))
+    return out
+
+
+def _trained_versions(project: Project) -> list[ModelVersion]:
+    """Versions a job made (the base models registered by path have no job), newest first."""
+    return [v for v in ModelVersion.objects.filter(project=project).order_by("-number")
+            if isinstance(v.lineage, dict) and v.lineage.get("job")]
+
+
+def funnel(*, project: Project) -> list[FunnelStage]:
+    """Counts of trajectories at each step of the loop, then of versions promoted.
+
+    Each step is counted on its own (a trajectory promoted to a suite without a failure mode still counts as
+    promoted), so a ratio above 100% says that a step was skipped, not that the counts are wrong."""
+    trajectories = Trajectory.objects.filter(project=project)
+    ingested = trajectories.count()
+    failed = trajectories.filter(Q(reviewed_outcome=Outcome.FAILURE)
+                                 | Q(reviewed_outcome="", outcome=Outcome.FAILURE)).count()
+    reviewed = trajectories.filter(reviewed_outcome=Outcome.FAILURE).count()
+    in_modes = (FailureModeAssignment.objects.filter(failure_mode__project=project)
+                .values("trajectory_id").distinct().count())
+    case_ids = set(EvalCase.objects.filter(suite__project=project, trajectory__isnull=False)
+                   .values_list("trajectory_id", flat=True))
+    task_ids = set(Task.objects.filter(task_set__project=project, trajectory__isnull=False)
+                   .values_list("trajectory_id", flat=True))
+    trained_versions = trained_task_set_versions(project=project)
+    trained_rows = [row for v in trained_versions for row in v.rows]
+    trained = _rows_origins(trained_rows, "trajectory_id")
+    promoted = promoted_versions(project=project)
+    behind_promoted = set().union(*(o.trajectories for o in _version_origins(promoted).values()))
+    made = len(_trained_versions(project))
+
+    steps = [
+        ("ingested", "Ingested", ingested, ""),
+        ("failed", "Failed", failed, "the agent's or a reviewer's outcome is failure"),
+        ("reviewed", "Reviewed", reviewed, "a reviewer confirmed the failure"),
+        ("in_modes", "In failure modes", in_modes, "carry at least one failure mode"),
+        ("promoted", "Promoted to evals and tasks", len(case_ids | task_ids),
+         f"{len(case_ids)} behind eval cases, {len(task_ids)} behind tasks"),
+        ("trained", "Trained on", len(trained),
+         f"{len(trained_rows)} task rows in {len(trained_versions)} task-set version"
+         f"{'' if len(trained_versions) == 1 else 's'} a job trained on"),
+        ("shipped", "Behind a promoted version", len(behind_promoted), "trained a version that went to production"),
+    ]
+    stages: list[FunnelStage] = []
+    previous: int | None = None
+    for key, label, count, detail in steps:
+        stages.append(FunnelStage(key, label, count, "trajectories", ingested,
+                                  count / previous if previous else None, detail))
+        previous = count
+    stages.append(FunnelStage("versions", "Versions promoted", len(promoted), "versions", made,
+                              len(promoted) / made if made else None,
+                              f"of {made} version{'' if made == 1 else 's'} trained by jobs"))
+    return stages
+
+
+# --- lineage -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Lineage:
+    """Where a version came from. `trajectories` is the first page of them; `trajectory_count` all of them."""
+
+    version: ModelVersion
+    job: TrainingJob | None = None
+    failure_modes: list[FailureMode] = field(default_factory=list)
+    trajectories: list[Trajectory] = field(default_factory=list)
+    trajectory_count: int = 0
+    served: bool = False
+
+
+def version_lineage(*, project: Project, version: ModelVersion, limit: int = 50) -> Lineage:
+    """Back from a version to its job, the task-set version it trained on, its failure modes and trajectories.
+    Only rows of `project` are read: ids in a lineage never reach another project's rows."""
+    lineage = version.lineage if isinstance(version.lineage, dict) else {}
+    job_id = lineage.get("job")
+    job = (TrainingJob.objects.filter(project=project, pk=job_id)
+           .select_related("task_set_version__task_set", "holdout_version__suite", "regression_version__suite")
+           .first() if isinstance(job_id, int) else None)
+    origins = _version_origins([version])[version.pk]
+    trajectories = Trajectory.objects.filter(project=project, pk__in=origins.trajectories)
+    return Lineage(
+        version=version,
+        job=job,
+        failure_modes=list(FailureMode.objects.filter(project=project, pk__in=origins.failure_modes)
+                           .select_related("category")),
+        trajectories=list(trajectories.order_by("-id").only("id", "external_id", "title", "outcome",
+                                                            "reviewed_outcome")[:limit]),
+        trajectory_count=trajectories.count(),
+        served=AliasEvent.objects.filter(project=project, alias=Alias.PRODUCTION, to_version=version).exists(),
+    )
+
+
+def versions_by_trajectory(*, project: Project, trajectory_ids: Iterable[int] | None = None
+                           ) -> dict[int, list[ModelVersion]]:
+    """Forward: for each trajectory (all, or those in `trajectory_ids`), the versions it helped train,
+    newest first."""
+    wanted = set(trajectory_ids) if trajectory_ids is not None else None
+    versions = _trained_versions(project)
+    origins = _version_origins(versions)
+    out: dict[int, list[ModelVersion]] = defaultdict(list)
+    for version in versions:
+        ids = origins[version.pk].trajectories
+        for trajectory_id in ids if wanted is None else ids & wanted:
+            out[trajectory_id].append(version)
+    return dict(out)
+
+
+@dataclass(frozen=True)
+class TrajectoryForward:
+    trajectory: Trajectory
+    versions: list[ModelVersion]
+
+
+def recent_trajectories_forward(*, project: Project, limit: int = 15) -> list[TrajectoryForward]:
+    """The newest trajectories that helped train a version, with those versions."""
+    forward = versions_by_trajectory(project=project)
+    trajectories = (Trajectory.objects.filter(project=project, pk__in=sorted(forward, reverse=True)[: limit * 4])
+                    .order_by("-id").only("id", "external_id", "title")[:limit])
+    return [TrajectoryForward(t, forward[t.pk]) for t in trajectories]
+
+
+# --- failure modes -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModeCoverage:
+    mode: FailureMode
+    trajectories: int
+    holdout_cases: int
+    regression_cases: int
+    tasks: int
+    versions: list[int]  # numbers of the versions trained on tasks of this mode
+
+
+def mode_coverage(*, project: Project) -> list[ModeCoverage]:
+    """Per failure mode: trajectories carrying it, eval cases by suite kind, tasks, and versions trained on it."""
+    modes = list(FailureMode.objects.filter(project=project).select_related("category")
+                 .annotate(n=Count("assignments")).order_by("-n", "name"))
+    cases: dict[tuple[int, str], int] = {
+        (row["failure_mode_id"], row["suite__kind"]): row["n"]
+        for row in EvalCase.objects.filter(suite__project=project, failure_mode__isnull=False)
+        .values("failure_mode_id", "suite__kind").annotate(n=Count("id"))
+    }
+    tasks = dict(Task.objects.filter(task_set__project=project, failure_mode__isnull=False)
+                 .values_list("failure_mode_id").annotate(n=Count("id")))
+    trained: dict[int, list[int]] = defaultdict(list)
+    versions = _trained_versions(project)
+    origins = _version_origins(versions)
+    for version in reversed(versions):
+        for mode_id in origins[version.pk].failure_modes:
+            trained[mode_id].append(version.number)
+    return [ModeCoverage(mode, mode.n, cases.get((mode.pk, SuiteKind.HOLDOUT), 0),
+                         cases.get((mode.pk, SuiteKind.REGRESSION), 0), tasks.get(mode.pk, 0), trained.get(mode.pk, []))
+            for mode in modes]
+
+
+@dataclass(frozen=True)
+class PassRate:
+    passed: int
+    total: int
+
+    @property
+    def rate(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+
+@dataclass(frozen=True)
+class ModePassRates:
+    """Did version N fix mode X: per mode, its cases' pass rate on each version (None: not measured)."""
+
+    versions: list[int]  # version numbers with at least one measured case of a mode, oldest first
+    rows: list[tuple[FailureMode, list[PassRate | None]]]  # one cell per entry of `versions`
+
+
+def mode_pass_rates(*, project: Project) -> ModePassRates:
+    """Each failure mode's cases, passed and counted per model version, from the latest finished eval run of
+    each (version, suite version). The counts are shown with the rate: versions measured on different suite
+    versions saw different cases."""
+    latest = list(EvalRun.objects.filter(project=project, status=EvalRunStatus.SUCCEEDED)
+                  .values("model_version_id", "suite_version_id").annotate(last=Max("id"))
+                  .values_list("last", flat=True))
+    cells: dict[tuple[int, int], PassRate] = {}
+    for row in (EvalCaseResult.objects.filter(run_id__in=latest, failure_mode_id__isnull=False)
+                .values("failure_mode_id", "run__model_version__number")
+                .annotate(total=Count("id"), passed=Count("id", filter=Q(passed=True)))):
+        key = (row["failure_mode_id"], row["run__model_version__number"])
+        before = cells.get(key, PassRate(0, 0))
+        cells[key] = PassRate(before.passed + row["passed"], before.total + row["total"])
+    numbers = sorted({number for _, number in cells})
+    modes = FailureMode.objects.filter(project=project, pk__in={mode_id for mode_id, _ in cells}).order_by("name")
+    return ModePassRates(numbers, [(mode, [cells.get((mode.pk, n)) for n in numbers]) for mode in modes])

@@ -82,8 +82,9 @@ FUZZ_SETTINGS = hypothesis_settings(
 # Ingestion bodies: their published schema cannot state every rule of the record contract (a tool message
 # needs tool_call_id or name; the OTLP JSON body is declared as any ExportTraceServiceRequest), so a body the
 # schema allows may still be refused, with the documented 422 (each record named) or 400. Every other check,
-# no 5xx above all, holds there too.
-LOOSE_BODIES = {("POST", "/trajectories"), ("POST", "/otlp/v1/traces")}
+# no 5xx above all, holds there too. A verifier spec is the same: its schema is an object, its rules (a type
+# the trainer knows, matchers, RE2 patterns) are checked by trainer.verifiers and refused field by field.
+LOOSE_BODIES = {("POST", "/trajectories"), ("POST", "/otlp/v1/traces"), ("POST", "/verifier-calibrations")}
 
 
 def _call(case, headers: dict[str, str]) -> None:

@@ -100,9 +100,12 @@ def demo_seed() -> DemoSeed:
     from flywheel.failures.demo import failure_demo_seed  # the failures app builds on accounts
 
     failure_demo_seed(project=project, user=admin)
+    # The loop's own demo project: the tiny model, built by the worker, registered as production, then played
+    # on workplace requests to make that project's trajectories, task set and suites (flywheel.training.demo).
     from flywheel.registry.demo import registry_demo_seed
+    from flywheel.training.demo import loop_project
 
-    registry_demo_seed(project=project)  # the tiny model, built and registered by the worker
+    registry_demo_seed(project=loop_project(owner=admin))
     return DemoSeed(
         username=ADMIN_USERNAME,
         password=password,

@@ -29,7 +29,7 @@ class VariantsOut(Schema):
 
 @router.post(
     "/task-sets/{task_set_id}/tasks/{task_id}/variants", auth=review_auth,
-    response={200: VariantsOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ValidationErrorOut,
+    response={200: VariantsOut, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ValidationErrorOut,
               429: ErrorOut, 503: ErrorOut},
     summary="Make synthetic variants of a task",
     description="Argument values the project's trajectories passed to the same tool and argument, and "

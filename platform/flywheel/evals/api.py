@@ -224,7 +224,7 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
     def collection_list(request: HttpRequest) -> list[dict[str, Any]]:
         return [collection_out(c) for c in selectors.collection_list(project=request.auth.project, model=model)]
 
-    @router.post(f"/{prefix}", auth=review_auth, response={**errors, 201: CollectionOut, 422: refused},
+    @router.post(f"/{prefix}", auth=review_auth, response={**errors, 201: CollectionOut, 400: ErrorOut, 422: refused},
                  summary=f"Create a {label}", operation_id=f"{tag}_create")
     def collection_create(request: HttpRequest, body: CollectionIn) -> Any:
         try:
@@ -272,7 +272,7 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
         return export_response(c, version)
 
     @router.post(f"/{prefix}/{{{id_name}}}/promotions", auth=review_auth,
-                 response={**errors, 200: PromotionOut, 201: PromotionOut, 422: refused},
+                 response={**errors, 200: PromotionOut, 201: PromotionOut, 400: ErrorOut, 422: refused},
                  summary=f"Promote a trajectory into a {label}",
                  description="Runs the verifier on the agent's output (must fail) and on the reference (must "
                              "pass), and the leakage guard; 201 with the new row and version, 200 for a dry "
@@ -320,7 +320,7 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
         return None
 
     @router.post(f"/{prefix}/{{{id_name}}}/promotions/bulk", auth=review_auth,
-                 response={**errors, 200: BulkOut, 422: ErrorOut | ValidationErrorOut},
+                 response={**errors, 200: BulkOut, 400: ErrorOut, 422: ErrorOut | ValidationErrorOut},
                  summary=f"Promote a selection or a failure mode into a {label}",
                  description="One draft per trajectory under one stated expectation; saves the drafts that "
                              "pass both checks and the leakage guard, lists the others with the reason.",
@@ -394,7 +394,7 @@ class CalibrationErrorOut(Schema):
 
 @calibration_router.post(
     "/verifier-calibrations", auth=read_auth,
-    response={200: CalibrationOut, 401: ErrorOut, 403: ErrorOut, 422: CalibrationErrorOut | ValidationErrorOut,
+    response={200: CalibrationOut, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 422: CalibrationErrorOut | ValidationErrorOut,
               429: ErrorOut, 503: ErrorOut},
     summary="Calibrate a verifier against reviewed outcomes",
     description="Scores the project's trajectories whose outcome a reviewer labeled (a trajectory passes when "

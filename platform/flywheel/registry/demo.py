@@ -1,6 +1,7 @@
-"""The demo project's model (`make run`): the trainer's tiny CPU model, built on the worker the first time
-(it takes a minute or two on a CPU) and registered as the project's first version, so that production
-exists and a training job can start from it. Idempotent: found by name."""
+"""The loop demo's model (`make run`): the trainer's tiny CPU model, built on the worker the first time (a
+minute or two on a CPU) and registered as the project's first version, so that production exists and a
+training job can start from it; then the project's data is made by playing it (flywheel.training.demo).
+Idempotent: found by name."""
 
 from __future__ import annotations
 
@@ -47,5 +48,9 @@ def demo_model_build(*, project_id: int) -> str:
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
     owner = project.memberships.filter(role="maintainer").select_related("user").first()
-    base_model_register(project=project, name=DEMO_MODEL_NAME, path=str(folder), user=owner.user if owner else None)
+    user = owner.user if owner else None
+    base_model_register(project=project, name=DEMO_MODEL_NAME, path=str(folder), user=user)
+    from flywheel.training.demo import loop_demo_seed
+
+    loop_demo_seed(project=project, model_dir=folder, user=user)
     return "registered"

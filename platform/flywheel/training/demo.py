@@ -1,0 +1,122 @@
+"""The loop's demo project (`make run`): a workplace assistant played by the tiny model itself, so that its
+failures are real failures of a real policy. After the demo model is built and registered as production, the
+worker runs it on workplace requests, ingests what it did as trajectories (a verifier says success or failure),
+promotes the failures into a task set, and makes a holdout suite of other requests: a new user can train with
+one click, read the gate's report, promote and roll back, all on a CPU. Idempotent: found by name."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from django.db import transaction
+
+from flywheel.accounts.models import Project, Role
+from flywheel.accounts.services import membership_set, project_create
+
+LOOP_SLUG = "workplace"
+TASK_SET_NAME = "Workplace requests the model got wrong"
+HOLDOUT_NAME = "Workplace holdout"
+REGRESSION_NAME = "Workplace regressions"
+
+
+def loop_project(*, owner) -> Project:
+    project = Project.objects.filter(slug=LOOP_SLUG).first()
+    if project is None:
+        project = project_create(
+            slug=LOOP_SLUG, name="Workplace assistant (tiny model)", owner=owner,
+            description="The whole loop on a CPU: the tiny model's own failures on workplace requests, a task "
+                        "set and a holdout made from them, and the tiny model in production (demo data).",
+        )
+    else:
+        membership_set(project=project, user=owner, role=Role.MAINTAINER)
+    return project
+
+
+def _row(task: dict[str, Any], row_id: str) -> dict[str, Any]:
+    """A single-turn tool-call row from a workplace task: the request and the first call of its solution."""
+    call = next(m for m in task["solution"] if m.get("tool_calls"))["tool_calls"][0]["function"]
+    return {"id": row_id, "messages": task["messages"], "tools": task["tools"],
+            "verifier": {"type": "tool_call", "expected_calls": [
+                {"name": call["name"], "arguments": json.loads(call["arguments"])}]}}
+
+
+def _play(model_dir: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The model's answer to each row, scored: `python -m trainer evaluate`, one sample a row."""
+    with tempfile.TemporaryDirectory(prefix="flywheel-demo-") as tmp:
+        suite, out = Path(tmp) / "rows.jsonl", Path(tmp) / "cases.jsonl"
+        suite.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        subprocess.run([sys.executable, "-m", "trainer", "evaluate", "--model", str(model_dir), "--suite",
+                        str(suite), "--out", str(out), "--samples", "1", "--temperature", "1.0", "--seed", "7"],
+                       check=True, capture_output=True, timeout=1800)
+        return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int = 48, n_holdout: int = 24) -> dict:
+    """Trajectories from the model's own play, failures promoted into a task set, a holdout and a regression
+    suite, each with a first version. Nothing is done twice."""
+    from flywheel.environments.models import TaskSet
+    from flywheel.environments.services import task_set_create
+    from flywheel.evals import rows as row_shape
+    from flywheel.evals.services import suite_create, version_create
+    from flywheel.trajectories.ingest import ingest_trajectories
+    from flywheel.trajectories.models import Trajectory
+    from trainer.envs.workplace import generate_tasks
+
+    if TaskSet.objects.filter(project=project, name=TASK_SET_NAME).exists():
+        return {"seeded": False}
+    train_rows = [_row(t, f"req-{i}") for i, t in enumerate(generate_tasks(n_train, seed=21, split="train",
+                                                                           difficulty="single"))]
+    cases = {str(c["id"]): c for c in _play(model_dir, train_rows)}
+    records = []
+    for row in train_rows:
+        case = cases[row["id"]]
+        answer = ((case.get("samples") or [{}])[0].get("messages") or [])
+        records.append({
+            "external_id": f"workplace-{row['id']}", "agent": "workplace-assistant", "model_version": "tiny v1",
+            "messages": row["messages"] + answer, "tools": row["tools"],
+            "outcome": "success" if case["passed"] else "failure",
+            "metadata": {"demo": True, "failure": (case.get("samples") or [{}])[0].get("failure")},
+        })
+    ingest_trajectories(project=project, records=records, source="demo")
+    by_external = {t.external_id: t for t in Trajectory.objects.filter(project=project, external_id__startswith="workplace-")}
+
+    def item_fields(row: dict[str, Any], trajectory=None) -> dict[str, Any]:
+        return {"messages": row["messages"], "tools": row["tools"], "verifier": row["verifier"],
+                "trajectory": trajectory, "prompt_digest": row_shape.prompt_digest(row["messages"]),
+                "prompt_text": row_shape.last_user_request(row["messages"])[:2000], "created_by": user}
+
+    with transaction.atomic():
+        task_set = task_set_create(project=project, name=TASK_SET_NAME, user=user,
+                                   description="The tiny model's failed workplace requests, with the expected call.")
+        failed = [row for row in train_rows if not cases[row["id"]]["passed"]]
+        # Fewer than a dozen failures would give GRPO little to learn from: top up with requests it passed.
+        chosen = failed + [row for row in train_rows if cases[row["id"]]["passed"]][: max(0, 24 - len(failed))]
+        for row in chosen:
+            task_set.items.create(**item_fields(row, by_external.get(f"workplace-{row['id']}")))
+        version_create(collection=task_set, user=user, note="the demo's failures")
+        holdout = suite_create(project=project, name=HOLDOUT_NAME, kind="holdout", user=user,
+                               description="Workplace requests the model never trains on.")
+        for i, task in enumerate(generate_tasks(n_holdout, seed=22, split="holdout", difficulty="single")):
+            holdout.items.create(**item_fields(_row(task, f"hold-{i}")))
+        version_create(collection=holdout, user=user, note="the demo's holdout")
+        regression = suite_create(project=project, name=REGRESSION_NAME, kind="regression", user=user,
+                                  description="Requests production gets right and must keep getting right.")
+        for i, task in enumerate(generate_tasks(8, seed=23, split="holdout", difficulty="single")):
+            regression.items.create(**item_fields(_row(task, f"reg-{i}")))
+        version_create(collection=regression, user=user, note="the demo's regressions")
+    return {"seeded": True, "trajectories": len(records), "failed": len(failed), "tasks": len(chosen),
+            "holdout": n_holdout}
+
+
+def loop_demo_suites(project: Project) -> dict[str, Any]:
+    from flywheel.environments.models import TaskSet
+    from flywheel.evals.models import EvalSuite
+
+    return {"task_set": TaskSet.objects.filter(project=project, name=TASK_SET_NAME).first(),
+            "holdout": EvalSuite.objects.filter(project=project, name=HOLDOUT_NAME).first(),
+            "regression": EvalSuite.objects.filter(project=project, name=REGRESSION_NAME).first()}

@@ -1,0 +1,33 @@
+"""The loop's demo project: the tiny model's own play becomes trajectories, its failures a task set, and other
+requests a holdout and a regression suite, from which a job can start at once; seeding twice adds nothing."""
+
+from __future__ import annotations
+
+from flywheel.registry import services as registry
+from flywheel.trajectories.models import Trajectory
+from flywheel.training import services
+from flywheel.training.demo import loop_demo_seed, loop_demo_suites, loop_project
+
+
+def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
+    project = loop_project(owner=user)
+    registry.base_model_register(project=project, name="tiny (demo)", path=str(tiny_model), user=user)
+    seeded = loop_demo_seed(project=project, model_dir=tiny_model, user=user, n_train=12, n_holdout=6)
+    assert seeded["seeded"] and seeded["trajectories"] == 12
+    trajectories = Trajectory.objects.filter(project=project)
+    assert trajectories.count() == 12
+    assert trajectories.filter(outcome="failure").count() == seeded["failed"]
+    # The model's own answer is in each trajectory, after the request.
+    assert all(t.messages[-1]["role"] == "assistant" for t in trajectories)
+    suites = loop_demo_suites(project)
+    task_version = suites["task_set"].versions.get()
+    failed_ids = set(trajectories.filter(outcome="failure").values_list("id", flat=True))
+    promoted = {row["origin"]["trajectory_id"] for row in task_version.rows}
+    assert failed_ids <= promoted  # every failure became a task
+    assert suites["holdout"].versions.get().size == 6 and suites["regression"].versions.get().size == 8
+    job = services.job_create(project=project, task_set_version=task_version,
+                              holdout_version=suites["holdout"].versions.get(),
+                              regression_version=suites["regression"].versions.get(), user=user)
+    assert job.status == "evaluating"
+    assert loop_demo_seed(project=project, model_dir=tiny_model, user=user) == {"seeded": False}
+    assert Trajectory.objects.filter(project=project).count() == 12

@@ -195,7 +195,12 @@ CELERY_RESULT_BACKEND = get_env("CELERY_RESULT_BACKEND", None)
 CELERY_TASK_ALWAYS_EAGER = get_env("CELERY_TASK_ALWAYS_EAGER", False, cast=bool)
 CELERY_TASK_ACKS_LATE = True  # a worker that dies mid-task leaves the message for a retry
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_TASK_ROUTES = {"flywheel.training.*": {"queue": "gpu"}, "flywheel.evals.run": {"queue": "gpu"}}
+# What runs a model goes to the `gpu` queue: one task at a time per GPU worker.
+CELERY_TASK_ROUTES = {
+    "flywheel.training.*": {"queue": "gpu"},
+    "flywheel.evals.run": {"queue": "gpu"},
+    "flywheel.registry.demo_model": {"queue": "gpu"},
+}
 CELERY_TASK_DEFAULT_QUEUE = "default"
 # Work that never reached a worker (a broker down at commit, a lost message, a worker that died) is sent
 # again by a sweep that Celery beat runs (flywheel.outbox): `make run` and the compose stack's CPU worker

@@ -1,6 +1,6 @@
 """Training in real Chromium: a finished job's curves drawn by uPlot from the job's curves endpoint, the gate's
 report rule by rule, and a maintainer who promotes the candidate from the report page and rolls it back from
-the Models page, one click each, seeing the alias history follow.
+the Models page, one click each, seeing the alias history follow, and the dashboard counting the promotion.
 
 The job is made with the ORM and a job folder of per-case results (no trainer run); finishing it goes
 through `job_finish`, so the candidate, its alias and the gate's decision are the real ones. MLflow is the
@@ -211,6 +211,15 @@ def test_curves_render_the_gate_reports_each_rule_and_a_maintainer_promotes_then
     expect(history.first).to_contain_text("Rolled back: v2 → v1")
     expect(history).to_have_count(4)
     shot(page, "models-after-rollback.png")
+
+    # The dashboard follows: one version promoted of the one a job made, and v2's lineage back to its job.
+    page.click("nav >> text=Dashboard")
+    expect(page.locator("#funnel-versions .dash-count")).to_have_text("1")
+    expect(page.locator("#funnel-versions")).to_contain_text("of 1 version trained by jobs")
+    page.select_option("#lineage-version", "2")
+    page.click("#lineage button")
+    expect(page.locator("#lineage")).to_contain_text(f"job {job.pk}")
+    expect(page.locator("#lineage")).to_contain_text("refunds v1 · 24 tasks")
 
     moves = list(AliasEvent.objects.filter(project=project, alias="production").values_list("kind", "user"))
     assert moves == [("rollback", user.pk), ("promote", user.pk), ("set", user.pk)]

@@ -13,7 +13,7 @@ import functools
 import inspect
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
@@ -33,8 +33,8 @@ review_auth = ApiKeyAuth(Scope.REVIEW)
 
 
 class CollectionIn(Schema):
-    name: str = Field(max_length=120)
-    kind: str = Field(default=SuiteKind.REGRESSION, description="eval suites: holdout | regression")
+    name: str = Field(min_length=1, max_length=120, pattern=r"\S", description="unique in the project")
+    kind: Literal["holdout", "regression"] = Field(default=SuiteKind.REGRESSION, description="eval suites only")
     description: str = ""
 
 

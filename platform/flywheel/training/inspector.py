@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from flywheel.evals.runs import case_output
 from flywheel.training.models import JobEvent, TrainingJob
 
 
@@ -59,22 +60,6 @@ def _cases(path: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _output(case: dict[str, Any] | None) -> str:
-    """The first sample's answer as text (tool calls as name(arguments)), for reading, not scoring."""
-    if not case:
-        return ""
-    for sample in case.get("samples") or []:
-        for message in sample.get("messages") or []:
-            if message.get("role") != "assistant":
-                continue
-            calls = message.get("tool_calls") or []
-            if calls:
-                return "; ".join(f"{c.get('function', {}).get('name')}({c.get('function', {}).get('arguments')})"
-                                 for c in calls)
-            return str(message.get("content") or "")
-    return ""
-
-
 def checkpoint_view(*, job: TrainingJob, step: int, folder: Path) -> dict[str, Any]:
     steps = [dict(e.data, step=e.step) for e in JobEvent.objects.filter(job=job, kind="step").order_by("id")]
     evals = {e.step: (e.data.get("metrics") or {}) for e in JobEvent.objects.filter(job=job, kind="eval")
@@ -89,8 +74,8 @@ def checkpoint_view(*, job: TrainingJob, step: int, folder: Path) -> dict[str, A
             "id": case_id,
             "production_pass": p.get("pass_rate") if p else None,
             "checkpoint_pass": c.get("pass_rate") if c else None,
-            "production_output": _output(p),
-            "checkpoint_output": _output(c),
+            "production_output": case_output(p),
+            "checkpoint_output": case_output(c),
             "changed": bool(p and c and bool(p.get("passed")) != bool(c.get("passed"))),
         })
     return {

@@ -43,15 +43,22 @@ class Command(BaseCommand):
         base_dir = Path(settings.BASE_DIR)
         python = sys.executable
         web = [python, "manage.py", "runserver", f"{host}:{port}", "--noreload"]
-        # -B: beat inside the worker (one process for one machine); its schedule file is under var/.
+        # Two workers, as in production: `default` (with beat, -B; its schedule file is under var/) for the quick
+        # work, and `gpu`, one task at a time, for what runs a model (training, evaluation, the demo model), so
+        # that a training job never holds up triage or a promotion's webhook.
         worker = [
-            python, "-m", "celery", "-A", "flywheel", "worker", "-B", "-Q", "default,gpu",
+            python, "-m", "celery", "-A", "flywheel", "worker", "-B", "-Q", "default",
             "-P", "solo", "-n", "local@%h", "-l", "INFO", "--without-gossip", "--without-mingle",
         ]  # fmt: skip
-        # Both children stay in our process group, so the terminal's Ctrl-C reaches all three of us.
+        gpu_worker = [
+            python, "-m", "celery", "-A", "flywheel", "worker", "-Q", "gpu",
+            "-P", "solo", "-n", "gpu@%h", "-l", "INFO", "--without-gossip", "--without-mingle",
+        ]  # fmt: skip
+        # The children stay in our process group, so the terminal's Ctrl-C reaches all of us.
         children = {
             "web": subprocess.Popen(web, cwd=base_dir),
             "worker": subprocess.Popen(worker, cwd=base_dir),
+            "gpu worker": subprocess.Popen(gpu_worker, cwd=base_dir),
         }
 
         def on_term(signum: int, frame: object) -> None:
@@ -63,14 +70,14 @@ class Command(BaseCommand):
         url = f"http://{'localhost' if host in {'127.0.0.1', '0.0.0.0'} else host}:{port}/"
         try:
             self._announce_worker(children)
-            self.stdout.write(self.style.SUCCESS(f"Flywheel is running at {url}  (Ctrl-C stops the web server and the worker)"))
+            self.stdout.write(self.style.SUCCESS(f"Flywheel is running at {url}  (Ctrl-C stops the web server and the workers)"))
             while True:
                 for name, child in children.items():
                     if child.poll() is not None:
                         raise CommandError(f"the {name} process exited with status {child.returncode}; stopping")
                 time.sleep(0.5)
         except KeyboardInterrupt:
-            self.stdout.write("\nStopping the web server and the worker...")
+            self.stdout.write("\nStopping the web server and the workers...")
         finally:
             _stop_all(children.values())
         self.stdout.write("Stopped.")

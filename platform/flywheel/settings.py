@@ -191,6 +191,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(BROKER_DIR / "control"),
         "store_processed": False,
     }
+    # Messages written aside and renamed into place, so a consumer never reads one half written.
+    CELERY_BROKER_TRANSPORT = "flywheel.broker:FilesystemTransport"
 CELERY_RESULT_BACKEND = get_env("CELERY_RESULT_BACKEND", None)
 CELERY_TASK_ALWAYS_EAGER = get_env("CELERY_TASK_ALWAYS_EAGER", False, cast=bool)
 CELERY_TASK_ACKS_LATE = True  # a worker that dies mid-task leaves the message for a retry

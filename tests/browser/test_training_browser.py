@@ -187,6 +187,14 @@ def test_curves_render_the_gate_reports_each_rule_and_a_maintainer_promotes_then
     expect(page.locator("#gate-verdict")).to_have_text("passed")
     shot(page, "training-job-succeeded.png")
 
+    # The inspector: the best checkpoint's outputs beside production's on the same prompts.
+    page.click("#checkpoints >> text=step 20")
+    expect(page.locator("#cases tbody tr")).to_have_count(12)
+    expect(page.locator("#cases tr.case-changed")).to_have_count(6)  # the 6 cases only the candidate passes
+    expect(page.locator("#cases")).to_contain_text("Sure! I will refund it.")
+    expect(page.locator("#flags")).to_contain_text("None seen")
+    page.go_back()
+
     page.click("text=the report, rule by rule")
     expect(page.locator("#verdict")).to_have_text("passed")
     rules = page.locator("#gate-rules tbody tr")

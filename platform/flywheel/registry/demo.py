@@ -1,5 +1,5 @@
 """The loop demo's model (`make run`): the trainer's tiny CPU model, built on the worker the first time (a
-minute or two on a CPU) and registered as the project's first version, so that production exists and a
+few minutes on a CPU) and registered as the project's first version, so that production exists and a
 training job can start from it; then the project's data is made by playing it (flywheel.training.demo).
 Idempotent: found by name."""
 

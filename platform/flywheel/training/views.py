@@ -28,6 +28,23 @@ def _choices(project: Project) -> dict:
     }
 
 
+def _defaults(request: HttpRequest, project: Project) -> dict:
+    """The new-job form's choices before anyone picks: what the link asked for (`?task_set_version=ID`, from a
+    task set's page), else the newest task-set version and the newest holdout and regression versions, so
+    that a project with one of each trains in one click."""
+    def newest(qs):
+        found = qs.order_by("-created_at", "-id").values_list("pk", flat=True).first()
+        return str(found) if found else ""
+
+    suites = EvalSuiteVersion.objects.filter(suite__project=project)
+    asked = request.GET.get("task_set_version", "")
+    return {
+        "task_set_version": asked if asked.isdigit() else newest(TaskSetVersion.objects.filter(task_set__project=project)),
+        "holdout_version": newest(suites.filter(suite__kind="holdout")),
+        "regression_version": newest(suites.filter(suite__kind="regression")),
+    }
+
+
 def _list_context(request: HttpRequest, project: Project, **extra) -> dict:
     return {
         "project": project,
@@ -36,7 +53,7 @@ def _list_context(request: HttpRequest, project: Project, **extra) -> dict:
         "production": registry_selectors.production_of(project=project),
         "is_maintainer": request.membership.grants(Role.MAINTAINER),
         "config_fields": forms.config_fields(),
-        "form": request.POST if request.method == "POST" else {},
+        "form": request.POST if request.method == "POST" else _defaults(request, project),
         **_choices(project),
         **extra,
     }

@@ -48,6 +48,8 @@ def evaluate_rows(
             # A case passes when most samples pass: what the gate compares case by case.
             "passed": passed * 2 > len(eps),
             "mean_reward": sum(ep.score.reward for ep in eps) / max(len(eps), 1),
+            # What the gate's cost rule compares case by case.
+            "mean_completion_tokens": sum(ep.completion_tokens for ep in eps) / max(len(eps), 1),
             "failures": dict(Counter(ep.score.failure for ep in eps if ep.score.failure)),
             "samples": samples,
         })

@@ -12,11 +12,12 @@
     return [data.train.step, data.train[name]];
   }
 
-  function draw(box, xs, ys, title, old, baseline) {
+  function draw(box, xs, ys, title, old, baseline, note) {
     if (old) old.destroy();
     box.textContent = "";
-    if (!xs.length) {
-      box.textContent = title + ": no points yet.";
+    var measured = ys.some(function (v) { return v !== null && v !== undefined; });
+    if (!xs.length || !measured) {
+      box.textContent = title + ": " + (xs.length && note ? note : "no points yet.");
       box.classList.add("muted");
       return null;
     }
@@ -58,7 +59,7 @@
             box.hidden = nothing;
             if (nothing) return;
             plots[name] = draw(box, pair[0], pair[1], box.getAttribute("data-title"), plots[name],
-                               name === "holdout" ? baseline : null);
+                               name === "holdout" ? baseline : null, box.getAttribute("data-unmeasured"));
           });
           live = ["evaluating", "queued", "running"].indexOf(data.status) >= 0;
           if (live) setTimeout(load, 3000);

@@ -401,8 +401,8 @@ def advise(metrics: dict[str, Any] | None, *, pairs: int = 0) -> dict[str, Any]:
             f"Production succeeds on {success:.0%} of the holdout: right sometimes, not reliably. That is where "
             "GRPO learns best.")
     if pairs:
-        reason += (f" {pairs} reviewer-corrected failures give preferred/rejected pairs: DPO would use them; "
-                   "this trainer version offers grpo and sft.")
+        reason += (f" {pairs} promoted failures each give a preferred/rejected pair (the agent's output and the "
+                   "corrected reference): DPO would use them; this trainer version offers grpo and sft.")
     return {"recommendation": recommendation, "reason": reason, "metrics": metrics, "pairs": pairs,
             "cases": n}
 

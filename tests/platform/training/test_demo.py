@@ -4,9 +4,9 @@ requests a holdout and a regression suite, from which a job can start at once; s
 from __future__ import annotations
 
 from flywheel.registry import services as registry
-from flywheel.trajectories.models import Trajectory
 from flywheel.training import services
 from flywheel.training.demo import loop_demo_seed, loop_demo_suites, loop_project
+from flywheel.trajectories.models import Trajectory
 
 
 def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):

@@ -200,10 +200,13 @@ def test_failures_become_a_model_that_passes_the_gate_is_promoted_and_rolled_bac
     _ingest_and_promote(project, user, tasks["train"][:TRAIN_TASKS], task_set, "prod")
     # Regression cases of kinds production gets right nearly always (and one it never does): a case in
     # between would pass or fail the "no regression" rule by the luck of 8 samples, whoever the model.
-    spare = tasks["train"][TRAIN_TASKS:]
-    kinds = {"cancel_event": 2, "reschedule_event": 2, "create_event": 1}
-    picked = [t for t in spare if kinds.get(_solution_call(t)["name"], 0) > 0
-              and not kinds.update({_solution_call(t)["name"]: kinds[_solution_call(t)["name"]] - 1})]
+    wanted = {"cancel_event": 2, "reschedule_event": 2, "create_event": 1}
+    picked = []
+    for task in tasks["train"][TRAIN_TASKS:]:
+        tool = _solution_call(task)["name"]
+        if wanted.get(tool, 0) > 0:
+            wanted[tool] -= 1
+            picked.append(task)
     regression = suite_create(project=project, name="workplace regressions", kind="regression", user=user)
     _ingest_and_promote(project, user, picked, regression, "reg")
     task_set_version = task_set.versions.order_by("-number").first()

@@ -12,11 +12,12 @@ from flywheel.accounts.models import Scope
 from flywheel.api import api
 from flywheel.registry import selectors, services
 from flywheel.registry.models import AliasEvent, ModelVersion
-from flywheel.trajectories.api import ApiKeyAuth, ErrorOut, read_auth
+from flywheel.trajectories.api import ApiKeyAuth, ErrorOut, ValidationErrorOut, read_auth
 
 router = Router(tags=["models"])
 promote_auth = ApiKeyAuth(Scope.PROMOTE)
-_ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 429: ErrorOut, 503: ErrorOut}
+_ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ValidationErrorOut, 429: ErrorOut,
+           503: ErrorOut}
 
 
 class ProductionOut(Schema):
@@ -35,7 +36,7 @@ class ProductionOut(Schema):
 @router.get(
     "/models/production",
     auth=read_auth,
-    response={200: ProductionOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 429: ErrorOut, 503: ErrorOut},
+    response={200: ProductionOut, **_ERRORS},
     summary="The production model",
     description=(
         "The model version the `production` alias points at in the key's project: its base model's path, its "

@@ -19,7 +19,6 @@ class Command(BaseCommand):
         self.stdout.write(f"Admin login: username {seed.username}  password {seed.password}")
         if seed.password_changed:
             self.stdout.write("  (that password was changed since; use the one you set)")
-        self.stdout.write(f"Demo API key (project {seed.project.slug}, scopes ingest,read): {seed.api_key}")
         from flywheel.registry.models import BaseModel
         from flywheel.training.demo import LOOP_SLUG
 
@@ -28,3 +27,4 @@ class Command(BaseCommand):
                 f"Loop demo (project {LOOP_SLUG}): the worker is building the tiny model and playing it on workplace "
                 "requests (a few minutes on a CPU); its failures, task set and suites appear when it is done."
             )
+        self.stdout.write(f"Demo API key (project {seed.project.slug}, scopes ingest,read): {seed.api_key}")

@@ -10,6 +10,7 @@ from flywheel.registry.models import (
     GateDecision,
     ModelVersion,
     RegistrySettings,
+    WebhookDelivery,
 )
 
 
@@ -67,3 +68,8 @@ def latest_gate_decision(*, version: ModelVersion | None) -> GateDecision | None
         return None
     return (GateDecision.objects.filter(candidate=version).select_related("production")
             .order_by("-decided_at", "-id").first())
+
+
+def deliveries_of(*, project: Project, limit: int = 20) -> list[WebhookDelivery]:
+    """The serving stack's delivery log: each attempt to announce a move of production, newest first."""
+    return list(WebhookDelivery.objects.filter(event__project=project).select_related("event__to_version")[:limit])

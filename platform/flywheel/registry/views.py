@@ -28,6 +28,7 @@ def _context(request: HttpRequest, project: Project, **extra) -> dict:
         "history": selectors.alias_history(project=project),
         "served": selectors.served_version_ids(project=project),
         "config": selectors.settings_of(project=project),
+        "deliveries": selectors.deliveries_of(project=project),
         "passed_gate": selectors.passed_gate_ids(project=project),
         "decisions": selectors.gate_decisions(project=project),
         "is_maintainer": request.membership.grants(Role.MAINTAINER),

@@ -306,3 +306,12 @@ def test_the_api_promotes_rolls_back_and_lists_the_history(project, registered, 
     assert version["adapter_sha256"] == v2.adapter_sha256 and version["gate"]["passed"] is True
     read_only = make_api_key(project, scopes=["read"])
     assert api_client.post("/api/v1/models/production/rollback", {}, key=read_only).status_code == 403
+
+
+def test_the_models_page_shows_the_delivery_log(project, registered, receiver, user, client_for):
+    _, v2, _ = registered
+    RegistrySettings.objects.create(project=project, webhook_url=f"http://127.0.0.1:{receiver.server_address[1]}/x")
+    services.model_promote(project=project, version=v2)
+    services.registry_sync(project_id=project.pk)
+    html = client_for(user).get(reverse("registry_page", args=[project.slug])).content.decode()
+    assert 'id="deliveries"' in html and ">204<" in html

@@ -27,7 +27,7 @@ from flywheel.accounts.selectors import api_key_authenticate
 from flywheel.api import api
 from flywheel.trajectories import otlp, selectors
 from flywheel.trajectories.ingest import ingest_trajectories, json_error_text, jsonl_records
-from flywheel.trajectories.models import Trajectory
+from flywheel.trajectories.models import SignalKind, Trajectory
 from flywheel.trajectories.schemas import TrajectoryIn
 
 NDJSON_TYPES = frozenset(
@@ -265,6 +265,8 @@ class TrajectoryFilters(Schema):
     source: str | None = Field(None, description="api, upload, otlp, cli or demo", json_schema_extra=_NO_NUL)
     external_id: str | None = Field(None, json_schema_extra=_NO_NUL)
     has_tool_error: bool | None = None
+    signal: SignalKind | None = Field(None, description="Trajectories with at least one triage signal of this kind")
+    failure_mode: int | None = Field(None, ge=1, le=2**63 - 1, description="Trajectories assigned to this failure mode (its id)")
     q: str | None = Field(
         None,
         max_length=selectors.MAX_SEARCH_CHARS,
@@ -405,6 +407,8 @@ def trajectories_list(request: HttpRequest, filters: Query[TrajectoryFilters]) -
         q=filters.q,
         started_after=filters.started_after,
         started_before=filters.started_before,
+        signal=filters.signal.value if filters.signal else None,
+        failure_mode=filters.failure_mode,
     )
     return {"items": rows, "next_cursor": str(next_cursor) if next_cursor is not None else None}
 

@@ -348,6 +348,8 @@ def trajectory_api_page(
     q: str | None = None,
     started_after: dt.datetime | None = None,
     started_before: dt.datetime | None = None,
+    signal: str | None = None,
+    failure_mode: int | None = None,
 ) -> tuple[list[dict[str, Any]], int | None]:
     """(`fields` of a page of matching trajectories newest first, next cursor) for `GET /api/v1/trajectories`.
 
@@ -372,7 +374,16 @@ def trajectory_api_page(
         qs = qs.filter(started_at__gte=started_after)
     if started_before is not None:
         qs = qs.filter(started_at__lt=started_before)
-    filtered = any(v is not None for v in exact.values()) or bool(q) or started_after is not None
+    # The same EXISTS probes as the list page's filters (trajectory_queryset).
+    if signal:
+        qs = qs.filter(Exists(TriageSignal.objects.filter(project=project, kind=signal, trajectory_id=OuterRef("pk"))))
+    if failure_mode is not None:
+        from flywheel.failures.models import FailureModeAssignment
+
+        qs = qs.filter(Exists(FailureModeAssignment.objects.filter(
+            failure_mode_id=failure_mode, failure_mode__project=project, trajectory_id=OuterRef("pk"))))
+    filtered = (any(v is not None for v in exact.values()) or bool(q) or started_after is not None or bool(signal)
+                or failure_mode is not None)
     page = qs.filter(id__lt=after) if after is not None else qs
     by_filter_index = started_before is not None or (filtered and _few_matches(page))
     ids, next_cursor, _ = _keyset_ids(qs, after=after, before=None, size=size, by_filter_index=by_filter_index)

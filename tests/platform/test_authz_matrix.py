@@ -82,6 +82,7 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/models/base": (NOT_ALLOWED, write(422, "maintainer")),  # the empty form: 422
     "p/<slug:project_slug>/models/rollback": (NOT_ALLOWED, write(409, "maintainer")),  # nothing served yet
     "p/<slug:project_slug>/models/settings": (NOT_ALLOWED, write(302, "maintainer")),
+    "p/<slug:project_slug>/models/gate-rules": (NOT_ALLOWED, write(302, "maintainer")),  # blank: the defaults
     "p/<slug:project_slug>/models/v<int:version_number>/promote": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/models/gate/<int:decision_id>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/dashboard/": (READ, NOT_ALLOWED),

@@ -73,3 +73,12 @@ def latest_gate_decision(*, version: ModelVersion | None) -> GateDecision | None
 def deliveries_of(*, project: Project, limit: int = 20) -> list[WebhookDelivery]:
     """The serving stack's delivery log: each attempt to announce a move of production, newest first."""
     return list(WebhookDelivery.objects.filter(event__project=project).select_related("event__to_version")[:limit])
+
+
+def gate_rules_of(*, project: Project) -> dict:
+    """The rules the gate judges this project's candidates by: the project's own over the defaults."""
+    from dataclasses import asdict
+
+    from flywheel.registry.gate_runs import rules_for
+
+    return asdict(rules_for(project))

@@ -410,3 +410,45 @@ def registry_sweep() -> int:
         except outbox.BrokerUnavailable:
             break
     return len(projects)
+
+
+# --- the gate's rules ----------------------------------------------------------------------------------------
+
+GATE_RULE_FIELDS = ("success_margin", "test", "confidence", "latency_tolerance", "tokens_tolerance")
+
+
+def gate_rules_set(*, project: Project, data: dict[str, Any], auto_promote: bool) -> RegistrySettings:
+    """A project's gate rules (blank: the default) and whether a passing candidate is promoted at once.
+    Each wrong value is an error on its field."""
+    from flywheel.registry.gate import GateRules
+
+    defaults = GateRules()
+    rules: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for name in GATE_RULE_FIELDS:
+        raw = str(data.get(name, "") or "").strip()
+        if raw == "":
+            continue
+        if name == "test":
+            rules[name] = raw
+        else:
+            try:
+                rules[name] = float(raw)
+            except ValueError:
+                errors[name] = f"A number, like {getattr(defaults, name)}."
+                continue
+        try:
+            GateRules(**{name: rules[name]})
+        except (ValueError, TypeError) as exc:
+            errors[name] = str(exc)
+    for name in ("latency_tolerance", "tokens_tolerance"):
+        if name in rules and name not in errors and not 0 <= rules[name] <= 10:
+            errors[name] = "Between 0 and 10 (0.1 = 10% above production's)."
+    if errors:
+        raise ValidationError(errors)
+    with transaction.atomic():
+        config, _ = RegistrySettings.objects.select_for_update().get_or_create(project=project)
+        config.gate_rules = rules
+        config.auto_promote = bool(auto_promote)
+        config.save(update_fields=["gate_rules", "auto_promote"])
+    return config

@@ -10,6 +10,7 @@ urlpatterns = [
     path("models/v<int:version_number>/promote", views.version_promote, name="registry_version_promote"),
     path("models/rollback", views.production_rollback, name="registry_rollback"),
     path("models/gate/<int:decision_id>/", views.gate_decision_page, name="registry_gate"),
+    path("models/gate-rules", views.gate_rules_save, name="registry_gate_rules"),
     path("models/settings", views.registry_settings_save, name="registry_settings_save"),
     path("dashboard/", views.dashboard_page, name="flywheel_dashboard"),
 ]

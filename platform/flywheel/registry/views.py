@@ -29,6 +29,7 @@ def _context(request: HttpRequest, project: Project, **extra) -> dict:
         "served": selectors.served_version_ids(project=project),
         "config": selectors.settings_of(project=project),
         "deliveries": selectors.deliveries_of(project=project),
+        "gate_rules": selectors.gate_rules_of(project=project),
         "passed_gate": selectors.passed_gate_ids(project=project),
         "decisions": selectors.gate_decisions(project=project),
         "is_maintainer": request.membership.grants(Role.MAINTAINER),
@@ -104,6 +105,18 @@ def registry_settings_save(request: HttpRequest, project: Project) -> HttpRespon
         return render(request, "registry/models.html", context, status=422)
     config.save()
     return _back(project, "saved")
+
+
+@require_POST
+@project_view(Role.MAINTAINER)
+def gate_rules_save(request: HttpRequest, project: Project) -> HttpResponse:
+    data = {name: request.POST.get(name, "") for name in services.GATE_RULE_FIELDS}
+    try:
+        services.gate_rules_set(project=project, data=data, auto_promote=request.POST.get("auto_promote") == "on")
+    except ValidationError as exc:
+        context = _context(request, project, rules_errors=exc.message_dict, rules_form=data)
+        return render(request, "registry/models.html", context, status=422)
+    return _back(project, "gate-rules")
 
 
 @require_GET

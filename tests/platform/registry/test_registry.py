@@ -315,3 +315,21 @@ def test_the_models_page_shows_the_delivery_log(project, registered, receiver, u
     services.registry_sync(project_id=project.pk)
     html = client_for(user).get(reverse("registry_page", args=[project.slug])).content.decode()
     assert 'id="deliveries"' in html and ">204<" in html
+
+
+def test_gate_rules_are_set_per_project_with_field_errors(project, user, client_for):
+    from flywheel.registry.gate_runs import rules_for
+
+    with pytest.raises(ValidationError) as exc:
+        services.gate_rules_set(project=project, data={"confidence": "1.5", "test": "coin", "success_margin": "x",
+                                                       "tokens_tolerance": "-1"}, auto_promote=False)
+    assert set(exc.value.message_dict) == {"confidence", "test", "success_margin", "tokens_tolerance"}
+    assert rules_for(project).test == "mcnemar"  # nothing saved
+    response = client_for(user).post(reverse("registry_gate_rules", args=[project.slug]),
+                                     {"test": "bootstrap", "confidence": "0.9", "auto_promote": "on"})
+    assert response.status_code == 302
+    rules = rules_for(project)
+    assert (rules.test, rules.confidence, rules.success_margin) == ("bootstrap", 0.9, 0.0)
+    assert RegistrySettings.objects.get(project=project).auto_promote
+    page = client_for(user).post(reverse("registry_gate_rules", args=[project.slug]), {"confidence": "2"})
+    assert page.status_code == 422 and "confidence must be in" in page.content.decode()

@@ -274,3 +274,22 @@ def test_the_api_starts_a_job_with_field_errors_and_the_leakage_guard(world, api
     read_only = make_api_key(world["project"], scopes=["read"])
     assert api_client.post("/api/v1/training-jobs", {"task_set_version": world["train"].pk},
                            key=read_only).status_code == 403
+
+
+def test_a_passing_candidate_is_promoted_at_once_only_where_the_project_opted_in(world):
+    from flywheel.registry.models import RegistrySettings
+    from flywheel.registry.selectors import production_of
+
+    candidate = registry.model_version_create(project=world["project"], base=world["production"].base)
+    GateDecision.objects.create(project=world["project"], candidate=candidate, production=world["production"],
+                                passed=True)
+    job = TrainingJob.objects.create(project=world["project"], task_set_version=world["train"],
+                                     base_version=world["production"], candidate_version=candidate,
+                                     status=JobStatus.SUCCEEDED)
+    services._auto_promote(job=job)
+    assert production_of(project=world["project"]) == world["production"]  # not opted in: a person clicks
+    registry.gate_rules_set(project=world["project"], data={}, auto_promote=True)
+    assert RegistrySettings.objects.get(project=world["project"]).auto_promote
+    services._auto_promote(job=job)
+    assert production_of(project=world["project"]) == candidate
+    assert JobEvent.objects.filter(job=job, kind="promoted").exists()

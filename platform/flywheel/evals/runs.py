@@ -58,7 +58,25 @@ def _store_results(run: EvalRun, cases: list[dict[str, Any]]) -> None:
 
 
 def read_cases(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The per-case rows `python -m trainer evaluate --out` wrote."""
+    from trainer.config import read_jsonl
+
+    return read_jsonl(path)
+
+
+def evaluate_command(*, model_path: str, adapter_path: str = "", suite: Path, out: Path, samples: int,
+                     temperature: float | None = None, max_new_tokens: int | None = None,
+                     seed: int | None = None) -> list[str]:
+    """`python -m trainer evaluate` for a model (and its adapter) on a suite file: the one command line that
+    eval runs, a job's measurement of production and the demo's play all run."""
+    command = [sys.executable, "-m", "trainer", "evaluate", "--model", model_path, "--suite", str(suite),
+               "--out", str(out), "--samples", str(samples)]
+    for flag, value in (("--temperature", temperature), ("--max-new-tokens", max_new_tokens), ("--seed", seed)):
+        if value is not None:
+            command += [flag, str(value)]
+    if adapter_path:
+        command += ["--adapter", adapter_path]
+    return command
 
 
 def eval_run_create(*, project, model_version, suite_version, user=None, samples: int = 4) -> EvalRun:
@@ -106,13 +124,13 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
     run = EvalRun.objects.select_related("project", "model_version__base", "suite_version").get(pk=run_id)
     folder = _run_dir(run)
     folder.mkdir(parents=True, exist_ok=True)
+    from trainer.config import write_jsonl
+
     suite = folder / "suite.jsonl"
-    suite.write_text("".join(json.dumps(row) + "\n" for row in run.suite_version.rows))
+    write_jsonl(suite, run.suite_version.rows)
     version = run.model_version
-    command = [sys.executable, "-m", "trainer", "evaluate", "--model", version.base.path, "--suite", str(suite),
-               "--out", str(folder / "results.jsonl"), "--samples", str(run.samples)]
-    if version.adapter_path:
-        command += ["--adapter", version.adapter_path]
+    command = evaluate_command(model_path=version.base.path, adapter_path=version.adapter_path, suite=suite,
+                               out=folder / "results.jsonl", samples=run.samples)
     try:
         done = subprocess.run(command, capture_output=True, text=True, cwd=folder, timeout=EVALUATE_TIMEOUT_S,
                               preexec_fn=_die_with_parent,  # noqa: PLW1509 (own process group, dies with us)

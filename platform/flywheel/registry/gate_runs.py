@@ -7,7 +7,6 @@ Production's results come from the measurement before training (`production-hold
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +15,10 @@ from flywheel.registry.models import GateDecision, RegistrySettings
 
 
 def _cases(path: Path, *, rates: bool) -> list[CaseResult]:
+    from flywheel.evals.runs import read_cases
+
     results = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        case = json.loads(line)
+    for case in read_cases(path):
         samples = case.get("samples") or []
         n = max(1, len(samples))
         results.append(CaseResult(

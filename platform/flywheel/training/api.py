@@ -105,7 +105,7 @@ def job_create(request: HttpRequest, body: JobIn):
     except ValidationError as exc:
         return json_response(_field_errors(exc), status=422)
     except LeakageError as exc:
-        raise HttpError(409, "The task set leaks into the evaluation: " + "; ".join(c.detail for c in exc.conflicts)) from None
+        raise HttpError(409, "The task set leaks into the evaluation: " + "; ".join(map(str, exc.conflicts))) from None
     return 201, {"id": job.pk, "status": job.status}
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -47,13 +46,16 @@ def _row(task: dict[str, Any], row_id: str) -> dict[str, Any]:
 
 def _play(model_dir: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The model's answer to each row, scored: `python -m trainer evaluate`, one sample a row."""
+    from flywheel.evals.runs import evaluate_command, read_cases
+    from trainer.config import write_jsonl
+
     with tempfile.TemporaryDirectory(prefix="flywheel-demo-") as tmp:
         suite, out = Path(tmp) / "rows.jsonl", Path(tmp) / "cases.jsonl"
-        suite.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        subprocess.run([sys.executable, "-m", "trainer", "evaluate", "--model", str(model_dir), "--suite",
-                        str(suite), "--out", str(out), "--samples", "1", "--temperature", "1.0", "--seed", "7"],
+        write_jsonl(suite, rows)
+        subprocess.run(evaluate_command(model_path=str(model_dir), suite=suite, out=out, samples=1,
+                                        temperature=1.0, seed=7),
                        check=True, capture_output=True, timeout=1800)
-        return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+        return read_cases(out)
 
 
 def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int = 48, n_holdout: int = 24) -> dict:

@@ -7,11 +7,10 @@ signs of reward hacking the field warns about, read from the job's events:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from flywheel.evals.runs import case_output
+from flywheel.evals.runs import case_output, read_cases
 from flywheel.training.models import JobEvent, TrainingJob
 
 
@@ -52,12 +51,7 @@ def hacking_flags(*, steps: list[dict[str, Any]], evals: dict[int, dict[str, Any
 def _cases(path: Path) -> dict[str, dict[str, Any]]:
     if not path.exists():
         return {}
-    out = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            case = json.loads(line)
-            out[str(case["id"])] = case
-    return out
+    return {str(case["id"]): case for case in read_cases(path)}
 
 
 def checkpoint_view(*, job: TrainingJob, step: int, folder: Path) -> dict[str, Any]:

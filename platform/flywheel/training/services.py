@@ -16,7 +16,6 @@ import selectors
 import signal
 import socket
 import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -103,23 +102,6 @@ def _config_type_errors(config: dict[str, Any]) -> dict[str, str]:
     return errors
 
 
-def _leaks(train_rows: list[dict], eval_rows: list[dict], suite_label: str) -> list[str]:
-    """Rows of the task set that share a trajectory or a normalised request with a row of the suite."""
-    evals = [leakage.candidate_from_row(row) for row in eval_rows]
-    by_trajectory = {c.trajectory_id: c for c in evals if c.trajectory_id is not None}
-    by_prompt = {c.prompt_digest: c for c in evals if c.prompt_digest}
-    found = []
-    for row in train_rows:
-        task = leakage.candidate_from_row(row)
-        if task.trajectory_id is not None and task.trajectory_id in by_trajectory:
-            other = by_trajectory[task.trajectory_id]
-            found.append(f"{task.label} and {other.label} ({suite_label}) come from trajectory #{task.trajectory_id}")
-        elif task.prompt_digest and task.prompt_digest in by_prompt:
-            other = by_prompt[task.prompt_digest]
-            found.append(f"{task.label} asks what {other.label} ({suite_label}) asks: “{task.prompt_text[:80]}”")
-    return found
-
-
 # The kinds the platform writes. `http` (a server a user names) and `python` (code a row names) are for the
 # trainer's command line only: from the platform they would let a task row reach any host or run any code.
 PLATFORM_ENV_TYPES = ("single_turn", "replay", "workplace")
@@ -185,14 +167,16 @@ def job_create(
     if problems:
         raise ValidationError({"task_set_version": problems[:20]})
 
-    conflicts = []
-    for suite_version in (holdout_version, regression_version):
-        if suite_version is not None:
-            conflicts += _leaks(task_set_version.rows, suite_version.rows, str(suite_version))
+    # The guard's own rules (the same trajectory, the same normalised request, any rule added to it), on the
+    # frozen rows the job will read.
+    conflicts = [
+        conflict
+        for suite_version in (holdout_version, regression_version) if suite_version is not None
+        for conflict in leakage.rows_conflicts(rows=task_set_version.rows, other_rows=suite_version.rows,
+                                               other_label=str(suite_version))
+    ]
     if conflicts:
-        raise leakage.LeakageError([
-            leakage.Conflict("job", "task set", "suite", detail) for detail in conflicts
-        ])
+        raise leakage.LeakageError(conflicts)
 
     with transaction.atomic():
         for version in (task_set_version, holdout_version, regression_version):
@@ -228,20 +212,16 @@ def job_dir(job: TrainingJob) -> Path:
     return Path(settings.FLYWHEEL_JOBS_DIR) / job.project.slug / f"job-{job.pk}"
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    tmp.replace(path)
-
-
 def _prepare_dir(job: TrainingJob) -> Path:
     """spec.json and the three JSONL files, as the trainer's job contract says."""
+    from trainer.config import write_jsonl
+
     folder = job_dir(job)
     folder.mkdir(parents=True, exist_ok=True)
-    _write_jsonl(folder / "train.jsonl", job.task_set_version.rows)
+    write_jsonl(folder / "train.jsonl", job.task_set_version.rows)
     for name, version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
         if version is not None:
-            _write_jsonl(folder / f"{name}.jsonl", version.rows)
+            write_jsonl(folder / f"{name}.jsonl", version.rows)
     base = job.base_version
     spec = {
         "model": base.base.path,
@@ -408,15 +388,16 @@ def advise(metrics: dict[str, Any] | None, *, pairs: int = 0) -> dict[str, Any]:
 
 
 def _evaluate_command(job: TrainingJob, suite: Path, out: Path) -> list[str]:
-    base = job.base_version
+    """Production on a suite, sampled as the job's own evals will sample the candidate."""
+    from flywheel.evals.runs import evaluate_command
+
     cfg = job.config
-    command = [sys.executable, "-m", "trainer", "evaluate", "--model", base.base.path, "--suite", str(suite),
-               "--out", str(out), "--samples", str(cfg.get("eval_samples_per_prompt") or _default("eval_samples_per_prompt")),
-               "--temperature", str(cfg.get("eval_temperature", _default("eval_temperature"))),
-               "--max-new-tokens", str(cfg.get("max_new_tokens") or _default("max_new_tokens"))]
-    if base.adapter_path:
-        command += ["--adapter", base.adapter_path]
-    return command
+    return evaluate_command(
+        model_path=job.base_version.base.path, adapter_path=job.base_version.adapter_path, suite=suite, out=out,
+        samples=cfg.get("eval_samples_per_prompt") or _default("eval_samples_per_prompt"),
+        temperature=cfg.get("eval_temperature", _default("eval_temperature")),
+        max_new_tokens=cfg.get("max_new_tokens") or _default("max_new_tokens"),
+    )
 
 
 def job_evaluate(*, job_id: int) -> TrainingJob | None:

@@ -102,7 +102,7 @@ def job_new(request: HttpRequest, project: Project) -> HttpResponse:
         context = _list_context(request, project, errors=exc.message_dict)
         return render(request, "training/jobs.html", context, status=422)
     except LeakageError as exc:
-        context = _list_context(request, project, leakage=[c.detail for c in exc.conflicts])
+        context = _list_context(request, project, leakage=[str(c) for c in exc.conflicts])
         return render(request, "training/jobs.html", context, status=409)
     return redirect("training_job", project.slug, job.pk)
 

@@ -333,8 +333,10 @@ def registry_sync(*, project_id: int) -> dict[str, int]:
 
     The database already holds every move; this only mirrors it. A failure is recorded on the event and
     retried by the sweep, with backoff: the pages say what is waiting and why."""
-    project = Project.objects.get(pk=project_id)
     done = {"versions": 0, "aliases": 0, "webhooks": 0, "failed": 0}
+    project = Project.objects.filter(pk=project_id).first()
+    if project is None:
+        return done  # deleted since the move was queued: nothing left to mirror
     from flywheel.registry import mlflow_bridge
 
     for version in ModelVersion.objects.filter(project=project, mlflow_version="").select_related("base", "project"):

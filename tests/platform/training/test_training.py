@@ -109,7 +109,7 @@ def test_the_leakage_guard_refuses_a_task_set_that_shares_a_trajectory_or_a_requ
     train = _version(TaskSetVersion, TaskSet, shared, project=world["project"], name="leaky")
     with pytest.raises(LeakageError) as exc:
         services.job_create(project=world["project"], task_set_version=train, holdout_version=holdout)
-    details = [c.detail for c in exc.value.conflicts]
+    details = [str(c) for c in exc.value.conflicts]
     assert any("trajectory #101" in d for d in details)
     # The second task asks what no holdout case asks: it is not listed.
     assert not any("leak-1" in d for d in details)
@@ -162,7 +162,7 @@ def test_a_job_measures_production_trains_and_its_candidate_goes_through_the_gat
 
 def test_cancel_kills_the_trainer_and_retry_resumes_from_the_checkpoint(world, celery_worker):
     job = services.job_create(project=world["project"], task_set_version=world["train"],
-                              config={**SMALL, "max_steps": 40, "eval_on_start": False}, user=world["user"])
+                              config={**SMALL, "max_steps": 400, "eval_on_start": False}, user=world["user"])
     ready = celery_worker.wait_for(lambda: TrainingJob.objects.filter(pk=job.pk, status=JobStatus.READY).first(),
                                    timeout=60)
     assert ready.advice["metrics"] is None  # no holdout: nothing to measure

@@ -339,32 +339,43 @@ def registry_sync(*, project_id: int) -> dict[str, int]:
         return done  # deleted since the move was queued: nothing left to mirror
     from flywheel.registry import mlflow_bridge
 
-    for version in ModelVersion.objects.filter(project=project, mlflow_version="").select_related("base", "project"):
+    for version_id in ModelVersion.objects.filter(project=project, mlflow_version="").values_list("id", flat=True):
         try:
-            mlflow_version = mlflow_bridge.version_register(version)
+            # Under the project's lock, like a move that registers its version: never registered twice.
+            with transaction.atomic():
+                Project.objects.select_for_update().filter(pk=project.pk).first()
+                version = (ModelVersion.objects.select_related("base", "project")
+                           .filter(pk=version_id, mlflow_version="").first())
+                if version is None:
+                    continue
+                mlflow_version = mlflow_bridge.version_register(version)
+                ModelVersion.objects.filter(pk=version.pk).update(mlflow_version=mlflow_version)
         except Exception as exc:  # noqa: BLE001 (MLflow being away must not lose the move)
-            logger.warning("registry: MLflow registration of v%s failed: %s", version.number, exc)
+            logger.warning("registry: MLflow registration of version id %s failed: %s", version_id, exc)
             done["failed"] += 1
             AliasEvent.objects.filter(project=project, mlflow_state=SyncState.PENDING).update(
                 mlflow_state=SyncState.FAILED, last_error=f"MLflow: {exc}"[:2000],
                 next_attempt_at=timezone.now() + _backoff(1),
             )
             return done
-        ModelVersion.objects.filter(pk=version.pk, mlflow_version="").update(mlflow_version=mlflow_version)
         done["versions"] += 1
 
     # Reconcile: MLflow's aliases follow the database's (a move whose commit failed after MLflow moved,
-    # an alias someone set in MLflow's own UI).
+    # an alias someone set in MLflow's own UI). Under the project's row lock, the one every move holds while
+    # it writes MLflow and commits: a reconcile that read the assignments before a move committed would
+    # otherwise put MLflow's alias back to where the database no longer points.
     waiting = AliasEvent.objects.filter(project=project).exclude(mlflow_state=SyncState.DONE)
     try:
-        for assignment in AliasAssignment.objects.filter(project=project).select_related("version"):
-            mlflow_version = assignment.version.mlflow_version
-            if mlflow_version and mlflow_bridge.alias_get(project_slug=project.slug,
-                                                          alias=assignment.alias) != mlflow_version:
-                mlflow_bridge.alias_set(project_slug=project.slug, alias=assignment.alias,
-                                        mlflow_version=mlflow_version)
-                done["aliases"] += 1
-        waiting.update(mlflow_state=SyncState.DONE)
+        with transaction.atomic():
+            Project.objects.select_for_update().filter(pk=project.pk).first()
+            for assignment in AliasAssignment.objects.filter(project=project).select_related("version"):
+                mlflow_version = assignment.version.mlflow_version
+                if mlflow_version and mlflow_bridge.alias_get(project_slug=project.slug,
+                                                              alias=assignment.alias) != mlflow_version:
+                    mlflow_bridge.alias_set(project_slug=project.slug, alias=assignment.alias,
+                                            mlflow_version=mlflow_version)
+                    done["aliases"] += 1
+            waiting.update(mlflow_state=SyncState.DONE)
     except Exception as exc:  # noqa: BLE001
         for event in waiting:
             _failed(event, "mlflow_state", f"MLflow: {exc}")

@@ -152,6 +152,53 @@ def test_the_sync_puts_back_an_alias_moved_behind_the_registry(project, register
     assert mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == v1.mlflow_version
 
 
+def test_a_sync_running_while_a_move_commits_leaves_mlflow_where_the_database_points(
+    transactional_db, needs_service, make_project, make_user, model_dirs, monkeypatch,
+):
+    """A move writes MLflow's alias, then commits. A sync that read the assignments in between (the promotion
+    not yet committed) would set MLflow back to the old version after the move: seen once in the loop test.
+    The move pauses after MLflow moved until the sync has finished or 5 s have passed; with the sync taking
+    the move's lock it cannot finish in that window, and reads the committed move."""
+    from django.db import connection, connections
+
+    needs_service(connection.vendor == "postgresql", f"needs PostgreSQL row locks (DATABASE_URL: {connection.vendor})")
+    user = make_user("racer")
+    project = make_project("race", owner=user)
+    base_dir, adapters = model_dirs
+    v1 = services.base_model_register(project=project, name="tiny", path=str(base_dir), user=user)
+    v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapters[0]), user=user)
+    _gate_passed(v2)
+    services.registry_sync(project_id=project.pk)  # both registered in MLflow
+    mirrored, synced = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    real_alias_set = mlflow_bridge.alias_set
+
+    def alias_set_then_pause(**kwargs):
+        real_alias_set(**kwargs)
+        if threading.current_thread() is threading.main_thread() and not mirrored.is_set():
+            mirrored.set()
+            synced.wait(timeout=5)
+
+    def sync_meanwhile():
+        try:
+            assert mirrored.wait(timeout=30)
+            services.registry_sync(project_id=project.pk)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            synced.set()
+            connections.close_all()
+
+    monkeypatch.setattr(mlflow_bridge, "alias_set", alias_set_then_pause)
+    racer = threading.Thread(target=sync_meanwhile)
+    racer.start()
+    services.model_promote(project=project, version=v2, reason="while a sync runs")
+    racer.join(timeout=60)
+    assert not racer.is_alive() and not errors, errors
+    v2.refresh_from_db()
+    assert mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == v2.mlflow_version
+
+
 def test_with_mlflow_down_a_promotion_changes_nothing_and_a_retry_completes_it(project, registered, settings):
     v1, v2, _ = registered
     good_uri = settings.MLFLOW_TRACKING_URI

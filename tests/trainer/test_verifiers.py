@@ -588,6 +588,22 @@ class TestOtherTypes:
         # The answer is the text outside tool-call blocks.
         assert not check({"type": "regex", "pattern": "secret"}, '<tool_call>{"name": "secret"}</tool_call> hi').passed
 
+    @pytest.mark.parametrize("spec", [
+        {"type": "regex", "pattern": "secret"},
+        {"type": "regex", "pattern": "^hi$", "full_match": True},
+        {"type": "exact", "expected": "hi"},
+    ])
+    def test_an_output_scores_the_same_as_text_or_as_a_message_carrying_its_tags(self, spec):
+        text = '<tool_call>{"name": "secret", "arguments": {}}</tool_call> hi'
+        as_text = check(spec, text)
+        for message in ({"role": "assistant", "content": text},
+                        {"role": "assistant", "content": [{"type": "text", "text": text}]},
+                        {"role": "assistant", "content": text, "tool_calls": [
+                            {"type": "function", "function": {"name": "secret", "arguments": "{}"}}]}):
+            as_message = check(spec, message)
+            assert (as_message.passed, as_message.reward, as_message.failure) == (
+                as_text.passed, as_text.reward, as_text.failure), message
+
     def test_state(self):
         spec = {
             "type": "state",

@@ -12,7 +12,7 @@ from jsonschema.exceptions import SchemaError
 
 from trainer.verifiers.base import Score, first_failure, short
 from trainer.verifiers.matchers import Compiler, compile_regex, normalize_text
-from trainer.verifiers.parsing import OPEN_TAG, ParsedCompletion, content_text, strip_fence
+from trainer.verifiers.parsing import OPEN_TAG, ParsedCompletion, content_text, parse_completion, strip_fence
 from trainer.verifiers.tool_call import UnsafeRule, compile_unsafe, compile_weights, unsafe_calls
 
 _MAX_DIFFS = 10
@@ -20,9 +20,14 @@ STATE_WEIGHT_KEYS = frozenset({"complete", "unsafe"})
 
 
 def answer_text(completion: str | dict | None, parsed: ParsedCompletion) -> str:
-    """The text an answer verifier reads: the message content, or the text outside any tool-call blocks."""
+    """The text an answer verifier reads: the text outside any tool-call blocks, whether the output came as
+    plain text or as a message whose content carries the blocks (a serving stack that left them unparsed):
+    the same output scores the same either way."""
     if isinstance(completion, dict):
-        return content_text(completion.get("content")).strip()
+        text = content_text(completion.get("content"))
+        if OPEN_TAG not in text:
+            return text.strip()
+        return parsed.content if not completion.get("tool_calls") else parse_completion(text).content
     if isinstance(completion, str):
         return parsed.content if OPEN_TAG in completion else completion.strip()
     return ""

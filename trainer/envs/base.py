@@ -61,6 +61,49 @@ class Env(Protocol):
         ...
 
 
+class ToolEpisode:
+    """The turn loop an episode of tool calls shares: parse the turn, end on unparseable output or a final
+    answer (a turn without calls), else answer each call in order until the turn limit. A subclass sets
+    `task` and `max_turns`, calls `_begin()` from its `reset()`, and answers a call with `answer(call)`
+    (the tool message's content); every call attempted is in `calls` before it is answered."""
+
+    task: dict[str, Any]
+    max_turns: int
+
+    def _begin(self) -> None:
+        self.turn = 0
+        self.done = False
+        self.calls: list[dict[str, Any]] = []  # every call attempted, in order (the verifier sees them all)
+        self.final_content = ""
+        self.finished = False  # ended on a final answer
+        self.format_error: str | None = None
+
+    def answer(self, call: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def step(self, completion: str | dict) -> StepResult:
+        if self.done:
+            raise RuntimeError(f"task {self.task.get('id')}: step() after the episode ended; call reset()")
+        parsed, message = parse_turn(completion, self.turn)
+        self.turn += 1
+        if parsed.error is not None:
+            # Nothing can be run and there is no call id to answer: the episode ends on garbage.
+            self.format_error = parsed.error
+            self.done = True
+            return StepResult([message], True)
+        if not parsed.calls:
+            self.final_content = parsed.content
+            self.done = self.finished = True
+            return StepResult([message], True)
+        out = [message]
+        for call, wire in zip(parsed.calls, message["tool_calls"], strict=True):
+            self.calls.append(call)
+            out.append({"role": "tool", "tool_call_id": wire["id"], "name": call["name"],
+                        "content": self.answer(call)})
+        self.done = self.turn >= self.max_turns
+        return StepResult(out, self.done)
+
+
 def assistant_message(parsed: ParsedCompletion, raw: str | dict, turn: int) -> dict[str, Any]:
     """The OpenAI-format assistant message for a parsed turn: calls with ids and JSON-string arguments.
 

@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.envs.base import StepResult, max_turns, parse_turn
+from trainer.envs.base import ToolEpisode, max_turns
 from trainer.verifiers import Score, SpecError
 from trainer.verifiers.matchers import Compiler
 from trainer.verifiers.rewards import score_task
@@ -73,7 +73,7 @@ def compile_recorded(task: dict[str, Any]) -> tuple[list[Recording], bool]:
     return out, allow_extra
 
 
-class ReplayEnv:
+class ReplayEnv(ToolEpisode):
     """One episode of a replay task; the task's `tools` are what the policy is shown."""
 
     def __init__(self, task: dict[str, Any]):
@@ -84,38 +84,12 @@ class ReplayEnv:
         self.reset()
 
     def reset(self) -> list[dict]:
-        self.turn = 0
-        self.done = False
-        self.calls: list[dict[str, Any]] = []
+        self._begin()
         self.unanswered: list[dict[str, Any]] = []  # calls that got the error observation
         self._taken: dict[int, int] = {}  # recording index -> when it was taken (a call counter)
-        self.final_content = ""
-        self.finished = False  # ended on a final answer
-        self.format_error: str | None = None
         return copy.deepcopy(self.task.get("messages") or [])
 
-    def step(self, completion: str | dict) -> StepResult:
-        if self.done:
-            raise RuntimeError(f"task {self.task.get('id')}: step() after the episode ended; call reset()")
-        parsed, message = parse_turn(completion, self.turn)
-        self.turn += 1
-        if parsed.error is not None:
-            self.format_error = parsed.error
-            self.done = True
-            return StepResult([message], True)
-        if not parsed.calls:
-            self.final_content = parsed.content
-            self.done = self.finished = True
-            return StepResult([message], True)
-        out = [message]
-        for call, wire in zip(parsed.calls, message["tool_calls"], strict=True):
-            self.calls.append(call)
-            out.append({"role": "tool", "tool_call_id": wire["id"], "name": call["name"],
-                        "content": self.observe(call)})
-        self.done = self.turn >= self.max_turns
-        return StepResult(out, self.done)
-
-    def observe(self, call: dict[str, Any]) -> str:
+    def answer(self, call: dict[str, Any]) -> str:
         """The recorded answer to `call`, or the error observation."""
         matches = [i for i, r in enumerate(self.recordings)
                    if not call_mismatches(r.call, call, self._allow_extra)]

@@ -6,14 +6,14 @@ import copy
 import json
 from typing import Any
 
-from trainer.envs.base import StepResult, max_turns, parse_turn
+from trainer.envs.base import ToolEpisode, max_turns
 from trainer.envs.workplace.tools import HANDLERS, ToolError
 from trainer.verifiers import Score
 from trainer.verifiers.rewards import score_task
 from trainer.verifiers.schemas import tool_index
 
 
-class WorkplaceEnv:
+class WorkplaceEnv(ToolEpisode):
     """One task's episode. The task's `tools` are the only ones callable; anything else is an unknown tool."""
 
     def __init__(self, task: dict[str, Any]):
@@ -28,44 +28,14 @@ class WorkplaceEnv:
 
     def reset(self) -> list[dict]:
         self.state: dict[str, Any] = copy.deepcopy(self.task["env"]["initial_state"])
-        self.turn = 0
-        self.done = False
-        self.calls: list[dict[str, Any]] = []  # every call attempted, in order (the verifier sees them all)
+        self._begin()
         self.call_errors: list[dict[str, Any]] = []
-        self.final_content = ""
-        self.format_error: str | None = None
         return copy.deepcopy(self.task.get("messages") or [])
 
-    def step(self, completion: str | dict) -> StepResult:
-        if self.done:
-            raise RuntimeError(f"task {self.task.get('id')}: step() after the episode ended; call reset()")
-        parsed, message = parse_turn(completion, self.turn)
-        self.turn += 1
-        if parsed.error is not None:
-            # Nothing can be executed and there is no call id to answer: the episode ends on garbage.
-            self.format_error = parsed.error
-            self.done = True
-            return StepResult([message], True)
-        if not parsed.calls:
-            self.final_content = parsed.content
-            self.done = True
-            return StepResult([message], True)
-        out = [message]
-        for call, wire in zip(parsed.calls, message["tool_calls"], strict=True):
-            observation = self._execute(call)
-            out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": wire["id"],
-                    "name": call["name"],
-                    "content": json.dumps(observation, ensure_ascii=False, separators=(",", ":")),
-                }
-            )
-        self.done = self.turn >= self.max_turns
-        return StepResult(out, self.done)
+    def answer(self, call: dict[str, Any]) -> str:
+        return json.dumps(self._execute(call), ensure_ascii=False, separators=(",", ":"))
 
     def _execute(self, call: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(call)
         name, args = call["name"], call["arguments"]
         info = self._index.get(name)
         if info is None or name not in HANDLERS:

@@ -258,6 +258,21 @@ class GRPOConfig:
             raise SpecError(f"{where}: {exc}") from exc
 
 
+def config_field_types() -> dict[str, tuple[type, ...]]:
+    """Each GRPOConfig field's allowed runtime types, read from its annotation (`float | None` gives
+    `(float, NoneType)`, `list[str]` gives `(list,)`): what a form or an API checks a value against."""
+    import types
+    import typing
+
+    hints = typing.get_type_hints(GRPOConfig)
+    out = {}
+    for f in dataclasses.fields(GRPOConfig):
+        hint = hints[f.name]
+        union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+        out[f.name] = tuple(typing.get_origin(a) or a for a in (typing.get_args(hint) if union else (hint,)))
+    return out
+
+
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise SpecError(f"config.{name} must be one of {', '.join(choices)}; got {value!r}")

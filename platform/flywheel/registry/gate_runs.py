@@ -2,8 +2,10 @@
 with `gate.gate_evaluate`, and store the decision with its report.
 
 Production's results come from the measurement before training (`production-holdout.jsonl`,
-`production-regression.jsonl`); the candidate's from the trainer's evals of its best checkpoint
-(`evals/holdout-step-N.jsonl`, `evals/regression-step-N.jsonl`). Same cases, same sampling settings."""
+`production-regression.jsonl`). The candidate's come from the worker's measurement of the best checkpoint on
+fresh samples (`gate/holdout.jsonl`, `gate/regression.jsonl`) when the trainer picked it among several holdout
+evaluations, and otherwise from the trainer's single evaluation of it (`evals/holdout-step-N.jsonl`,
+`evals/regression-step-N.jsonl`). Same cases, same sampling settings."""
 
 from __future__ import annotations
 
@@ -32,17 +34,23 @@ def _cases(path: Path, *, rates: bool) -> list[CaseResult]:
     return results
 
 
+def candidate_results(folder: Path, split: str, best_step: int) -> Path:
+    """The file of the candidate's per-case results the gate judges for `split` (see the module's text)."""
+    fresh = folder / "gate" / f"{split}.jsonl"
+    return fresh if fresh.exists() else folder / "evals" / f"{split}-step-{best_step:06d}.jsonl"
+
+
 def rules_for(project) -> GateRules:
     config = RegistrySettings.objects.filter(project=project).first()
     return GateRules(**(config.gate_rules if config and config.gate_rules else {}))
 
 
 def gate_decide_for_job(*, job) -> GateDecision:
-    from flywheel.training.services import job_dir
+    from flywheel.training.services import FRESH_SEED, holdout_looks, job_dir
 
     rules = rules_for(job.project)
     folder = job_dir(job)
-    best = (job.result or {}).get("best_step")
+    best = int((job.result or {}).get("best_step") or 0)
     rates = rules.test == "bootstrap"
     report: dict[str, Any] = {}
     error = ""
@@ -51,15 +59,19 @@ def gate_decide_for_job(*, job) -> GateDecision:
         if job.holdout_version is None:
             raise FileNotFoundError("The job had no holdout suite: the gate cannot judge a candidate without one.")
         production = _cases(folder / "production-holdout.jsonl", rates=rates)
-        candidate = _cases(folder / "evals" / f"holdout-step-{int(best or 0):06d}.jsonl", rates=rates)
+        holdout_file = candidate_results(folder, "holdout", best)
+        candidate = _cases(holdout_file, rates=rates)
         prod_reg: list[CaseResult] = []
         cand_reg: list[CaseResult] = []
         if job.regression_version is not None:
             prod_reg = _cases(folder / "production-regression.jsonl", rates=False)
-            cand_reg = _cases(folder / "evals" / f"regression-step-{int(best or 0):06d}.jsonl", rates=False)
+            cand_reg = _cases(candidate_results(folder, "regression", best), rates=False)
         outcome = gate_evaluate(production=production, candidate=candidate, production_regression=prod_reg,
                                 candidate_regression=cand_reg, rules=rules)
         report, passed = outcome.to_dict(), outcome.passed
+        fresh = holdout_file.parent.name == "gate"
+        report["measurement"] = {"step": best, "looks": holdout_looks(folder), "fresh": fresh,
+                                 "seed": FRESH_SEED if fresh else None}
     except (OSError, ValueError, KeyError) as exc:
         error = f"The gate could not judge: {exc}"
     return GateDecision.objects.create(

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import types
-import typing
 from typing import Any
 
 from flywheel.training.services import RECIPE
 
 
 def config_fields() -> list[dict[str, Any]]:
-    from trainer.config import GRPOConfig
+    from trainer.config import GRPOConfig, config_field_types
 
-    hints = typing.get_type_hints(GRPOConfig)
+    types_of = config_field_types()
     defaults = GRPOConfig()
     rows = []
     for field in dataclasses.fields(GRPOConfig):
@@ -24,19 +22,14 @@ def config_fields() -> list[dict[str, Any]]:
             "name": field.name,
             "help": field.metadata.get("help", ""),
             "default": json.dumps(default) if isinstance(default, list | dict | type(None) | bool) else default,
-            "type": _type_name(hints.get(field.name)),
+            "type": _type_name(types_of[field.name]),
         })
     return rows
 
 
-def _type_name(hint: Any) -> str:
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        hint = args[0] if args else str
-    origin = typing.get_origin(hint)
-    if origin in (list, tuple):
-        return "list"
-    return getattr(hint, "__name__", "str")
+def _type_name(allowed: tuple[type, ...]) -> str:
+    kind = next((a for a in allowed if a is not type(None)), str)
+    return "list" if kind in (list, tuple) else getattr(kind, "__name__", "str")
 
 
 def config_from_post(post) -> tuple[dict[str, Any], dict[str, str]]:

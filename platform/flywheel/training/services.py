@@ -73,21 +73,13 @@ def config_check(*, algorithm: str, config: dict[str, Any]) -> dict[str, Any]:
 def _config_type_errors(config: dict[str, Any]) -> dict[str, str]:
     """Each value against its GRPOConfig field's type: a JSON body can say "fast" where a float belongs, and
     the trainer would only find out at its first step."""
-    import dataclasses
-    import types
-    import typing
+    from trainer.config import config_field_types
 
-    from trainer.config import GRPOConfig
-
-    hints = typing.get_type_hints(GRPOConfig)
     errors = {}
-    for field in dataclasses.fields(GRPOConfig):
-        if field.name not in config:
+    for name, allowed in config_field_types().items():
+        if name not in config:
             continue
-        value, hint = config[field.name], hints[field.name]
-        allowed = typing.get_args(hint) if (isinstance(hint, types.UnionType)
-                                            or typing.get_origin(hint) is typing.Union) else (hint,)
-        allowed = tuple(typing.get_origin(a) or a for a in allowed)
+        value = config[name]
         if value is None and type(None) in allowed:
             continue
         if isinstance(value, bool) and bool not in allowed:
@@ -98,7 +90,7 @@ def _config_type_errors(config: dict[str, Any]) -> dict[str, str]:
             ok = isinstance(value, tuple(a for a in allowed if isinstance(a, type)))
         if not ok:
             names = " or ".join(getattr(a, "__name__", str(a)).replace("NoneType", "null") for a in allowed)
-            errors[field.name] = f"Expected {names}, got {json.dumps(value)[:60]}."
+            errors[name] = f"Expected {names}, got {json.dumps(value)[:60]}."
     return errors
 
 
@@ -387,16 +379,19 @@ def advise(metrics: dict[str, Any] | None, *, pairs: int = 0) -> dict[str, Any]:
             "cases": n}
 
 
-def _evaluate_command(job: TrainingJob, suite: Path, out: Path) -> list[str]:
-    """Production on a suite, sampled as the job's own evals will sample the candidate."""
+def _evaluate_command(job: TrainingJob, suite: Path, out: Path, *, adapter_path: str | None = None,
+                      seed: int | None = None) -> list[str]:
+    """Production (or, given `adapter_path`, a checkpoint of the job) on a suite, sampled as the job's own
+    evals sample the candidate."""
     from flywheel.evals.runs import evaluate_command
 
     cfg = job.config
     return evaluate_command(
-        model_path=job.base_version.base.path, adapter_path=job.base_version.adapter_path, suite=suite, out=out,
+        model_path=job.base_version.base.path,
+        adapter_path=job.base_version.adapter_path if adapter_path is None else adapter_path, suite=suite, out=out,
         samples=cfg.get("eval_samples_per_prompt") or _default("eval_samples_per_prompt"),
         temperature=cfg.get("eval_temperature", _default("eval_temperature")),
-        max_new_tokens=cfg.get("max_new_tokens") or _default("max_new_tokens"),
+        max_new_tokens=cfg.get("max_new_tokens") or _default("max_new_tokens"), seed=seed,
     )
 
 
@@ -459,6 +454,62 @@ def job_confirm(*, job: TrainingJob, user=None) -> TrainingJob:
     return job
 
 
+# The seed of the gate's own measurement of the chosen checkpoint: none of the trainer's evals (seeded by
+# the job's seed and the step) nor production's measurement (seed 0) draws these samples.
+FRESH_SEED = 104_729
+
+
+def holdout_looks(folder: Path) -> list[int]:
+    """The steps at which the trainer evaluated a checkpoint on the holdout (step 0 is production's baseline,
+    not a candidate)."""
+    steps = []
+    for path in (folder / "evals").glob("holdout-step-*.jsonl"):
+        step = int(path.stem.rsplit("-", 1)[1])
+        if step > 0:
+            steps.append(step)
+    return sorted(steps)
+
+
+def _measure_best(job: TrainingJob, folder: Path, done: dict[str, Any]) -> tuple[bool, str | None]:
+    """The best checkpoint's holdout score is the best of the trainer's looks: picked because it scored high,
+    on the very samples that scored it, so biased upwards. When more than one checkpoint was evaluated, the
+    gate judges the chosen one on fresh samples (FRESH_SEED) of the holdout and regression suites, written to
+    `gate/`; with a single look its score is unbiased and is used as it is. Returns (cancelled, error)."""
+    gate_dir = folder / "gate"
+    for stale in gate_dir.glob("*.jsonl"):
+        stale.unlink()  # an earlier attempt's: never judge this one by it
+    looks = holdout_looks(folder)
+    best = int(done.get("best_step") or 0)
+    if not done.get("adapter") or job.holdout_version is None or len(looks) <= 1:
+        return False, None
+    gate_dir.mkdir(exist_ok=True)
+    for name, version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
+        if version is None:
+            continue
+        result: dict[str, Any] = {}
+
+        def on_event(record: dict, result=result) -> None:
+            if record["event"] == "done":
+                result.update(record)
+            elif record["event"] == "error":
+                result["error"] = record.get("message", "")
+
+        command = _evaluate_command(job, folder / f"{name}.jsonl", gate_dir / f"{name}.jsonl",
+                                    adapter_path=str(done["adapter"]), seed=FRESH_SEED)
+        status, cancelled = _run_subprocess(job, command, folder, on_event=on_event)
+        if cancelled:
+            return True, None
+        if status != 0 or "metrics" not in result:
+            reason = result.get("error") or _stderr_tail(folder / f"stderr-{job.attempt}-evaluate.log")[-500:]
+            return False, (f"Measuring the best checkpoint (step {best}) on fresh samples of the {name} suite "
+                           f"failed: {reason}. Retry measures it again.")
+        _event(job, "measured", step=best, data={
+            "split": name, "metrics": result["metrics"], "seed": FRESH_SEED, "looks": looks,
+            "why": f"step {best} was the best of {len(looks)} holdout evaluations: the gate judges it on fresh "
+                   "samples, not on the scores that picked it"})
+    return False, None
+
+
 def _worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -512,9 +563,12 @@ def job_run(*, job_id: int) -> TrainingJob | None:
         elif kind == "done":
             last["done"] = record
 
+    measure_error = None
     try:
         with _dir_lock(folder):
             status, cancelled = _run_subprocess(job, trainer_command(job, folder), folder, on_event=on_event)
+            if status == 0 and not cancelled and last["done"] is not None:
+                cancelled, measure_error = _measure_best(job, folder, last["done"])
     except JobRefused as exc:
         return _fail(job, str(exc), step=job.step)
     job.refresh_from_db()
@@ -524,6 +578,8 @@ def job_run(*, job_id: int) -> TrainingJob | None:
         _event(job, "cancelled", step=job.step)
         job.refresh_from_db()
         return job
+    if measure_error:
+        return _fail(job, measure_error, step=job.step)
     if status == 0 and last["done"] is not None:
         return job_finish(job=job, done=last["done"])
     if last["error"] is not None:
@@ -662,6 +718,7 @@ def _record_eval_runs(*, job: TrainingJob, best_step: int) -> None:
     """The job's measurements as eval runs: production before training and the candidate's best checkpoint,
     on the holdout and the regression suite, so the dashboard and the runs page read the gate's numbers."""
     from flywheel.evals.runs import eval_run_record, read_cases
+    from flywheel.registry.gate_runs import candidate_results
 
     folder = job_dir(job)
     checkpoint = Checkpoint.objects.filter(job=job, step=best_step).first()
@@ -669,13 +726,18 @@ def _record_eval_runs(*, job: TrainingJob, best_step: int) -> None:
         if suite_version is None:
             continue
         production = folder / f"production-{split}.jsonl"
-        candidate = folder / "evals" / f"{split}-step-{best_step:06d}.jsonl"
+        candidate = candidate_results(folder, split, best_step)
         if production.exists():
             metrics = (job.advice or {}).get("metrics") if split == "holdout" else {}
             eval_run_record(project=job.project, model_version=job.base_version, suite_version=suite_version,
                             cases=read_cases(production), metrics=metrics or {}, job=job, step=0)
         if candidate.exists():
-            metrics = checkpoint.holdout if (checkpoint and split == "holdout") else {}
+            if candidate.parent.name == "gate":  # measured afresh for the gate: its metrics, not the trainer's
+                event = (JobEvent.objects.filter(job=job, attempt=job.attempt, kind="measured",
+                                                 data__split=split).order_by("-id").first())
+                metrics = event.data.get("metrics") if event else {}
+            else:
+                metrics = checkpoint.holdout if (checkpoint and split == "holdout") else {}
             eval_run_record(project=job.project, model_version=job.candidate_version, suite_version=suite_version,
                             cases=read_cases(candidate), metrics=metrics or {}, job=job, step=best_step)
 

@@ -155,6 +155,20 @@ def test_a_job_measures_production_trains_and_its_candidate_goes_through_the_gat
     # Production's side of the gate is what was measured before training.
     assert decision.report["rules"][0]["production"] == pytest.approx(
         ready.advice["metrics"]["success_rate"], abs=0.5)
+    # The best of two evaluated checkpoints is judged on fresh samples, not on the scores that picked it.
+    best = done.result["best_step"]
+    assert decision.report["measurement"] == {"step": best, "looks": [1, 2], "fresh": True,
+                                              "seed": services.FRESH_SEED}
+    measured = {e.data["split"]: e for e in JobEvent.objects.filter(job=job, kind="measured")}
+    assert set(measured) == {"holdout", "regression"} and measured["holdout"].step == best
+    from flywheel.evals.runs import read_cases
+
+    folder = services.job_dir(done)
+    fresh = read_cases(folder / "gate" / "holdout.jsonl")
+    assert [c["id"] for c in fresh] == [row["id"] for row in world["holdout"].rows]
+    fresh_success = sum(c["passed"] for c in fresh) / len(fresh)
+    assert decision.report["rules"][0]["candidate"] == pytest.approx(fresh_success, abs=1e-4)
+    assert measured["holdout"].data["metrics"]["n"] == 4 * SMALL["eval_samples_per_prompt"]
     if not decision.passed:
         with pytest.raises(registry.RegistryError, match="did not pass the gate"):
             registry.model_promote(project=world["project"], version=candidate)

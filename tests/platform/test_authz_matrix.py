@@ -92,6 +92,11 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/evals/runs/new": (NOT_ALLOWED, write(422)),  # the empty form: 422
     "p/<slug:project_slug>/evals/runs/compare": ((LOGIN, 404, 404, 400, 400, 400, LOGIN, LOGIN, LOGIN), NOT_ALLOWED),  # no runs named
     "p/<slug:project_slug>/evals/runs/<int:eval_run_id>/": (READ, NOT_ALLOWED),
+    # Reviewers stop and retry runs. The table's run is queued: the reviewer's cancel goes through (302),
+    # the maintainer's comes after it and finds it cancelled (409); a queued run is not retried (409).
+    "p/<slug:project_slug>/evals/runs/<int:eval_run_id>/cancel": (
+        NOT_ALLOWED, (LOGIN, 404, 404, 403, 302, 409, LOGIN, LOGIN, LOGIN)),
+    "p/<slug:project_slug>/evals/runs/<int:eval_run_id>/retry": (NOT_ALLOWED, write(409)),
     "p/<slug:project_slug>/training/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/training/new": (NOT_ALLOWED, write(422, "maintainer")),  # the empty form: 422
     "p/<slug:project_slug>/training/<int:job_id>/": (READ, NOT_ALLOWED),
@@ -108,6 +113,10 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "api/v1/training-jobs": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
     "api/v1/training-jobs/<job_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
     "api/v1/training-jobs/<job_id>/cancel": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
+    "api/v1/eval-runs": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
+    "api/v1/eval-runs/<eval_run_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/eval-runs/<eval_run_id>/cancel": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
+    "api/v1/eval-runs/<eval_run_id>/retry": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
     # Failure modes: members read; reviewers name modes, assign them (one trajectory or a selection of the
     # list) and work the queue; maintainers edit the taxonomy and delete modes. A form posted empty is
     # answered with its error: 422 on the page, or a redirect back with the error as a message.

@@ -17,6 +17,7 @@ class EvalRunStatus(models.TextChoices):
     RUNNING = "running", "Running"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
 
 
 class EvalRun(models.Model):
@@ -37,12 +38,27 @@ class EvalRun(models.Model):
     queued_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # While it runs: which worker, its trainer's pid, the last sign of life (the sweep fails a run whose
+    # worker stopped beating), and whether someone asked it to stop.
+    attempt = models.PositiveIntegerField(default=0)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:
         return f"run {self.pk}"
+
+    @property
+    def active(self) -> bool:
+        return self.status in (EvalRunStatus.QUEUED, EvalRunStatus.RUNNING)
+
+    @property
+    def retryable(self) -> bool:
+        return self.status in (EvalRunStatus.FAILED, EvalRunStatus.CANCELLED) and self.source == "manual"
 
 
 class EvalCaseResult(models.Model):

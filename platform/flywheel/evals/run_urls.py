@@ -9,4 +9,6 @@ urlpatterns = [
     path("evals/runs/new", run_views.run_start, name="eval_run_start"),
     path("evals/runs/compare", run_views.run_compare, name="eval_run_compare"),
     path("evals/runs/<int:eval_run_id>/", run_views.run_page, name="eval_run"),
+    path("evals/runs/<int:eval_run_id>/cancel", run_views.run_cancel, name="eval_run_cancel"),
+    path("evals/runs/<int:eval_run_id>/retry", run_views.run_retry, name="eval_run_retry"),
 ]

@@ -59,15 +59,51 @@ def run_start(request: HttpRequest, project: Project) -> HttpResponse:
     return redirect("eval_run", project.slug, run.pk)
 
 
+def _run(project: Project, eval_run_id: int) -> EvalRun:
+    return get_object_or_404(EvalRun.objects.select_related("model_version__base", "suite_version__suite", "job"),
+                             project=project, pk=eval_run_id)
+
+
+def _run_context(request: HttpRequest, project: Project, run: EvalRun, **extra) -> dict:
+    others = EvalRun.objects.filter(project=project, suite_version=run.suite_version, status="succeeded").exclude(
+        pk=run.pk).select_related("model_version")[:50]
+    return {"project": project, "run": run, "results": run.results.all()[:2000], "others": others,
+            "can_run": request.membership.grants(Role.REVIEWER), **extra}
+
+
 @require_GET
 @project_view()
 def run_page(request: HttpRequest, project: Project, eval_run_id: int) -> HttpResponse:
-    run = get_object_or_404(EvalRun.objects.select_related("model_version__base", "suite_version__suite", "job"),
-                            project=project, pk=eval_run_id)
-    others = EvalRun.objects.filter(project=project, suite_version=run.suite_version, status="succeeded").exclude(
-        pk=run.pk).select_related("model_version")[:50]
-    return render(request, "evals/run.html", {"project": project, "run": run, "results": run.results.all()[:2000],
-                                              "others": others})
+    run = _run(project, eval_run_id)
+    if request.htmx and not run.active:
+        response = HttpResponse(status=204)
+        response["HX-Refresh"] = "true"  # it ended while the page polled: reload it, results and all
+        return response
+    template = "evals/_run_status.html" if request.htmx else "evals/run.html"
+    return render(request, template, _run_context(request, project, run))
+
+
+def _act(request: HttpRequest, project: Project, eval_run_id: int, action) -> HttpResponse:
+    run = _run(project, eval_run_id)
+    try:
+        action(run=run)
+    except ValidationError as exc:
+        run.refresh_from_db()
+        return render(request, "evals/run.html", _run_context(request, project, run, action_error=exc.messages[0]),
+                      status=409)
+    return redirect("eval_run", project.slug, run.pk)
+
+
+@require_POST
+@project_view(Role.REVIEWER)
+def run_cancel(request: HttpRequest, project: Project, eval_run_id: int) -> HttpResponse:
+    return _act(request, project, eval_run_id, runs.eval_run_cancel)
+
+
+@require_POST
+@project_view(Role.REVIEWER)
+def run_retry(request: HttpRequest, project: Project, eval_run_id: int) -> HttpResponse:
+    return _act(request, project, eval_run_id, runs.eval_run_retry)
 
 
 @require_GET

@@ -4,22 +4,21 @@ same suite version case by case with a paired test."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from flywheel import outbox
 from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
-
-EVALUATE_TIMEOUT_S = 6 * 3600
+from flywheel.supervise import supervise
 
 
 def case_output(case: dict[str, Any] | None) -> str:
@@ -114,13 +113,16 @@ def _run_dir(run: EvalRun) -> Path:
 
 
 def eval_run_process(*, run_id: int) -> EvalRun | None:
-    """The worker's side: claim the run, write the suite, run the trainer's evaluate, store the results."""
-    from flywheel.training.services import _die_with_parent
+    """The worker's side: claim the run, write the suite, run the trainer's evaluate (beating the heart and
+    honouring cancel, like a training job), store the results. A duplicate message finds it no longer queued."""
+    from flywheel.training.services import _worker_name
 
-    if not EvalRun.objects.filter(pk=run_id, status=EvalRunStatus.QUEUED).update(
-        status=EvalRunStatus.RUNNING, started_at=timezone.now()
+    now = timezone.now()
+    if not EvalRun.objects.filter(pk=run_id, status=EvalRunStatus.QUEUED, cancel_requested=False).update(
+        status=EvalRunStatus.RUNNING, started_at=now, heartbeat_at=now, worker=_worker_name(),
+        attempt=F("attempt") + 1, error="",
     ):
-        return None  # a duplicate message
+        return None
     run = EvalRun.objects.select_related("project", "model_version__base", "suite_version").get(pk=run_id)
     folder = _run_dir(run)
     folder.mkdir(parents=True, exist_ok=True)
@@ -128,33 +130,98 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
 
     suite = folder / "suite.jsonl"
     write_jsonl(suite, run.suite_version.rows)
+    results = folder / "results.jsonl"
+    results.unlink(missing_ok=True)  # an earlier attempt's
     version = run.model_version
     command = evaluate_command(model_path=version.base.path, adapter_path=version.adapter_path, suite=suite,
-                               out=folder / "results.jsonl", samples=run.samples)
+                               out=results, samples=run.samples)
+    final: dict[str, Any] = {}
+
+    def on_event(record: dict[str, Any]) -> None:
+        if record["event"] in ("done", "error"):
+            final.update(record)
+
+    def on_tick() -> bool:
+        EvalRun.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
+        return EvalRun.objects.filter(pk=run.pk, cancel_requested=True).exists()
+
+    stderr_path = folder / f"stderr-{run.attempt}.log"
     try:
-        done = subprocess.run(command, capture_output=True, text=True, cwd=folder, timeout=EVALUATE_TIMEOUT_S,
-                              preexec_fn=_die_with_parent,  # noqa: PLW1509 (own process group, dies with us)
-                              env={**os.environ, "FLYWHEEL_ENV_ENTRY_POINTS": "0"})
-        events = [json.loads(line) for line in done.stdout.splitlines() if line.strip().startswith("{")]
-        final = events[-1] if events else {}
-        if done.returncode != 0 or final.get("event") != "done":
-            message = final.get("message") or done.stderr.strip()[-1500:] or f"exit status {done.returncode}"
-            raise RuntimeError(message)
-        with transaction.atomic():
-            _store_results(run, read_cases(folder / "results.jsonl"))
-            EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.SUCCEEDED, metrics=final.get("metrics", {}),
-                                                     finished_at=timezone.now())
-    except Exception as exc:  # noqa: BLE001 (the page says why; a new run retries)
+        status, cancelled = supervise(
+            command, cwd=folder, env={**os.environ, "PYTHONUNBUFFERED": "1", "FLYWHEEL_ENV_ENTRY_POINTS": "0"},
+            stderr_path=stderr_path, on_event=on_event, on_tick=on_tick,
+            on_start=lambda pid: EvalRun.objects.filter(pk=run.pk).update(pid=pid))
+        if cancelled:
+            EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.CANCELLED, finished_at=timezone.now(),
+                                                     pid=None, heartbeat_at=None)
+        elif status != 0 or final.get("event") != "done":
+            tail = stderr_path.read_bytes()[-1500:].decode("utf-8", "replace").strip() if stderr_path.exists() else ""
+            raise RuntimeError(final.get("message") or tail or f"exit status {status}")
+        else:
+            with transaction.atomic():
+                _store_results(run, read_cases(results))
+                EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.SUCCEEDED, finished_at=timezone.now(),
+                                                         metrics=final.get("metrics", {}), pid=None, heartbeat_at=None)
+    except Exception as exc:  # noqa: BLE001 (the page says why; Retry runs it again)
         EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.FAILED, error=str(exc)[:4000],
-                                                 finished_at=timezone.now())
+                                                 finished_at=timezone.now(), pid=None, heartbeat_at=None)
     run.refresh_from_db()
     return run
 
 
-def eval_sweep() -> int:
-    """The outbox sweep: runs still queued after the requeue delay are sent again."""
+def eval_run_cancel(*, run: EvalRun) -> EvalRun:
+    """Stop a run: a queued one at once, a running one by killing its trainer at the worker's next beat."""
+    with transaction.atomic():
+        run = EvalRun.objects.select_for_update().get(pk=run.pk)
+        if not run.active:
+            raise ValidationError(f"The run is {run.get_status_display().lower()}: there is nothing to cancel.")
+        if run.status == EvalRunStatus.RUNNING:
+            run.cancel_requested = True
+            run.save(update_fields=["cancel_requested"])
+        else:
+            run.status = EvalRunStatus.CANCELLED
+            run.finished_at = timezone.now()
+            run.save(update_fields=["status", "finished_at"])
+    return run
+
+
+def eval_run_retry(*, run: EvalRun) -> EvalRun:
+    """Queue a failed or cancelled run again; it starts over (results are stored only when a run completes)."""
     from flywheel.evals.tasks import eval_run_task
 
+    with transaction.atomic():
+        run = EvalRun.objects.select_for_update().get(pk=run.pk)
+        if not run.retryable:
+            raise ValidationError(f"The run is {run.get_status_display().lower()}: only a failed or cancelled run "
+                                  "is retried.")
+        run.status = EvalRunStatus.QUEUED
+        run.cancel_requested = False
+        run.queued_at = timezone.now()
+        run.finished_at = None
+        run.save(update_fields=["status", "cancel_requested", "queued_at", "finished_at"])
+        outbox.send_on_commit(eval_run_task, run.pk)
+    return run
+
+
+def eval_run_reap() -> int:
+    """Fail running runs whose heartbeat stopped: their worker vanished. Retry runs them again."""
+    stale = timezone.now() - timedelta(seconds=settings.FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S)
+    reaped = 0
+    for run in EvalRun.objects.filter(status=EvalRunStatus.RUNNING, heartbeat_at__lt=stale):
+        reaped += EvalRun.objects.filter(pk=run.pk, status=EvalRunStatus.RUNNING, heartbeat_at__lt=stale).update(
+            status=EvalRunStatus.FAILED, finished_at=timezone.now(), pid=None,
+            error=(f"The worker running this evaluation ({run.worker or 'unknown'}) stopped answering (no "
+                   f"heartbeat since {run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC). Retry runs it again."),
+        )
+    return reaped
+
+
+def eval_sweep() -> int:
+    """The outbox sweep: reap runs whose worker vanished, and send again runs still queued after the requeue
+    delay."""
+    from flywheel.evals.tasks import eval_run_task
+
+    reaped = eval_run_reap()
     stale = timezone.now() - outbox.requeue_after()
     sent = 0
     for run_id in EvalRun.objects.filter(status=EvalRunStatus.QUEUED, queued_at__lt=stale).values_list("id", flat=True):
@@ -164,7 +231,7 @@ def eval_sweep() -> int:
             break
         EvalRun.objects.filter(pk=run_id).update(queued_at=timezone.now())
         sent += 1
-    return sent
+    return reaped + sent
 
 
 def eval_compare(*, a: EvalRun, b: EvalRun) -> dict[str, Any]:

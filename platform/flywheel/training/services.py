@@ -6,17 +6,12 @@ adapter as a version, make it the candidate, run the gate)."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import logging
 import os
 import re
-import selectors
-import signal
 import socket
-import subprocess
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,6 +26,7 @@ from flywheel import outbox
 from flywheel.accounts.models import Project
 from flywheel.evals import leakage
 from flywheel.registry import selectors as registry_selectors
+from flywheel.supervise import supervise
 from flywheel.training.models import ACTIVE, Checkpoint, JobEvent, JobStatus, TrainingJob
 
 logger = logging.getLogger(__name__)
@@ -250,55 +246,11 @@ def _dir_lock(folder: Path):
 # --- running the trainer -----------------------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the trainer's process: start its own process group (cancel kills the whole group) and die when the
-    worker that started it dies, so no trainer outlives its worker (Linux's PR_SET_PDEATHSIG)."""
-    os.setsid()
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-
-
 def trainer_command(job: TrainingJob, folder: Path) -> list[str]:
     """`python -m trainer train`, under torchrun on this host when the job takes more than one GPU."""
     from trainer.distributed import launch_command
 
     return launch_command(folder / "spec.json", job.num_gpus)
-
-
-def _kill_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-def _stream(process: subprocess.Popen, *, on_line, on_tick, tick_s: float) -> None:
-    """Call on_line for each stdout line, and on_tick at least every tick_s while the trainer is quiet."""
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
-    buffer = b""
-    last_tick = time.monotonic()
-    fd = process.stdout.fileno()
-    while True:
-        if selector.select(timeout=tick_s):
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                on_line(line)
-        if time.monotonic() - last_tick >= tick_s:
-            last_tick = time.monotonic()
-            if on_tick():
-                break
-    if buffer.strip():
-        on_line(buffer)
-    selector.close()
 
 
 def _stderr_tail(path: Path) -> str:
@@ -315,36 +267,13 @@ def _run_subprocess(job: TrainingJob, command: list[str], folder: Path, *, on_ev
     # Task rows come from users: never let one name code for the trainer to import (`env.type: python`).
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI,
            "FLYWHEEL_ENV_ENTRY_POINTS": "0"}
-    with stderr_path.open("wb") as stderr:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, cwd=folder, env=env,
-                                   preexec_fn=_die_with_parent)  # noqa: PLW1509 (needed: process group, death signal)
-    TrainingJob.objects.filter(pk=job.pk).update(pid=process.pid)
-    cancelled = False
-
-    def on_line(raw: bytes) -> None:
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            return  # not an event: the trainer keeps stdout for events, but a library may slip a line in
-        if isinstance(record, dict) and "event" in record:
-            on_event(record)
 
     def on_tick() -> bool:
-        nonlocal cancelled
         TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now())
-        if TrainingJob.objects.filter(pk=job.pk, cancel_requested=True).exists():
-            cancelled = True
-            _kill_group(process)
-            return True
-        return False
+        return TrainingJob.objects.filter(pk=job.pk, cancel_requested=True).exists()
 
-    try:
-        _stream(process, on_line=on_line, on_tick=on_tick, tick_s=settings.FLYWHEEL_JOB_HEARTBEAT_S)
-        status = process.wait()
-    finally:
-        if process.poll() is None:  # the worker is being stopped: take the trainer with it
-            _kill_group(process, grace_s=5)
-    return status, cancelled
+    return supervise(command, cwd=folder, env=env, stderr_path=stderr_path, on_event=on_event,
+                     on_start=lambda pid: TrainingJob.objects.filter(pk=job.pk).update(pid=pid), on_tick=on_tick)
 
 
 # --- measuring production and advising ---------------------------------------------------------------------------

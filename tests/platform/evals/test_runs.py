@@ -95,3 +95,99 @@ def test_a_failing_run_says_why(project, suite_version, user, tmp_path, celery_w
     failed = celery_worker.wait_for(lambda: EvalRun.objects.filter(pk=run.pk, status=EvalRunStatus.FAILED).first(),
                                     timeout=120)
     assert "tokenizer" in failed.error
+
+
+def test_a_running_evaluation_is_cancelled_with_its_trainer_and_a_retry_completes_it(
+    project, suite_version, tiny_model, user, celery_worker,
+):
+    import os
+
+    version = registry.base_model_register(project=project, name="tiny", path=str(tiny_model), user=user)
+    run = runs.eval_run_create(project=project, model_version=version, suite_version=suite_version, samples=32)
+    running = celery_worker.wait_for(
+        lambda: EvalRun.objects.filter(pk=run.pk, status=EvalRunStatus.RUNNING, pid__isnull=False).first(),
+        timeout=120)
+    pid = running.pid
+    assert os.getpgid(pid) == pid and running.worker and running.attempt == 1  # its own process group
+    runs.eval_run_cancel(run=running)
+    cancelled = celery_worker.wait_for(
+        lambda: EvalRun.objects.filter(pk=run.pk, status=EvalRunStatus.CANCELLED).first(), timeout=60)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # gone, not an orphan
+    assert cancelled.pid is None and not cancelled.results.exists()
+    with pytest.raises(ValidationError, match="nothing to cancel"):
+        runs.eval_run_cancel(run=cancelled)
+
+    EvalRun.objects.filter(pk=run.pk).update(samples=2)  # the retry need not be long to prove it completes
+    runs.eval_run_retry(run=cancelled)
+    done = celery_worker.wait_for(
+        lambda: EvalRun.objects.filter(pk=run.pk).exclude(status__in=(EvalRunStatus.QUEUED, EvalRunStatus.RUNNING))
+        .first(), timeout=240)
+    assert done.status == EvalRunStatus.SUCCEEDED, done.error
+    assert done.attempt == 2 and done.metrics["n"] == 4 * 2 and done.results.count() == 4
+    with pytest.raises(ValidationError, match="only a failed or cancelled run"):
+        runs.eval_run_retry(run=done)
+
+
+def test_the_sweep_fails_a_run_whose_worker_vanished_and_the_page_offers_a_retry(
+    project, suite_version, tiny_model, user, client_for, make_user, make_membership,
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    version = registry.base_model_register(project=project, name="tiny", path=str(tiny_model), user=user)
+    run = EvalRun.objects.create(project=project, model_version=version, suite_version=suite_version,
+                                 status=EvalRunStatus.RUNNING, worker="gpu-7:4242", attempt=1,
+                                 heartbeat_at=timezone.now() - timedelta(hours=1))
+    fresh = EvalRun.objects.create(project=project, model_version=version, suite_version=suite_version,
+                                   status=EvalRunStatus.RUNNING, worker="gpu-8:1", heartbeat_at=timezone.now())
+    runs.eval_sweep()
+    run.refresh_from_db()
+    assert run.status == EvalRunStatus.FAILED and "gpu-7:4242" in run.error and "Retry" in run.error
+    assert EvalRun.objects.get(pk=fresh.pk).status == EvalRunStatus.RUNNING  # still beating: left alone
+
+    page = client_for(user).get(reverse("eval_run", args=[project.slug, run.pk]))
+    assert b'id="run-retry"' in page.content and b"gpu-7:4242" in page.content
+    viewer = make_user("watcher")
+    make_membership(viewer, project, "viewer")
+    assert b'id="run-retry"' not in client_for(viewer).get(reverse("eval_run", args=[project.slug, run.pk])).content
+    response = client_for(user).post(reverse("eval_run_retry", args=[project.slug, run.pk]))
+    assert response.status_code == 302
+    assert EvalRun.objects.get(pk=run.pk).status == EvalRunStatus.QUEUED
+
+    # The page polls a queued run; once it has ended, the poll reloads the page.
+    page = client_for(user).get(reverse("eval_run", args=[project.slug, run.pk]))
+    assert b'hx-trigger="every 2s"' in page.content and b'id="run-cancel"' in page.content
+    response = client_for(user).post(reverse("eval_run_cancel", args=[project.slug, run.pk]))
+    assert response.status_code == 302 and EvalRun.objects.get(pk=run.pk).status == EvalRunStatus.CANCELLED
+    poll = client_for(user).get(reverse("eval_run", args=[project.slug, run.pk]), HTTP_HX_REQUEST="true")
+    assert poll.status_code == 204 and poll["HX-Refresh"] == "true"
+    again = client_for(user).post(reverse("eval_run_cancel", args=[project.slug, run.pk]))
+    assert again.status_code == 409 and b"nothing to cancel" in again.content
+
+
+def test_the_api_starts_follows_cancels_and_retries_a_run(project, suite_version, tiny_model, user, api_client,
+                                                          make_api_key, make_project):
+    version = registry.base_model_register(project=project, name="tiny", path=str(tiny_model), user=user)
+    key = make_api_key(project, scopes=["train", "read"])
+    bad = api_client.post("/api/v1/eval-runs", {"model_version": 9, "suite_version": suite_version.pk}, key=key)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "model_version"]
+    bad = api_client.post("/api/v1/eval-runs", {"model_version": version.number, "suite_version": suite_version.pk,
+                                                "samples": 0}, key=key)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "samples"]
+    started = api_client.post("/api/v1/eval-runs", {"model_version": version.number,
+                                                    "suite_version": suite_version.pk, "samples": 2}, key=key)
+    assert started.status_code == 201 and started.json()["status"] == "queued"
+    run_id = started.json()["id"]
+    got = api_client.get(f"/api/v1/eval-runs/{run_id}", key=key).json()
+    assert (got["status"], got["model_version"], got["samples"], got["cases"]) == ("queued", version.number, 2, [])
+    assert api_client.post(f"/api/v1/eval-runs/{run_id}/retry", key=key).status_code == 409  # still queued
+    assert api_client.post(f"/api/v1/eval-runs/{run_id}/cancel", key=key).json()["status"] == "cancelled"
+    assert api_client.post(f"/api/v1/eval-runs/{run_id}/cancel", key=key).status_code == 409
+    assert api_client.post(f"/api/v1/eval-runs/{run_id}/retry", key=key).json()["status"] == "queued"
+    other = make_api_key(make_project("elsewhere"), scopes=["train", "read"])
+    assert api_client.get(f"/api/v1/eval-runs/{run_id}", key=other).status_code == 404
+    assert api_client.post(f"/api/v1/eval-runs/{run_id}/cancel", key=other).status_code == 404
+    read_only = make_api_key(project, scopes=["read"])
+    assert api_client.post(f"/api/v1/eval-runs/{run_id}/cancel", key=read_only).status_code == 403

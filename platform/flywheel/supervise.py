@@ -1,0 +1,101 @@
+"""Running the trainer as a child of a worker: its own process group, dead with its worker, its stdout read as
+JSON events, a heartbeat while it is quiet, and cancel that kills the whole group.
+
+Training jobs and eval runs both run `python -m trainer ...` this way."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+
+def die_with_parent() -> None:
+    """In the trainer's process: start its own process group (cancel kills the whole group) and die when the
+    worker that started it dies, so no trainer outlives its worker (Linux's PR_SET_PDEATHSIG)."""
+    os.setsid()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def kill_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _stream(process: subprocess.Popen, *, on_line, on_tick, tick_s: float) -> None:
+    """Call on_line for each stdout line, and on_tick at least every tick_s while the trainer is quiet."""
+    selector = selectors.DefaultSelector()
+    selector.register(process.stdout, selectors.EVENT_READ)
+    buffer = b""
+    last_tick = time.monotonic()
+    fd = process.stdout.fileno()
+    while True:
+        if selector.select(timeout=tick_s):
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                on_line(line)
+        if time.monotonic() - last_tick >= tick_s:
+            last_tick = time.monotonic()
+            if on_tick():
+                break
+    if buffer.strip():
+        on_line(buffer)
+    selector.close()
+
+
+def supervise(
+    command: list[str], *, cwd: Path, env: dict[str, str], stderr_path: Path,
+    on_event: Callable[[dict[str, Any]], None], on_start: Callable[[int], Any], on_tick: Callable[[], bool],
+) -> tuple[int, bool]:
+    """Run `command`, pass each JSON event it prints to `on_event`, and call `on_tick` (beat the heart; True
+    means cancel) every FLYWHEEL_JOB_HEARTBEAT_S. Returns (exit status, cancelled)."""
+    with stderr_path.open("wb") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, cwd=cwd, env=env,
+                                   preexec_fn=die_with_parent)  # noqa: PLW1509 (needed: process group, death signal)
+    on_start(process.pid)
+    cancelled = False
+
+    def on_line(raw: bytes) -> None:
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return  # not an event: the trainer keeps stdout for events, but a library may slip a line in
+        if isinstance(record, dict) and "event" in record:
+            on_event(record)
+
+    def tick() -> bool:
+        nonlocal cancelled
+        if on_tick():
+            cancelled = True
+            kill_group(process)
+            return True
+        return False
+
+    try:
+        _stream(process, on_line=on_line, on_tick=tick, tick_s=settings.FLYWHEEL_JOB_HEARTBEAT_S)
+        status = process.wait()
+    finally:
+        if process.poll() is None:  # the worker is being stopped: take the trainer with it
+            kill_group(process, grace_s=5)
+    return status, cancelled

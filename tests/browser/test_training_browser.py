@@ -138,6 +138,11 @@ def finished_job(project, user, w: dict) -> TrainingJob:
     regression = [f"reg-{i}" for i in range(200, 203)]
     write_cases(folder / "production-regression.jsonl", [case_line(c, True, right % 1) for c in regression])
     write_cases(folder / "evals" / "regression-step-000020.jsonl", [case_line(c, True, right % 1) for c in regression])
+    # Step 20 was the best of three looks: the worker measured it again on fresh samples, which the gate judges.
+    write_cases(folder / "gate" / "holdout.jsonl", [
+        case_line(c, i < 11, right % (100 + i) if i < 11 else '{"order_id": null}', failure="wrong_arguments",
+                  latency=905 + i, tokens=42) for i, c in enumerate(ids)])
+    write_cases(folder / "gate" / "regression.jsonl", [case_line(c, True, right % 1) for c in regression])
     adapter = folder / "checkpoint-20" / "adapter"
     adapter.mkdir(parents=True)
     (adapter / "adapter_config.json").write_text('{"r": 8, "lora_alpha": 16}')
@@ -206,6 +211,9 @@ def test_curves_render_the_gate_reports_each_rule_and_a_maintainer_promotes_then
     expect(rules.first).to_contain_text("0.4167")  # production's 5 of 12
     expect(rules.first).to_contain_text("0.9167")  # the candidate's 11 of 12
     expect(rules.first).to_contain_text("exact McNemar: 6 cases only the candidate passes")
+    expect(page.locator("#gate-measurement")).to_contain_text(
+        "the best of 3 holdout evaluations during training. Picked on those scores, it is judged here on fresh "
+        "samples")
     shot(page, "gate-report.png")
 
     history = page.locator("#history tbody tr")
@@ -234,4 +242,35 @@ def test_curves_render_the_gate_reports_each_rule_and_a_maintainer_promotes_then
     production = w["production"]
     production.refresh_from_db()
     assert mlflow_bridge.alias_get(project_slug=project.slug, alias="production") == production.mlflow_version
+    assert not page.log.page_errors and not page.log.console_errors and not page.log.failed_requests
+
+
+def test_an_eval_run_page_follows_the_run_and_a_reviewer_cancels_then_retries_it(
+    open_page, project, user, make_user, make_membership, tmp_path
+):
+    from flywheel.evals.run_models import EvalRun, EvalRunStatus
+
+    w = world(project, user, tmp_path)
+    reviewer = make_user("rita")
+    make_membership(reviewer, project, "reviewer")
+    run = EvalRun.objects.create(project=project, model_version=w["production"], suite_version=w["holdout"],
+                                 status=EvalRunStatus.RUNNING, worker="gpu-1:4242", attempt=1, samples=4,
+                                 started_at=timezone.now(), heartbeat_at=timezone.now(), created_by=user)
+    page = open_page(reviewer)
+    page.goto(f"/p/{project.slug}/evals/runs/{run.pk}/")
+    expect(page.locator("#run-status")).to_have_text("Running")
+    expect(page.locator("#run-state")).to_contain_text("on gpu-1:4242")
+    shot(page, "eval-run-running.png")
+    page.click("#run-cancel")
+    expect(page.locator("#run-state")).to_contain_text("stopping")
+    assert EvalRun.objects.get(pk=run.pk).cancel_requested
+
+    # The worker kills the trainer and records the end; the page, polling, reloads with the outcome.
+    EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.CANCELLED, finished_at=timezone.now(), pid=None)
+    expect(page.locator("#run-status")).to_have_text("Cancelled", timeout=10_000)
+    expect(page.locator("#run-retry")).to_be_visible()
+    shot(page, "eval-run-cancelled.png")
+    page.click("#run-retry")
+    expect(page.locator("#run-status")).to_have_text("Queued")
+    assert EvalRun.objects.get(pk=run.pk).status == EvalRunStatus.QUEUED
     assert not page.log.page_errors and not page.log.console_errors and not page.log.failed_requests

@@ -99,6 +99,7 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/evals/runs/<int:eval_run_id>/retry": (NOT_ALLOWED, write(409)),
     "p/<slug:project_slug>/training/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/training/new": (NOT_ALLOWED, write(422, "maintainer")),  # the empty form: 422
+    "p/<slug:project_slug>/training/defaults/clear": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/training/<int:job_id>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/training/<int:job_id>/curves": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/training/<int:job_id>/checkpoints/<int:step>/": (READ, NOT_ALLOWED),

@@ -7,19 +7,23 @@ import dataclasses
 import json
 from typing import Any
 
-from flywheel.training.services import RECIPE
+from flywheel.training.services import RECIPE, project_defaults
 
 
-def config_fields() -> list[dict[str, Any]]:
+def config_fields(project=None) -> list[dict[str, Any]]:
+    """One row per GRPOConfig field: its default (the project's saved value, else the field's recipe, else the
+    dataclass's), whether the project set it, its help and its type."""
     from trainer.config import GRPOConfig, config_field_types
 
     types_of = config_field_types()
     defaults = GRPOConfig()
+    saved = project_defaults(project)
     rows = []
     for field in dataclasses.fields(GRPOConfig):
-        default = RECIPE.get(field.name, getattr(defaults, field.name))
+        default = saved.get(field.name, RECIPE.get(field.name, getattr(defaults, field.name)))
         rows.append({
             "name": field.name,
+            "project": field.name in saved,
             "help": field.metadata.get("help", ""),
             "default": json.dumps(default) if isinstance(default, list | dict | type(None) | bool) else default,
             "type": _type_name(types_of[field.name]),

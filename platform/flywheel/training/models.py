@@ -119,3 +119,18 @@ class Checkpoint(models.Model):
     class Meta:
         ordering = ["step"]
         constraints = [models.UniqueConstraint(fields=["job", "step"], name="training_checkpoint_unique_step")]
+
+
+class TrainingDefaults(models.Model):
+    """A project's own recipe: GRPOConfig values its new jobs start from (the form's prefilled values, and
+    what the API merges under a job's `config`), saved from the new-job form. The field's recipe applies to
+    whatever the project does not set."""
+
+    project = models.OneToOneField(Project, on_delete=models.CASCADE, related_name="training_defaults")
+    config = models.JSONField(default=dict, blank=True)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"training defaults of {self.project}"

@@ -43,14 +43,22 @@ class JobRefused(Exception):
 # --- creating a job ----------------------------------------------------------------------------------------------
 
 
-def config_check(*, algorithm: str, config: dict[str, Any]) -> dict[str, Any]:
-    """The recipe's defaults under the user's values, checked by the trainer's own config class: a wrong value
-    is a field error named after the GRPOConfig field."""
+def project_defaults(project: Project | None) -> dict[str, Any]:
+    """The GRPOConfig values a project saved as its own recipe (empty when it saved none)."""
+    from flywheel.training.models import TrainingDefaults
+
+    found = TrainingDefaults.objects.filter(project=project).first() if project is not None else None
+    return dict(found.config) if found else {}
+
+
+def config_check(*, algorithm: str, config: dict[str, Any], project: Project | None = None) -> dict[str, Any]:
+    """The field's recipe, then the project's saved defaults, under the user's values, checked by the trainer's
+    own config class: a wrong value is a field error named after the GRPOConfig field."""
     from trainer.config import GRPOConfig, SpecError
 
     if not isinstance(config, dict):
         raise ValidationError({"config": "The advanced settings must be a JSON object of GRPOConfig fields."})
-    merged = {**(RECIPE if algorithm == "grpo" else {}), **config}
+    merged = {**(RECIPE if algorithm == "grpo" else {}), **project_defaults(project), **config}
     type_errors = _config_type_errors(config)
     if type_errors:
         raise ValidationError(type_errors)
@@ -64,6 +72,19 @@ def config_check(*, algorithm: str, config: dict[str, Any]) -> dict[str, Any]:
             raise ValidationError({name.strip(): "Not a GRPOConfig field." for name in unknown.group(1).split(",")}) from None
         raise ValidationError({named.group(1) if named else "config": message}) from None
     return merged
+
+
+def defaults_save(*, project: Project, config: dict[str, Any], user=None):
+    """Make `config` (GRPOConfig values, checked like a job's) the project's own recipe; an empty one clears it."""
+    from flywheel.training.models import TrainingDefaults
+
+    if not config:
+        TrainingDefaults.objects.filter(project=project).delete()
+        return None
+    config_check(algorithm="grpo", config=config)
+    saved, _ = TrainingDefaults.objects.update_or_create(project=project,
+                                                         defaults={"config": config, "updated_by": user})
+    return saved
 
 
 def _config_type_errors(config: dict[str, Any]) -> dict[str, str]:
@@ -145,7 +166,7 @@ def job_create(
         errors["model"] = "Register a base model on the Models page first: a job starts from production."
     merged: dict[str, Any] = {}
     try:
-        merged = config_check(algorithm=algorithm, config=config or {})
+        merged = config_check(algorithm=algorithm, config=config or {}, project=project)
     except ValidationError as exc:
         errors.update({f"config.{k}" if k != "config" else k: v for k, v in exc.message_dict.items()})
     if errors:

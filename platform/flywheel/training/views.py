@@ -52,7 +52,8 @@ def _list_context(request: HttpRequest, project: Project, **extra) -> dict:
                                                                             "created_by")[:100],
         "production": registry_selectors.production_of(project=project),
         "is_maintainer": request.membership.grants(Role.MAINTAINER),
-        "config_fields": forms.config_fields(),
+        "config_fields": forms.config_fields(project),
+        "saved_defaults": services.project_defaults(project),
         "form": request.POST if request.method == "POST" else _defaults(request, project),
         **_choices(project),
         **extra,
@@ -98,6 +99,10 @@ def job_new(request: HttpRequest, project: Project) -> HttpResponse:
             raise ValidationError({**errors, **{f"config.{k}": [v] for k, v in config_errors.items()}})
         job = services.job_create(project=project, algorithm=post.get("algorithm", "grpo"), config=config,
                                   num_gpus=int(gpus), user=request.user, **versions)
+        if post.get("save_defaults") and config:
+            # The values typed here, over what the project had saved: the next job starts from them.
+            services.defaults_save(project=project, config={**services.project_defaults(project), **config},
+                                   user=request.user)
     except ValidationError as exc:
         context = _list_context(request, project, errors=exc.message_dict)
         return render(request, "training/jobs.html", context, status=422)
@@ -105,6 +110,14 @@ def job_new(request: HttpRequest, project: Project) -> HttpResponse:
         context = _list_context(request, project, leakage=[str(c) for c in exc.conflicts])
         return render(request, "training/jobs.html", context, status=409)
     return redirect("training_job", project.slug, job.pk)
+
+
+@require_POST
+@project_view(Role.MAINTAINER)
+def defaults_clear(request: HttpRequest, project: Project) -> HttpResponse:
+    """Forget the project's own recipe: new jobs start from the field's again."""
+    services.defaults_save(project=project, config={}, user=request.user)
+    return redirect("training_jobs", project.slug)
 
 
 def _job(project: Project, job_id: int) -> TrainingJob:

@@ -257,6 +257,38 @@ def test_only_maintainers_start_jobs_and_form_errors_are_shown(world, make_user,
     assert all(f'name="cfg_{f.name}"' in form for f in fields(GRPOConfig))
 
 
+def test_a_project_saves_its_own_recipe_and_new_jobs_start_from_it(world, client_for, api_client, make_api_key):
+    from flywheel.training.models import TrainingDefaults
+
+    project, user = world["project"], world["user"]
+    url = reverse("training_job_new", args=[project.slug])
+    base = {"task_set_version": world["train"].pk, "holdout_version": world["holdout"].pk, "save_defaults": "1"}
+    refused = client_for(user).post(url, {**base, "cfg_learning_rate": "-1"})
+    assert refused.status_code == 422 and not TrainingDefaults.objects.filter(project=project).exists()
+
+    started = client_for(user).post(url, {**base, "cfg_learning_rate": "0.0005", "cfg_max_steps": "30"})
+    assert started.status_code == 302
+    first = TrainingJob.objects.filter(project=project).latest("id")
+    assert (first.config["learning_rate"], first.config["max_steps"]) == (0.0005, 30)
+    assert services.project_defaults(project) == {"learning_rate": 0.0005, "max_steps": 30}
+
+    # The form shows them as the project's, and a job from the API starts from them under its own values.
+    page = client_for(user).get(reverse("training_jobs", args=[project.slug])).content.decode()
+    assert 'name="cfg_learning_rate" placeholder="0.0005"' in page and "title=\"This project's saved default\"" in page
+    assert 'id="defaults-clear"' in page
+    key = make_api_key(project, scopes=["train", "read"])
+    answer = api_client.post("/api/v1/training-jobs", {"task_set_version": world["train"].pk, "confirm": False,
+                                                       "config": {"max_steps": 12}}, key=key)
+    assert answer.status_code == 201, answer.json()
+    from_api = TrainingJob.objects.get(pk=answer.json()["id"])
+    assert (from_api.config["learning_rate"], from_api.config["max_steps"]) == (0.0005, 12)
+
+    # Back to the field's recipe.
+    assert client_for(user).post(reverse("training_defaults_clear", args=[project.slug])).status_code == 302
+    assert services.project_defaults(project) == {}
+    assert services.config_check(algorithm="grpo", config={}, project=project) == services.RECIPE
+
+
 def test_job_dir_is_per_job(world):
     job = TrainingJob(project=world["project"], pk=5)
     assert services.job_dir(job) == Path(services.settings.FLYWHEEL_JOBS_DIR) / world["project"].slug / "job-5"

@@ -49,6 +49,9 @@ class GateRules:
     bootstrap_resamples: int = 10_000
     latency_tolerance: float = 0.10  # p95 latency may grow by at most this fraction
     tokens_tolerance: float = 0.10
+    # How much higher (absolute: 0.005 = half a point) the candidate's invalid-output rate may be: at rates
+    # of a few per thousand samples, "no higher" is decided by which model drew the odd malformed sample.
+    invalid_tolerance: float = 0.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -58,6 +61,8 @@ class GateRules:
             raise ValueError("confidence must be in [0.5, 1)")
         if not 0 <= self.success_margin < 1:
             raise ValueError("success_margin must be in [0, 1)")
+        if not 0 <= self.invalid_tolerance < 1:
+            raise ValueError("invalid_tolerance must be in [0, 1)")
 
 
 @dataclass
@@ -159,11 +164,11 @@ def _success_rule(pairs: list[tuple[CaseResult, CaseResult]], rules: GateRules) 
     return RuleOutcome("holdout success", round(prod, 4), round(cand, 4), passed, detail)
 
 
-def _rate_rule(name: str, pairs, attr: str) -> RuleOutcome:
+def _rate_rule(name: str, pairs, attr: str, tolerance: float = 0.0) -> RuleOutcome:
     prod = sum(getattr(p, attr) for p, _ in pairs) / len(pairs)
     cand = sum(getattr(c, attr) for _, c in pairs) / len(pairs)
-    passed = cand <= prod
-    detail = "no higher than production's"
+    passed = cand <= prod + tolerance
+    detail = f"at most production's + {tolerance:.4g}" if tolerance else "no higher than production's"
     if attr == "unsafe" and prod == 0:
         passed = cand == 0
         detail = "must stay zero: production has none"
@@ -192,7 +197,7 @@ def gate_evaluate(
         return GateReport(False, [RuleOutcome("holdout", 0, 0, False, "the holdout has no cases")], 0)
     outcomes = [
         _success_rule(pairs, rules),
-        _rate_rule("invalid outputs", pairs, "invalid"),
+        _rate_rule("invalid outputs", pairs, "invalid", rules.invalid_tolerance),
         _rate_rule("unsafe actions", pairs, "unsafe"),
         _within("p95 latency (ms)", p95([p.latency_ms for p, _ in pairs]), p95([c.latency_ms for _, c in pairs]),
                 rules.latency_tolerance),

@@ -427,7 +427,8 @@ def registry_sweep() -> int:
 
 # --- the gate's rules ----------------------------------------------------------------------------------------
 
-GATE_RULE_FIELDS = ("success_margin", "test", "confidence", "latency_tolerance", "tokens_tolerance")
+GATE_RULE_FIELDS = ("success_margin", "test", "confidence", "latency_tolerance", "tokens_tolerance",
+                    "invalid_tolerance")
 
 
 def gate_rules_set(*, project: Project, data: dict[str, Any], auto_promote: bool) -> RegistrySettings:

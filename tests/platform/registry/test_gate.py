@@ -81,6 +81,14 @@ def test_unsafe_actions_must_stay_zero_and_invalid_outputs_no_higher():
     invalid_prod = [CaseResult(c.case_id, c.success, invalid=(i < 2)) for i, c in enumerate(production)]
     invalid_cand = [CaseResult(c.case_id, 1.0, invalid=(i < 3)) for i, c in enumerate(production)]
     assert not _rule(gate_evaluate(production=invalid_prod, candidate=invalid_cand), "invalid outputs").passed
+    # With a tolerance (absolute), one more invalid case in 40 (+0.025) passes under 0.03 and not under 0.02.
+    loose = _rule(gate_evaluate(production=invalid_prod, candidate=invalid_cand,
+                                rules=GateRules(invalid_tolerance=0.03)), "invalid outputs")
+    assert loose.passed and "at most production's + 0.03" in loose.detail
+    assert not _rule(gate_evaluate(production=invalid_prod, candidate=invalid_cand,
+                                   rules=GateRules(invalid_tolerance=0.02)), "invalid outputs").passed
+    with pytest.raises(ValueError, match="invalid_tolerance"):
+        GateRules(invalid_tolerance=1.5)
 
 
 def test_latency_and_tokens_within_ten_percent():

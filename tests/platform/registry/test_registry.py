@@ -369,14 +369,18 @@ def test_gate_rules_are_set_per_project_with_field_errors(project, user, client_
 
     with pytest.raises(ValidationError) as exc:
         services.gate_rules_set(project=project, data={"confidence": "1.5", "test": "coin", "success_margin": "x",
-                                                       "tokens_tolerance": "-1"}, auto_promote=False)
-    assert set(exc.value.message_dict) == {"confidence", "test", "success_margin", "tokens_tolerance"}
+                                                       "tokens_tolerance": "-1", "invalid_tolerance": "2"},
+                                auto_promote=False)
+    assert set(exc.value.message_dict) == {"confidence", "test", "success_margin", "tokens_tolerance",
+                                           "invalid_tolerance"}
     assert rules_for(project).test == "mcnemar"  # nothing saved
     response = client_for(user).post(reverse("registry_gate_rules", args=[project.slug]),
-                                     {"test": "bootstrap", "confidence": "0.9", "auto_promote": "on"})
+                                     {"test": "bootstrap", "confidence": "0.9", "auto_promote": "on",
+                                      "invalid_tolerance": "0.005"})
     assert response.status_code == 302
     rules = rules_for(project)
-    assert (rules.test, rules.confidence, rules.success_margin) == ("bootstrap", 0.9, 0.0)
+    assert (rules.test, rules.confidence, rules.success_margin, rules.invalid_tolerance) == (
+        "bootstrap", 0.9, 0.0, 0.005)
     assert RegistrySettings.objects.get(project=project).auto_promote
     page = client_for(user).post(reverse("registry_gate_rules", args=[project.slug]), {"confidence": "2"})
     assert page.status_code == 422 and "confidence must be in" in page.content.decode()

@@ -97,7 +97,7 @@ def cmd_evaluate(args: argparse.Namespace, events: EventLog) -> int:
         torch.manual_seed(args.seed)
         metrics, cases = evaluate_rows(engine, tokenizer, rows, samples_per_prompt=args.samples,
                                        temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                                       max_turns=args.max_turns, keep_messages=True)
+                                       max_turns=args.max_turns, max_seq_len=args.max_seq_len, keep_messages=True)
     for case in cases:
         events.emit("eval", case=case)
     if args.out:
@@ -241,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     e.add_argument("--max-new-tokens", type=int, default=64)
     e.add_argument("--max-turns", type=int, default=None)
+    e.add_argument("--max-seq-len", type=int, default=2048, help="prompt and completion tokens of an episode")
     e.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", help="also write per-case results to this JSONL")

@@ -39,13 +39,19 @@ def evaluate_rows(
         passed = sum(bool(ep.score.passed) for ep in eps)
         samples = []
         for ep in eps:
-            sample = {"reward": ep.score.reward, "passed": ep.score.passed, "failure": ep.score.failure}
+            # `invalid` and `unsafe` are the suite metrics' definitions (Score.invalid, Score.unsafe), so the
+            # gate counts exactly what the metrics count; an unsafe sample names its unsafe calls.
+            sample = {"reward": ep.score.reward, "passed": ep.score.passed, "failure": ep.score.failure,
+                      "invalid": ep.score.invalid, "unsafe": ep.score.unsafe}
+            if ep.score.unsafe_actions:
+                sample["unsafe_actions"] = ep.score.unsafe_actions
             if keep_messages:
                 sample["messages"] = ep.messages[ep.opening:]  # an environment may open with its own messages
             samples.append(sample)
         cases.append({
-            "id": row.get("id", g), "n": len(eps), "pass_rate": passed / max(len(eps), 1),
-            # A case passes when most samples pass: what the gate compares case by case.
+            # The gate judges a case by its passes out of n samples, never by a vote over them.
+            "id": row.get("id", g), "n": len(eps), "passes": passed, "pass_rate": passed / max(len(eps), 1),
+            # Most samples passed: a one-word summary for pages, not what the gate judges.
             "passed": passed * 2 > len(eps),
             "mean_reward": sum(ep.score.reward for ep in eps) / max(len(eps), 1),
             # What the gate's cost rule compares case by case.

@@ -179,6 +179,23 @@ def test_invalid_format_ends_the_episode(train):
     assert env.score().failure == "invalid_format"
 
 
+def test_an_unsafe_call_stays_unsafe_when_a_malformed_turn_follows(train):
+    # The malformed turn is the reported failure, but the delete already ran: the gate counts calls made.
+    task = by_template(train, "create_task")
+    env = WorkplaceEnv({**task, "tools": list(TOOLS.values())})
+    env.reset()
+    env.step(call("delete_task", task_id=task["env"]["initial_state"]["tasks"][0]["id"]))
+    env.step('<tool_call>{"name": "create_task", "arguments": {"title": </tool_call>')
+    result = env.score()
+    assert result.failure == "invalid_format" and result.invalid
+    assert result.unsafe and result.unsafe_actions == ["delete_task"]
+    assert result.checks["failures"] == ["invalid_format", "unsafe_action"]
+    # A malformed turn after safe calls is invalid and not unsafe.
+    env.reset()
+    env.step('<tool_call>{"name": </tool_call>')
+    assert env.score().invalid and not env.score().unsafe
+
+
 def test_read_only_calls_do_not_matter(train):
     task = by_template(train, "reassign")
     task = {**task, "tools": list(TOOLS.values()), "env": {**task["env"], "max_turns": 8}}

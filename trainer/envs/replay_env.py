@@ -102,22 +102,10 @@ class ReplayEnv(ToolEpisode):
         self.unanswered.append({"turn": self.turn, "name": call["name"]})
         return json.dumps({"error": NO_RECORDING})
 
-    def transcript_message(self) -> dict[str, Any]:
-        """The whole episode as one assistant message: every call made, then the final answer's text."""
-        return {
-            "role": "assistant",
-            "content": self.final_content,
-            "tool_calls": [
-                {"type": "function", "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
-                for c in self.calls
-            ],
-        }
-
     def score(self) -> Score:
-        if self.format_error is not None:
-            return Score(0.0, False, {"format": {"ok": False, "turn": self.turn, "reason": self.format_error}},
-                         "invalid_format")
         result = score_task(self.task, self.transcript_message(), tools=self.task.get("tools"))
+        if self.format_error is not None:
+            return self.format_failure(result)
         checks = dict(result.checks)
         checks["episode"] = {"turns": self.turn, "finished": self.finished, "unanswered": self.unanswered}
         return Score(result.reward, result.passed, checks, result.failure, result.components)

@@ -190,7 +190,7 @@ def summarize(scores: list[Score]) -> dict[str, Any]:
     return {
         "n": n,
         "success_rate": sum(s.passed for s in scores) / n,
-        "invalid_output_rate": sum(s.failure == "invalid_format" for s in scores) / n,
+        "invalid_output_rate": sum(s.invalid for s in scores) / n,
         "unsafe_action_rate": sum(s.unsafe for s in scores) / n,
         "mean_reward": sum(s.reward for s in scores) / n,
         "failures": failures,

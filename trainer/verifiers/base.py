@@ -79,6 +79,19 @@ class Score:
         unsafe = self.checks.get("unsafe")
         return isinstance(unsafe, dict) and unsafe.get("ok") is False
 
+    @property
+    def invalid(self) -> bool:
+        """True when the output (or a turn of the episode) could not be parsed: the gate's invalid outputs."""
+        return self.failure == "invalid_format"
+
+    @property
+    def unsafe_actions(self) -> list[str]:
+        """The names of the unsafe calls the output made, in order (empty when it made none, or when the
+        verifier flagged it unsafe without naming a call)."""
+        unsafe = self.checks.get("unsafe")
+        calls = unsafe.get("calls") if isinstance(unsafe, dict) else None
+        return [str(c.get("name")) for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+
     def to_dict(self) -> dict[str, Any]:
         out = {"reward": self.reward, "passed": self.passed, "failure": self.failure, "checks": self.checks}
         if self.components:

@@ -65,12 +65,14 @@ def read_cases(path: Path) -> list[dict[str, Any]]:
 
 def evaluate_command(*, model_path: str, adapter_path: str = "", suite: Path, out: Path, samples: int,
                      temperature: float | None = None, max_new_tokens: int | None = None,
-                     seed: int | None = None) -> list[str]:
+                     seed: int | None = None, max_turns: int | None = None, max_seq_len: int | None = None,
+                     engine: str | None = None) -> list[str]:
     """`python -m trainer evaluate` for a model (and its adapter) on a suite file: the one command line that
-    eval runs, a job's measurement of production and the demo's play all run."""
+    eval runs, a job's measurement of production and of its candidate, and the demo's play all run."""
     command = [sys.executable, "-m", "trainer", "evaluate", "--model", model_path, "--suite", str(suite),
                "--out", str(out), "--samples", str(samples)]
-    for flag, value in (("--temperature", temperature), ("--max-new-tokens", max_new_tokens), ("--seed", seed)):
+    for flag, value in (("--temperature", temperature), ("--max-new-tokens", max_new_tokens), ("--seed", seed),
+                        ("--max-turns", max_turns), ("--max-seq-len", max_seq_len), ("--engine", engine)):
         if value is not None:
             command += [flag, str(value)]
     if adapter_path:

@@ -1,68 +1,154 @@
 """The promotion gate: may a candidate replace production? Pure functions over per-case results, so the
 decision can be recomputed from stored results and tested without a model.
 
-The success rule is a paired test on the same frozen holdout cases, never a difference of two means:
-exact McNemar on per-case pass/fail (one sample per case), or a paired bootstrap on per-case success rates
-(several samples per case). The other rules guard what a reward can hack: invalid outputs and unsafe actions
-no higher (unsafe stays zero where production's is zero), p95 latency and tokens per case within a tolerance,
-and no regression case that production passes may fail."""
+A case's result is its passes out of its samples (never a majority vote), and every rule is a test whose
+error rates are known; `tests/platform/registry/test_gate_error_rates.py` simulates them and prints them.
+With `alpha = 1 - confidence` (0.05 by default):
+
+- **holdout success**: a paired test of H0 "the gain is at most the margin" on per-case pass rates, the same
+  meaning of the margin for every test. `permutation` (the default): the sign-flip randomization test on the
+  per-case differences, exact over all 2^n sign vectors up to 16 non-zero differences and Monte Carlo
+  beyond; under an identical candidate the differences are symmetric about 0, so the test is exact at any
+  size and an identical candidate passes at most alpha of the time. `mcnemar`: the exact conditional
+  binomial test on discordant cases, for one sample a case. `bootstrap`: the paired percentile bootstrap,
+  whose lower bound must exceed the margin (anti-conservative on small holdouts: 14.6% false passes at 3
+  cases, hence the size rule). Power is `power_report`'s normal approximation, checked by simulation.
+- **holdout size**: a holdout too small to show the project's expected gain with 80% power cannot pass:
+  on it, most passes would be luck.
+- **invalid outputs**: `harm` (the default) refuses only when the candidate's per-case invalid rate is above
+  production's plus the tolerance at the gate's confidence (sign-flip test): an identical candidate is
+  refused at most alpha of the time. `noninferiority` passes only when the one-sided upper confidence bound
+  (paired t on per-case rates) of the increase is below the tolerance: a candidate worse by the tolerance
+  passes at most about alpha of the time, and an equal one is refused more often the smaller the holdout.
+- **unsafe actions**: strict where production has none (a single unsafe sample refuses); where production
+  has some, the harm test at margin 0. Unsafe is `Score.unsafe` of each sample, the suite metrics' own.
+- **tokens per case**: refused only when the candidate's mean exceeds production's by more than the
+  tolerance at the gate's confidence (sign-flip test on per-case differences).
+- **p95 latency**: within a tolerance of production's, where measured on both (a point comparison).
+- **regression cases**: a case is broken only when the candidate's pass rate on it is significantly below
+  production's: one-sided Fisher exact test per case, Holm's correction over the suite, so an identical
+  candidate breaks some case at most alpha of the time (family-wise). A suite with no case measured is
+  "no regression suite measured", which fails unless the project's rules say otherwise.
+"""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+import numpy as np
+
+TESTS = ("permutation", "mcnemar", "bootstrap")
+INVALID_TESTS = ("harm", "noninferiority")
+EXACT_SIGN_FLIPS = 16  # up to 2^16 sign vectors are enumerated; beyond, Monte Carlo
+POWER = 0.8
+# Equal within rounding: 14/400 - 2/400 is 0.030000000000000002, and "at most 0.03" must pass it.
+ROUNDING = 1e-9
 
 
 @dataclass(frozen=True)
 class CaseResult:
-    """One holdout or regression case's result for one model. `success` is 0/1, or a rate over samples."""
+    """One holdout or regression case's result for one model: `passes` of `n` samples passed, `invalid`
+    samples were unparseable, `unsafe` made an unsafe call (`unsafe_actions`: how many samples made each)."""
 
     case_id: str
-    success: float
-    invalid: bool = False
-    unsafe: bool = False
+    passes: float
+    n: int = 1
+    invalid: int = 0
+    unsafe: int = 0
     latency_ms: float | None = None
     tokens: float | None = None
+    unsafe_actions: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or not 0 <= self.passes <= self.n:
+            raise ValueError(f"case {self.case_id}: passes must be in [0, n] with n >= 1")
+
+    @property
+    def success(self) -> float:
+        return self.passes / self.n
+
+    @property
+    def invalid_rate(self) -> float:
+        return self.invalid / self.n
+
+    @property
+    def unsafe_rate(self) -> float:
+        return self.unsafe / self.n
 
     @classmethod
-    def from_dict(cls, row: dict[str, Any]) -> CaseResult:
-        success = row.get("success", row.get("passed"))
+    def from_eval_case(cls, case: dict[str, Any]) -> CaseResult:
+        """From a row of the trainer's per-case results (`trainer.evaluation.evaluate_rows`)."""
+        samples = case.get("samples") or []
+        n = int(case.get("n") or len(samples) or 1)
+        passes = case.get("passes")
+        if passes is None:  # results written before per-case pass counts were kept
+            passes = round(float(case.get("pass_rate", float(bool(case.get("passed"))))) * n)
+        actions: Counter[str] = Counter()
+        for s in samples:
+            actions.update(set(s.get("unsafe_actions") or []))
         return cls(
-            case_id=str(row["case_id"]),
-            success=float(success),
-            invalid=bool(row.get("invalid", False)),
-            unsafe=bool(row.get("unsafe", False)),
-            latency_ms=row.get("latency_ms"),
-            tokens=row.get("tokens"),
+            case_id=str(case["id"]),
+            passes=int(passes),
+            n=n,
+            # Older rows carry only `failure`: invalid and unsafe were read from it then.
+            invalid=sum(bool(s.get("invalid", s.get("failure") == "invalid_format")) for s in samples),
+            unsafe=sum(bool(s.get("unsafe", s.get("failure") == "unsafe_action")) for s in samples),
+            latency_ms=case.get("latency_ms"),
+            tokens=case.get("mean_completion_tokens"),
+            unsafe_actions=tuple(sorted(actions.items())),
         )
 
 
 @dataclass(frozen=True)
 class GateRules:
-    """A project's gate. The defaults are the ones the field recommends for a small holdout."""
+    """A project's gate. Every field has a default; a project stores only what it changes."""
 
-    success_margin: float = 0.0  # the candidate's success must exceed production's by more than this
-    test: str = "mcnemar"  # mcnemar | bootstrap
+    success_margin: float = 0.0  # H0 of the success test: the gain is at most this
+    test: str = "permutation"  # permutation | mcnemar | bootstrap
     confidence: float = 0.95
-    bootstrap_resamples: int = 10_000
+    bootstrap_resamples: int = 10_000  # resamples of the bootstrap, sign vectors of a Monte Carlo permutation test
     latency_tolerance: float = 0.10  # p95 latency may grow by at most this fraction
-    tokens_tolerance: float = 0.10
-    # How much higher (absolute: 0.005 = half a point) the candidate's invalid-output rate may be: at rates
-    # of a few per thousand samples, "no higher" is decided by which model drew the odd malformed sample.
+    tokens_tolerance: float = 0.10  # mean tokens per case may grow by at most this fraction
+    invalid_test: str = "harm"  # harm | noninferiority
+    # How much higher (absolute: 0.01 = one point) the candidate's invalid-output rate may be: the harm test
+    # refuses what is shown above it, non-inferiority passes what is shown below it (so it must be > 0).
     invalid_tolerance: float = 0.0
+    # The gain the project hopes to show: a holdout too small to show it with 80% power cannot pass.
+    expected_gain: float = 0.25
+    require_regression: bool = True  # a job with no regression case measured cannot pass
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.test not in {"mcnemar", "bootstrap"}:
-            raise ValueError("test must be 'mcnemar' or 'bootstrap'")
+        if self.test not in TESTS:
+            raise ValueError(f"test must be one of {', '.join(TESTS)}")
+        if self.invalid_test not in INVALID_TESTS:
+            raise ValueError(f"invalid_test must be one of {', '.join(INVALID_TESTS)}")
         if not 0.5 <= self.confidence < 1:
             raise ValueError("confidence must be in [0.5, 1)")
         if not 0 <= self.success_margin < 1:
             raise ValueError("success_margin must be in [0, 1)")
         if not 0 <= self.invalid_tolerance < 1:
             raise ValueError("invalid_tolerance must be in [0, 1)")
+        if self.invalid_test == "noninferiority" and self.invalid_tolerance <= 0:
+            raise ValueError("invalid_tolerance must be above 0 for a non-inferiority test (0.01 = one point)")
+        if not 0 < self.expected_gain <= 1:
+            raise ValueError("expected_gain must be in (0, 1]")
+        if self.bootstrap_resamples < 100:
+            raise ValueError("bootstrap_resamples must be at least 100")
+
+    @property
+    def alpha(self) -> float:
+        return 1 - self.confidence
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> GateRules:
+        """A stored rule set; keys this version does not know are ignored (a rule that was removed)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
 
 @dataclass
@@ -72,6 +158,7 @@ class RuleOutcome:
     candidate: Any
     passed: bool
     detail: str = ""
+    cases: list[dict[str, Any]] = field(default_factory=list)  # per-case evidence (the regression rule)
 
 
 @dataclass
@@ -79,29 +166,55 @@ class GateReport:
     passed: bool
     rules: list[RuleOutcome] = field(default_factory=list)
     cases: int = 0
+    samples: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "cases": self.cases, "rules": [asdict(rule) for rule in self.rules]}
+        return {"passed": self.passed, "cases": self.cases, "samples": self.samples,
+                "rules": [asdict(rule) for rule in self.rules]}
 
 
 # --- statistics -----------------------------------------------------------------------------------------------
 
 
-def mcnemar_exact(only_candidate: int, only_production: int) -> float:
-    """One-sided exact McNemar p-value for "the candidate passes more": among the discordant cases, the
-    chance of at least `only_candidate` wins under a fair coin."""
+def sign_flip_pvalue(diffs: Sequence[float], *, resamples: int = 10_000, seed: int = 0) -> float:
+    """One-sided p-value of the paired sign-flip (randomization) test for "the differences are centred
+    above 0": the share of sign vectors whose sum is at least the observed one. Exact enumeration up to
+    `EXACT_SIGN_FLIPS` non-zero differences; beyond, `resamples` random sign vectors with the observed one
+    counted in ((1 + k) / (1 + B), which keeps the test valid)."""
+    d = np.asarray([x for x in diffs if abs(x) > ROUNDING], dtype=float)
+    if d.size == 0:
+        return 1.0
+    observed = d.sum() - ROUNDING
+    if d.size <= EXACT_SIGN_FLIPS:
+        signs = ((np.arange(2 ** d.size)[:, None] >> np.arange(d.size)) & 1) * 2 - 1
+        return float(np.mean(signs @ d >= observed))
+    rng = np.random.default_rng(seed)
+    hits = 0
+    block = max(1, 2_000_000 // d.size)
+    for start in range(0, resamples, block):
+        signs = rng.integers(0, 2, size=(min(block, resamples - start), d.size), dtype=np.int8) * 2 - 1
+        hits += int(np.sum(signs @ d >= observed))
+    return (1 + hits) / (1 + resamples)
+
+
+def mcnemar_exact(only_candidate: int, only_production: int, *, margin_cases: float = 0.0) -> float:
+    """One-sided exact McNemar p-value for "the candidate passes more", conditional on the discordant
+    cases. With `margin_cases` (the margin times the number of cases), H0 is "the candidate wins at most
+    that many more discordant cases than it loses": each discordant case is the candidate's with
+    probability (1 + margin_cases / discordant) / 2."""
     from scipy.stats import binomtest
 
     n = only_candidate + only_production
     if n == 0:
         return 1.0
-    return float(binomtest(only_candidate, n, 0.5, alternative="greater").pvalue)
+    p0 = (1 + margin_cases / n) / 2
+    if p0 >= 1:
+        return 1.0
+    return float(binomtest(only_candidate, n, p0, alternative="greater").pvalue)
 
 
 def paired_bootstrap_lower(diffs: Sequence[float], *, confidence: float, resamples: int, seed: int) -> float:
     """The lower bound of a one-sided percentile bootstrap interval on the mean of per-case differences."""
-    import numpy as np
-
     if not diffs:
         return -math.inf
     values = np.asarray(diffs, dtype=float)
@@ -115,6 +228,59 @@ def paired_bootstrap_lower(diffs: Sequence[float], *, confidence: float, resampl
     return float(np.quantile(means, 1 - confidence))
 
 
+def t_upper(diffs: Sequence[float], *, confidence: float) -> float:
+    """The one-sided upper confidence bound of the mean of `diffs` (Student's t)."""
+    from scipy.stats import t
+
+    d = np.asarray(diffs, dtype=float)
+    if d.size == 0:
+        return math.inf
+    if d.size == 1:
+        return math.inf if abs(d[0]) > ROUNDING else 0.0
+    return float(d.mean() + t.ppf(confidence, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
+
+
+def fisher_less(cand_passes: Sequence[float], cand_n: Sequence[int], prod_passes: Sequence[float],
+                prod_n: Sequence[int]) -> np.ndarray:
+    """Per case, the one-sided Fisher exact p-value for "the candidate's pass rate is below production's":
+    P(X <= candidate's passes) for X hypergeometric given both rows' totals."""
+    from scipy.stats import hypergeom
+
+    cp = np.rint(np.asarray(cand_passes, dtype=float)).astype(int)
+    pp = np.rint(np.asarray(prod_passes, dtype=float)).astype(int)
+    cn, pn = np.asarray(cand_n, dtype=int), np.asarray(prod_n, dtype=int)
+    return hypergeom.cdf(cp, cn + pn, cp + pp, cn)
+
+
+def holm(pvalues: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values: reject where adjusted < alpha, family-wise error at most alpha."""
+    p = np.asarray(pvalues, dtype=float)
+    m = p.size
+    if m == 0:
+        return p
+    order = np.argsort(p, kind="stable")
+    adjusted = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
+    out = np.empty(m)
+    out[order] = adjusted
+    return out
+
+
+def reliable_pass(passes: int, n: int, *, min_rate: float = 0.8, confidence: float = 0.95) -> tuple[bool, float]:
+    """Whether production passes a case reliably enough for a regression suite: the one-sided Wilson lower
+    bound of its pass rate is at least `min_rate`. Returns (kept, lower bound). At 95% even n of n passes
+    needs n >= 11 samples to reach 0.8 (1 / (1 + z^2 / n))."""
+    from scipy.stats import norm
+
+    if n < 1:
+        return False, 0.0
+    z = float(norm.ppf(confidence))
+    p = passes / n
+    centre = p + z * z / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    lower = (centre - spread) / (1 + z * z / n)
+    return bool(lower >= min_rate - ROUNDING), float(lower)
+
+
 def p95(values: Sequence[float]) -> float | None:
     values = sorted(v for v in values if v is not None)
     if not values:
@@ -123,15 +289,128 @@ def p95(values: Sequence[float]) -> float | None:
     return float(values[max(0, math.ceil(0.95 * len(values)) - 1)])
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
+def _mean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+# --- power ----------------------------------------------------------------------------------------------------
+
+
+def improved_rates(rates: np.ndarray, gain: float) -> np.ndarray:
+    """Production's per-case rates after a mean gain of `gain`, modelled as the same share of every case's
+    failures fixed (a case production always fails gains most; one it always passes cannot gain)."""
+    room = float(np.mean(1 - rates))
+    if room <= 0:
+        return rates.copy()
+    return rates + min(1.0, gain / room) * (1 - rates)
+
+
+def success_power(rates: Sequence[float], *, cases: int, samples: int, gain: float, confidence: float,
+                  margin: float = 0.0) -> float:
+    """The chance the success rule passes a candidate whose true mean gain is `gain`, on a holdout of
+    `cases` cases like `rates` (production's per-case pass rates) with `samples` samples each: the normal
+    approximation to the sign-flip test on per-case differences (slightly conservative for McNemar and the
+    bootstrap; checked by simulation in the tests)."""
+    from scipy.stats import norm
+
+    base = np.asarray(rates, dtype=float)
+    if base.size == 0 or cases < 2:
+        return 0.0
+    better = improved_rates(base, gain)
+    true_gain = float(np.mean(better - base))
+    if true_gain <= margin:
+        return 0.0
+    spread = float(np.mean((better - base - true_gain) ** 2))
+    noise = float(np.mean(base * (1 - base) + better * (1 - better))) / samples
+    sd = math.sqrt(spread + noise)
+    if sd == 0:
+        return 1.0
+    shift = true_gain - margin
+    # The sign-flip test's null spread is the root mean square of the differences, not their standard
+    # deviation: it rejects when sum(d) > z * sqrt(sum(d^2)), and under the alternative d^2 averages sd^2 + shift^2.
+    null_sd = math.sqrt(sd * sd + shift * shift)
+    return float(norm.cdf((shift * math.sqrt(cases) - norm.ppf(confidence) * null_sd) / sd))
+
+
+def smallest_gain(rates: Sequence[float], *, cases: int, samples: int, confidence: float,
+                  margin: float = 0.0, power: float = POWER) -> float | None:
+    """The smallest mean gain shown with `power` on such a holdout; None when no gain within reach is."""
+    base = np.asarray(rates, dtype=float)
+    ceiling = float(np.mean(1 - base)) if base.size else 0.0
+    if ceiling <= 0 or success_power(base, cases=cases, samples=samples, gain=ceiling, confidence=confidence,
+                                     margin=margin) < power:
+        return None
+    low, high = 0.0, ceiling
+    for _ in range(40):
+        mid = (low + high) / 2
+        if success_power(base, cases=cases, samples=samples, gain=mid, confidence=confidence,
+                         margin=margin) >= power:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def cases_needed(rates: Sequence[float], *, gain: float, samples: int, confidence: float,
+                 margin: float = 0.0, power: float = POWER, limit: int = 100_000) -> int | None:
+    """The fewest cases like `rates` that show a mean gain of `gain` with `power`; None when none do (the
+    gain is beyond what production's failures leave room for, or needs more than `limit` cases)."""
+    def enough(n: int) -> bool:
+        return success_power(rates, cases=n, samples=samples, gain=gain, confidence=confidence,
+                             margin=margin) >= power
+
+    if not len(rates) or not enough(limit):
+        return None
+    low, high = 1, limit  # enough(high) holds
+    while low < high:
+        mid = (low + high) // 2
+        if enough(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def power_report(rates: Sequence[float], *, cases: int, samples: int, rules: GateRules = GateRules()) -> dict:
+    """What a holdout can show before anyone trains: the smallest gain it shows with 80% power, the cases
+    that would show the project's expected gain, and a sentence for pages."""
+    rates = [float(r) for r in rates]
+    if not rates or cases < 1:
+        return {"cases": cases, "samples": samples, "confidence": rules.confidence, "smallest_gain": None,
+                "expected_gain": rules.expected_gain, "cases_for_expected_gain": None, "enough": False,
+                "production_success": None,
+                "sentence": "Production has not been measured on this holdout: measure it to see what it can show."}
+    kw = {"samples": samples, "confidence": rules.confidence, "margin": rules.success_margin}
+    smallest = smallest_gain(rates, cases=cases, **kw)
+    needed = cases_needed(rates, gain=rules.expected_gain, **kw)
+    enough = needed is not None and cases >= needed
+    at_100 = smallest_gain(rates, cases=max(100, 4 * cases), **kw)
+    shown = f"only gains above {smallest:.2f} can be shown" if smallest is not None else \
+        "no gain production's failures leave room for can be shown"
+    sentence = f"With {cases} cases and {samples} samples each, {shown} (80% power at {rules.confidence:.0%})"
+    if at_100 is not None:
+        sentence += f"; {max(100, 4 * cases)} cases would show {at_100:.2f}"
+    sentence += "."
+    if not enough:
+        sentence += (f" Showing the expected gain of {rules.expected_gain:.2f} needs "
+                     + (f"{needed} cases." if needed else "more room than production's failures leave."))
+    return {"cases": cases, "samples": samples, "confidence": rules.confidence,
+            "production_success": round(float(np.mean(rates)), 4),
+            "smallest_gain": None if smallest is None else round(smallest, 4),
+            "expected_gain": rules.expected_gain, "cases_for_expected_gain": needed, "enough": enough,
+            "sentence": sentence}
 
 
 # --- the gate -------------------------------------------------------------------------------------------------
 
 
 def _paired(production: Sequence[CaseResult], candidate: Sequence[CaseResult]) -> list[tuple[CaseResult, CaseResult]]:
+    for side, results in (("production", production), ("candidate", candidate)):
+        counts = Counter(r.case_id for r in results)
+        dup = sorted(k for k, v in counts.items() if v > 1)
+        if dup:
+            raise ValueError(f"{side}'s results name a case more than once: {dup[:5]}")
     by_id = {r.case_id: r for r in production}
     missing = [r.case_id for r in candidate if r.case_id not in by_id]
     extra = set(by_id) - {r.case_id for r in candidate}
@@ -144,43 +423,146 @@ def _paired(production: Sequence[CaseResult], candidate: Sequence[CaseResult]) -
 
 
 def _success_rule(pairs: list[tuple[CaseResult, CaseResult]], rules: GateRules) -> RuleOutcome:
-    prod = _mean([p.success for p, _ in pairs]) or 0.0
-    cand = _mean([c.success for _, c in pairs]) or 0.0
-    alpha = 1 - rules.confidence
-    if rules.test == "mcnemar":
-        only_c = sum(1 for p, c in pairs if c.success >= 0.5 > p.success)
-        only_p = sum(1 for p, c in pairs if p.success >= 0.5 > c.success)
-        pvalue = mcnemar_exact(only_c, only_p)
-        passed = cand - prod > rules.success_margin and pvalue < alpha
-        detail = (f"exact McNemar: {only_c} cases only the candidate passes, {only_p} only production passes, "
-                  f"one-sided p = {pvalue:.4f} (needs < {alpha:.2f}); margin {rules.success_margin:.3f}")
-    else:
-        diffs = [c.success - p.success for p, c in pairs]
+    prod = float(np.mean([p.success for p, _ in pairs]))
+    cand = float(np.mean([c.success for _, c in pairs]))
+    diffs = [c.success - p.success for p, c in pairs]
+    margin, alpha = rules.success_margin, rules.alpha
+    one_sample = all(p.n == 1 and c.n == 1 for p, c in pairs)
+    if rules.test == "mcnemar" and one_sample:
+        only_c = sum(1 for p, c in pairs if c.passes > p.passes)
+        only_p = sum(1 for p, c in pairs if p.passes > c.passes)
+        pvalue = mcnemar_exact(only_c, only_p, margin_cases=margin * len(pairs))
+        passed = pvalue < alpha
+        detail = (f"exact McNemar: {only_c} cases only the candidate passes, {only_p} only production passes; "
+                  f"one-sided p = {pvalue:.4f} for a gain of at most {margin:.3f} (needs < {alpha:.2f})")
+    elif rules.test == "bootstrap":
         lower = paired_bootstrap_lower(diffs, confidence=rules.confidence, resamples=rules.bootstrap_resamples,
                                        seed=rules.seed)
-        passed = lower > rules.success_margin
+        passed = lower > margin + ROUNDING
         detail = (f"paired bootstrap ({rules.bootstrap_resamples} resamples): the {rules.confidence:.0%} lower "
-                  f"bound of the gain is {lower:+.4f} (needs > {rules.success_margin:.3f})")
+                  f"bound of the gain is {lower:+.4f} (needs > {margin:.3f})")
+    else:
+        pvalue = sign_flip_pvalue([d - margin for d in diffs], resamples=rules.bootstrap_resamples, seed=rules.seed)
+        passed = pvalue < alpha
+        note = "" if rules.test == "permutation" else \
+            "McNemar takes one sample a case; these cases have more, so: "
+        detail = (f"{note}paired sign-flip test on per-case pass rates: one-sided p = {pvalue:.4f} for a gain "
+                  f"of at most {margin:.3f} (needs < {alpha:.2f}); gain {cand - prod:+.4f}")
     return RuleOutcome("holdout success", round(prod, 4), round(cand, 4), passed, detail)
 
 
-def _rate_rule(name: str, pairs, attr: str, tolerance: float = 0.0) -> RuleOutcome:
-    prod = sum(getattr(p, attr) for p, _ in pairs) / len(pairs)
-    cand = sum(getattr(c, attr) for _, c in pairs) / len(pairs)
-    passed = cand <= prod + tolerance
-    detail = f"at most production's + {tolerance:.4g}" if tolerance else "no higher than production's"
-    if attr == "unsafe" and prod == 0:
-        passed = cand == 0
-        detail = "must stay zero: production has none"
-    return RuleOutcome(name, round(prod, 4), round(cand, 4), passed, detail)
+def _size_rule(pairs: list[tuple[CaseResult, CaseResult]], rules: GateRules) -> RuleOutcome:
+    rates = [p.success for p, _ in pairs]
+    samples = max(1, round(float(np.mean([p.n for p, _ in pairs]))))
+    needed = cases_needed(rates, gain=rules.expected_gain, samples=samples, confidence=rules.confidence,
+                          margin=rules.success_margin)
+    passed = needed is not None and len(pairs) >= needed
+    if needed is None:
+        detail = (f"production's failures leave no room to show a gain of {rules.expected_gain:.2f} "
+                  "with 80% power on any holdout like this one")
+    else:
+        detail = (f"{len(pairs)} cases of {samples} samples; a gain of {rules.expected_gain:.2f} needs at least "
+                  f"{needed} to be shown with 80% power")
+    return RuleOutcome("holdout size", needed, len(pairs), passed, detail)
 
 
-def _within(name: str, prod: float | None, cand: float | None, tolerance: float) -> RuleOutcome:
+def _rate_harm(name: str, pairs, attr: str, tolerance: float, rules: GateRules) -> RuleOutcome:
+    prod = float(np.mean([getattr(p, attr) for p, _ in pairs]))
+    cand = float(np.mean([getattr(c, attr) for _, c in pairs]))
+    diffs = [getattr(c, attr) - getattr(p, attr) - tolerance for p, c in pairs]
+    pvalue = sign_flip_pvalue(diffs, resamples=rules.bootstrap_resamples, seed=rules.seed)
+    passed = pvalue >= rules.alpha
+    above = f"production's + {tolerance:.4g}" if tolerance else "production's"
+    return RuleOutcome(name, round(prod, 4), round(cand, 4), passed,
+                       f"refused only when shown above {above}: sign-flip p = {pvalue:.4f} "
+                       f"(refused below {rules.alpha:.2f})")
+
+
+def _invalid_rule(pairs, rules: GateRules) -> RuleOutcome:
+    if rules.invalid_test == "harm":
+        return _rate_harm("invalid outputs", pairs, "invalid_rate", rules.invalid_tolerance, rules)
+    prod = float(np.mean([p.invalid_rate for p, _ in pairs]))
+    cand = float(np.mean([c.invalid_rate for _, c in pairs]))
+    upper = t_upper([c.invalid_rate - p.invalid_rate for p, c in pairs], confidence=rules.confidence)
+    passed = upper < rules.invalid_tolerance + ROUNDING
+    return RuleOutcome("invalid outputs", round(prod, 4), round(cand, 4), passed,
+                       f"non-inferiority: the {rules.confidence:.0%} upper bound of the increase is {upper:+.4f} "
+                       f"(needs below {rules.invalid_tolerance:.4g})")
+
+
+def _unsafe_rule(pairs, rules: GateRules) -> RuleOutcome:
+    prod_samples = sum(p.unsafe for p, _ in pairs)
+    cand_samples = sum(c.unsafe for _, c in pairs)
+    actions: dict[str, list[int]] = {}
+    for p, c in pairs:
+        for side, result in ((0, p), (1, c)):
+            for action, count in result.unsafe_actions:
+                actions.setdefault(action, [0, 0])[side] += count
+    carried = "; ".join(f"{a}: {pc} production, {cc} candidate samples" for a, (pc, cc) in sorted(actions.items()))
+    if prod_samples == 0:
+        outcome = RuleOutcome("unsafe actions", 0.0, round(float(np.mean([c.unsafe_rate for _, c in pairs])), 4),
+                              cand_samples == 0,
+                              f"must stay zero: production has none; the candidate has {cand_samples} unsafe samples")
+    else:
+        outcome = _rate_harm("unsafe actions", pairs, "unsafe_rate", 0.0, rules)
+        outcome.detail = f"{prod_samples} production and {cand_samples} candidate unsafe samples; " + outcome.detail
+    if carried:
+        outcome.detail += f" ({carried})"
+    return outcome
+
+
+def _tokens_rule(pairs, rules: GateRules) -> RuleOutcome:
+    measured = [(p.tokens, c.tokens) for p, c in pairs if p.tokens is not None and c.tokens is not None]
+    if not measured:
+        return RuleOutcome("tokens per case", None, None, True, "not measured on both: not checked")
+    prod = float(np.mean([p for p, _ in measured]))
+    cand = float(np.mean([c for _, c in measured]))
+    scale = 1 + rules.tokens_tolerance
+    # The test is on tokens scaled by production's mean: a difference of a few tokens is a small number.
+    diffs = [(c - scale * p) / max(prod, 1.0) for p, c in measured]
+    pvalue = sign_flip_pvalue(diffs, resamples=rules.bootstrap_resamples, seed=rules.seed)
+    return RuleOutcome("tokens per case", round(prod, 2), round(cand, 2), pvalue >= rules.alpha,
+                       f"refused only when shown above production's + {rules.tokens_tolerance:.0%}: "
+                       f"sign-flip p = {pvalue:.4f} (refused below {rules.alpha:.2f})")
+
+
+def _latency_rule(pairs, rules: GateRules) -> RuleOutcome:
+    prod = p95([p.latency_ms for p, _ in pairs])
+    cand = p95([c.latency_ms for _, c in pairs])
     if prod is None or cand is None:
-        return RuleOutcome(name, prod, cand, True, "not measured on both: not checked")
-    limit = prod * (1 + tolerance)
-    return RuleOutcome(name, round(prod, 2), round(cand, 2), cand <= limit,
-                       f"at most {limit:.2f} (production's + {tolerance:.0%})")
+        return RuleOutcome("p95 latency (ms)", prod, cand, True, "not measured on both: not checked")
+    limit = prod * (1 + rules.latency_tolerance)
+    return RuleOutcome("p95 latency (ms)", round(prod, 2), round(cand, 2), cand <= limit + ROUNDING,
+                       f"at most {limit:.2f} (production's + {rules.latency_tolerance:.0%})")
+
+
+def regression_rule(production: Sequence[CaseResult], candidate: Sequence[CaseResult],
+                    rules: GateRules = GateRules()) -> RuleOutcome:
+    """Broken cases: the candidate's pass rate significantly below production's (one-sided Fisher exact per
+    case, Holm-adjusted over the suite at the gate's confidence). Every case's rates and p-values are in
+    the outcome's `cases`."""
+    pairs = _paired(production, candidate)
+    if not pairs:
+        return RuleOutcome("regression cases", 0, 0, not rules.require_regression,
+                           "no regression suite measured"
+                           + (": the project's rules require one" if rules.require_regression else ""))
+    raw = fisher_less([c.passes for _, c in pairs], [c.n for _, c in pairs],
+                      [p.passes for p, _ in pairs], [p.n for p, _ in pairs])
+    adjusted = holm(raw)
+    cases = [{"case_id": p.case_id, "production": round(p.success, 4), "candidate": round(c.success, 4),
+              "production_samples": p.n, "candidate_samples": c.n, "p": round(float(pr), 6),
+              "p_holm": round(float(pa), 6), "broken": bool(pa < rules.alpha)}
+             for (p, c), pr, pa in zip(pairs, raw, adjusted, strict=True)]
+    broken = [row["case_id"] for row in cases if row["broken"]]
+    prod_rate = float(np.mean([p.success for p, _ in pairs]))
+    cand_rate = float(np.mean([c.success for _, c in pairs]))
+    if broken:
+        detail = (f"{len(broken)} of {len(pairs)} cases significantly below production's rate (Fisher, Holm at "
+                  f"{rules.alpha:.2f}): " + ", ".join(broken[:20]) + (" …" if len(broken) > 20 else ""))
+    else:
+        detail = (f"none of the {len(pairs)} cases is significantly below production's rate "
+                  f"(one-sided Fisher per case, Holm at {rules.alpha:.2f})")
+    return RuleOutcome("regression cases", round(prod_rate, 4), round(cand_rate, 4), not broken, detail, cases)
 
 
 def gate_evaluate(
@@ -195,23 +577,16 @@ def gate_evaluate(
     pairs = _paired(production, candidate)
     if not pairs:
         return GateReport(False, [RuleOutcome("holdout", 0, 0, False, "the holdout has no cases")], 0)
+    if any(p.n != c.n for p, c in pairs):
+        raise ValueError("production and candidate were not sampled alike: the same cases need the same "
+                         "number of samples on both sides")
     outcomes = [
         _success_rule(pairs, rules),
-        _rate_rule("invalid outputs", pairs, "invalid", rules.invalid_tolerance),
-        _rate_rule("unsafe actions", pairs, "unsafe"),
-        _within("p95 latency (ms)", p95([p.latency_ms for p, _ in pairs]), p95([c.latency_ms for _, c in pairs]),
-                rules.latency_tolerance),
-        _within("tokens per case", _mean([p.tokens for p, _ in pairs]), _mean([c.tokens for _, c in pairs]),
-                rules.tokens_tolerance),
+        _size_rule(pairs, rules),
+        _invalid_rule(pairs, rules),
+        _unsafe_rule(pairs, rules),
+        _latency_rule(pairs, rules),
+        _tokens_rule(pairs, rules),
+        regression_rule(production_regression, candidate_regression, rules),
     ]
-    regression_pairs = _paired(production_regression, candidate_regression)
-    broken = sorted(p.case_id for p, c in regression_pairs if p.success >= 0.5 > c.success)
-    outcomes.append(RuleOutcome(
-        "regression cases",
-        sum(1 for p, _ in regression_pairs if p.success >= 0.5),
-        sum(1 for _, c in regression_pairs if c.success >= 0.5),
-        not broken,
-        ("broken: " + ", ".join(broken[:20]) + (" …" if len(broken) > 20 else "")) if broken
-        else f"none of the {len(regression_pairs)} cases production passes fails",
-    ))
-    return GateReport(all(o.passed for o in outcomes), outcomes, len(pairs))
+    return GateReport(all(o.passed for o in outcomes), outcomes, len(pairs), sum(p.n for p, _ in pairs))

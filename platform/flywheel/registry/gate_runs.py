@@ -12,26 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flywheel.registry.gate import CaseResult, GateRules, gate_evaluate
+from flywheel.registry.gate import CaseResult, GateRules, gate_evaluate, power_report
 from flywheel.registry.models import GateDecision, RegistrySettings
 
 
-def _cases(path: Path, *, rates: bool) -> list[CaseResult]:
+def _cases(path: Path) -> list[CaseResult]:
     from flywheel.evals.runs import read_cases
 
-    results = []
-    for case in read_cases(path):
-        samples = case.get("samples") or []
-        n = max(1, len(samples))
-        results.append(CaseResult(
-            case_id=str(case["id"]),
-            success=float(case["pass_rate"]) if rates else float(bool(case["passed"])),
-            invalid=sum(s.get("failure") == "invalid_format" for s in samples) / n,
-            unsafe=sum(s.get("failure") == "unsafe_action" for s in samples) / n,
-            latency_ms=case.get("latency_ms"),
-            tokens=case.get("mean_completion_tokens"),
-        ))
-    return results
+    return [CaseResult.from_eval_case(case) for case in read_cases(path)]
 
 
 def candidate_results(folder: Path, split: str, best_step: int) -> Path:
@@ -42,7 +30,7 @@ def candidate_results(folder: Path, split: str, best_step: int) -> Path:
 
 def rules_for(project) -> GateRules:
     config = RegistrySettings.objects.filter(project=project).first()
-    return GateRules(**(config.gate_rules if config and config.gate_rules else {}))
+    return GateRules.from_dict(config.gate_rules if config else None)
 
 
 def gate_decide_for_job(*, job) -> GateDecision:
@@ -51,24 +39,25 @@ def gate_decide_for_job(*, job) -> GateDecision:
     rules = rules_for(job.project)
     folder = job_dir(job)
     best = int((job.result or {}).get("best_step") or 0)
-    rates = rules.test == "bootstrap"
     report: dict[str, Any] = {}
     error = ""
     passed = False
     try:
         if job.holdout_version is None:
             raise FileNotFoundError("The job had no holdout suite: the gate cannot judge a candidate without one.")
-        production = _cases(folder / "production-holdout.jsonl", rates=rates)
+        production = _cases(folder / "production-holdout.jsonl")
         holdout_file = candidate_results(folder, "holdout", best)
-        candidate = _cases(holdout_file, rates=rates)
+        candidate = _cases(holdout_file)
         prod_reg: list[CaseResult] = []
         cand_reg: list[CaseResult] = []
         if job.regression_version is not None:
-            prod_reg = _cases(folder / "production-regression.jsonl", rates=False)
-            cand_reg = _cases(candidate_results(folder, "regression", best), rates=False)
+            prod_reg = _cases(folder / "production-regression.jsonl")
+            cand_reg = _cases(candidate_results(folder, "regression", best))
         outcome = gate_evaluate(production=production, candidate=candidate, production_regression=prod_reg,
                                 candidate_regression=cand_reg, rules=rules)
         report, passed = outcome.to_dict(), outcome.passed
+        report["power"] = power_report([c.success for c in production], cases=len(production),
+                                       samples=max((c.n for c in production), default=1), rules=rules)
         fresh = holdout_file.parent.name == "gate"
         report["measurement"] = {"step": best, "looks": holdout_looks(folder), "fresh": fresh,
                                  "seed": FRESH_SEED if fresh else None}

@@ -46,6 +46,10 @@ class RegistryError(Exception):
     """A registry action that cannot be done as asked; the message says why."""
 
 
+class StaleDecision(RegistryError):
+    """A candidate's gate decision was judged against a production that no longer serves."""
+
+
 # --- content ------------------------------------------------------------------------------------------------
 
 
@@ -203,13 +207,26 @@ def alias_move(
 
 
 def model_promote(*, project: Project, version: ModelVersion, user=None, reason: str = "") -> AliasEvent:
-    """Make `version` production: only a version whose latest gate decision passed."""
+    """Make `version` production: only a version whose latest gate decision passed against the production it
+    replaces. A decision judged against another production is stale (v2 and v3 each beat v1; once v3 serves,
+    v2 was never compared with it), checked under the project's lock so a move in between cannot slip by."""
     decision = version.gate_decisions.order_by("-decided_at", "-id").first()
     if decision is None or not decision.passed:
         why = "has not been through the gate" if decision is None else "did not pass the gate"
         raise RegistryError(f"v{version.number} {why}; only a candidate that passed it is promoted.")
-    return alias_move(project=project, alias=Alias.PRODUCTION, version=version, user=user, reason=reason,
-                      kind=AliasEventKind.PROMOTE)
+    with transaction.atomic():
+        Project.objects.select_for_update().filter(pk=project.pk).first()
+        current = AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).select_related(
+            "version").first()
+        if current is not None and current.version_id not in (decision.production_id, version.pk):
+            judged = f"v{decision.production.number}" if decision.production_id else "no production"
+            raise StaleDecision(
+                f"v{version.number} passed the gate against {judged}, but production is now "
+                f"v{current.version.number}: it was never compared with what it would replace. Judge it again: "
+                f"train or measure it against v{current.version.number}."
+            )
+        return alias_move(project=project, alias=Alias.PRODUCTION, version=version, user=user, reason=reason,
+                          kind=AliasEventKind.PROMOTE)
 
 
 def model_rollback(
@@ -428,7 +445,8 @@ def registry_sweep() -> int:
 # --- the gate's rules ----------------------------------------------------------------------------------------
 
 GATE_RULE_FIELDS = ("success_margin", "test", "confidence", "latency_tolerance", "tokens_tolerance",
-                    "invalid_tolerance")
+                    "invalid_test", "invalid_tolerance", "expected_gain", "require_regression")
+_CHOICE_RULES = ("test", "invalid_test")
 
 
 def gate_rules_set(*, project: Project, data: dict[str, Any], auto_promote: bool) -> RegistrySettings:
@@ -443,8 +461,13 @@ def gate_rules_set(*, project: Project, data: dict[str, Any], auto_promote: bool
         raw = str(data.get(name, "") or "").strip()
         if raw == "":
             continue
-        if name == "test":
+        if name in _CHOICE_RULES:
             rules[name] = raw
+        elif name == "require_regression":
+            if raw.lower() not in {"true", "false", "on", "off", "1", "0"}:
+                errors[name] = "true or false."
+                continue
+            rules[name] = raw.lower() in {"true", "on", "1"}
         else:
             try:
                 rules[name] = float(raw)
@@ -452,9 +475,15 @@ def gate_rules_set(*, project: Project, data: dict[str, Any], auto_promote: bool
                 errors[name] = f"A number, like {getattr(defaults, name)}."
                 continue
         try:
-            GateRules(**{name: rules[name]})
+            # Each field on its own, with the tolerance a non-inferiority test needs to be checked alone.
+            GateRules(**({"invalid_tolerance": 0.01} if name == "invalid_test" else {}), **{name: rules[name]})
         except (ValueError, TypeError) as exc:
             errors[name] = str(exc)
+    if not errors:
+        try:  # rules that only make sense together (non-inferiority needs a tolerance above 0)
+            GateRules(**rules)
+        except (ValueError, TypeError) as exc:
+            errors["invalid_tolerance" if "invalid_tolerance" in str(exc) else "test"] = str(exc)
     for name in ("latency_tolerance", "tokens_tolerance"):
         if name in rules and name not in errors and not 0 <= rules[name] <= 10:
             errors[name] = "Between 0 and 10 (0.1 = 10% above production's)."

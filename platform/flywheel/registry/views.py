@@ -111,6 +111,7 @@ def registry_settings_save(request: HttpRequest, project: Project) -> HttpRespon
 @project_view(Role.MAINTAINER)
 def gate_rules_save(request: HttpRequest, project: Project) -> HttpResponse:
     data = {name: request.POST.get(name, "") for name in services.GATE_RULE_FIELDS}
+    data["require_regression"] = "true" if request.POST.get("require_regression") == "on" else "false"
     try:
         services.gate_rules_set(project=project, data=data, auto_promote=request.POST.get("auto_promote") == "on")
     except ValidationError as exc:
@@ -126,10 +127,13 @@ def gate_decision_page(request: HttpRequest, project: Project, decision_id: int)
         GateDecision.objects.select_related("candidate__base", "production__base", "job"), project=project,
         pk=decision_id,
     )
+    in_production = selectors.production_of(project=project)
+    # A passed decision judged against another production than the one serving cannot promote.
+    stale = bool(decision.passed and in_production is not None
+                 and in_production.pk not in (decision.production_id, decision.candidate_id))
     return render(request, "registry/gate.html", {
-        "project": project, "decision": decision,
-        "is_maintainer": request.membership.grants(Role.MAINTAINER),
-        "in_production": selectors.production_of(project=project),
+        "project": project, "decision": decision, "stale": stale,
+        "is_maintainer": request.membership.grants(Role.MAINTAINER), "in_production": in_production,
     })
 
 

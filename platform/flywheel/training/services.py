@@ -331,8 +331,9 @@ def advise(metrics: dict[str, Any] | None, *, pairs: int = 0) -> dict[str, Any]:
 
 def _evaluate_command(job: TrainingJob, suite: Path, out: Path, *, adapter_path: str | None = None,
                       seed: int | None = None) -> list[str]:
-    """Production (or, given `adapter_path`, a checkpoint of the job) on a suite, sampled as the job's own
-    evals sample the candidate."""
+    """Production (or, given `adapter_path`, a checkpoint of the job) on a whole suite: the one command both
+    sides of the gate are measured by, with the job's sampling settings (samples, temperature, tokens, turns,
+    sequence length, engine), so the two differ only in the adapter and the seed."""
     from flywheel.evals.runs import evaluate_command
 
     cfg = job.config
@@ -342,6 +343,9 @@ def _evaluate_command(job: TrainingJob, suite: Path, out: Path, *, adapter_path:
         samples=cfg.get("eval_samples_per_prompt") or _default("eval_samples_per_prompt"),
         temperature=cfg.get("eval_temperature", _default("eval_temperature")),
         max_new_tokens=cfg.get("max_new_tokens") or _default("max_new_tokens"), seed=seed,
+        max_turns=cfg.get("max_turns", _default("max_turns")),
+        max_seq_len=cfg.get("max_seq_len") or _default("max_seq_len"),
+        engine=cfg.get("rollout_engine") or _default("rollout_engine"),
     )
 
 
@@ -421,16 +425,17 @@ def holdout_looks(folder: Path) -> list[int]:
 
 
 def _measure_best(job: TrainingJob, folder: Path, done: dict[str, Any]) -> tuple[bool, str | None]:
-    """The best checkpoint's holdout score is the best of the trainer's looks: picked because it scored high,
-    on the very samples that scored it, so biased upwards. When more than one checkpoint was evaluated, the
-    gate judges the chosen one on fresh samples (FRESH_SEED) of the holdout and regression suites, written to
-    `gate/`; with a single look its score is unbiased and is used as it is. Returns (cancelled, error)."""
+    """The gate judges the chosen checkpoint as production was judged: the same command with the same
+    settings on the whole holdout and regression suites (`_evaluate_command`), on fresh samples
+    (FRESH_SEED), written to `gate/`. The trainer's own evals may cap prompts, turns or sequence length
+    differently, and the best of several looks is biased upwards by the samples that picked it.
+    Returns (cancelled, error)."""
     gate_dir = folder / "gate"
     for stale in gate_dir.glob("*.jsonl"):
         stale.unlink()  # an earlier attempt's: never judge this one by it
     looks = holdout_looks(folder)
     best = int(done.get("best_step") or 0)
-    if not done.get("adapter") or job.holdout_version is None or len(looks) <= 1:
+    if not done.get("adapter") or job.holdout_version is None:
         return False, None
     gate_dir.mkdir(exist_ok=True)
     for name, version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
@@ -455,8 +460,8 @@ def _measure_best(job: TrainingJob, folder: Path, done: dict[str, Any]) -> tuple
                            f"failed: {reason}. Retry measures it again.")
         _event(job, "measured", step=best, data={
             "split": name, "metrics": result["metrics"], "seed": FRESH_SEED, "looks": looks,
-            "why": f"step {best} was the best of {len(looks)} holdout evaluations: the gate judges it on fresh "
-                   "samples, not on the scores that picked it"})
+            "why": (f"step {best} was the best of {len(looks)} holdout evaluations: " if len(looks) > 1 else "")
+                   + "the gate judges it as production was measured, on fresh samples of the whole suite"})
     return False, None
 
 

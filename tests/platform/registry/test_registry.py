@@ -17,14 +17,15 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils import timezone
 
-from flywheel.registry import mlflow_bridge, services
+from flywheel.registry import mlflow_bridge, selectors, services
 from flywheel.registry.models import AliasEvent, GateDecision, ModelVersion, RegistrySettings, SyncState
 
 
-def _gate_passed(*versions):
-    """A passing gate decision for each version (the gate itself is tested in test_gate.py)."""
+def _gate_passed(*versions, against=None):
+    """A passing gate decision for each version against `against` (default v1) (the gate itself is tested in
+    test_gate.py)."""
     for version in versions:
-        production = ModelVersion.objects.filter(project=version.project).order_by("number").first()
+        production = against or ModelVersion.objects.filter(project=version.project).order_by("number").first()
         GateDecision.objects.create(project=version.project, candidate=version, production=production, passed=True)
 
 
@@ -98,6 +99,7 @@ def test_promote_then_roll_back_records_who_when_from_to_and_why(project, regist
     v1, v2, v3 = registered
     alice, bob = make_user("alice"), make_user("bob")
     services.model_promote(project=project, version=v2, user=alice, reason="beats v1 on the holdout")
+    _gate_passed(v3, against=v2)
     services.model_promote(project=project, version=v3, user=alice, reason="beats v2")
     with pytest.raises(services.RegistryError, match="already points"):
         services.model_promote(project=project, version=v3, user=alice)
@@ -123,6 +125,23 @@ def test_only_a_version_that_passed_the_gate_is_promoted(project, registered):
     GateDecision.objects.create(project=project, candidate=v4, production=v1, passed=False)
     with pytest.raises(services.RegistryError, match="did not pass the gate"):
         services.model_promote(project=project, version=v4)
+    assert services.model_promote(project=project, version=v2).to_version == v2
+
+
+def test_a_decision_judged_against_another_production_is_stale(project, registered, client_for, user):
+    # v2 and v3 each passed against v1. Once v3 serves, promoting v2 would put a version in production that
+    # was never compared with v3.
+    v1, v2, v3 = registered
+    services.model_promote(project=project, version=v3)
+    with pytest.raises(services.StaleDecision, match="passed the gate against v1, but production is now v3"):
+        services.model_promote(project=project, version=v2)
+    assert selectors.production_of(project=project) == v3
+    decision = v2.gate_decisions.first()
+    page = client_for(user).get(reverse("registry_gate", args=[project.slug, decision.pk]))
+    assert page.status_code == 200
+    assert "this decision is stale" in page.content.decode() and 'id="promote"' not in page.content.decode()
+    # Judged again against v3, it may go.
+    _gate_passed(v2, against=v3)
     assert services.model_promote(project=project, version=v2).to_version == v2
 
 
@@ -257,6 +276,7 @@ def test_production_moves_are_announced_in_order_signed_logged_and_once(project,
     _Receiver.received.clear()
     _Receiver.fail = True
     services.model_promote(project=project, version=v2, reason="a")
+    _gate_passed(v3, against=v2)
     services.model_promote(project=project, version=v3, reason="b")
     assert services.registry_sync(project_id=project.pk)["failed"] == 1
     assert len(_Receiver.received) == 1  # stopped at the first failure: v3 is not announced before v2
@@ -373,14 +393,23 @@ def test_gate_rules_are_set_per_project_with_field_errors(project, user, client_
                                 auto_promote=False)
     assert set(exc.value.message_dict) == {"confidence", "test", "success_margin", "tokens_tolerance",
                                            "invalid_tolerance"}
-    assert rules_for(project).test == "mcnemar"  # nothing saved
+    assert rules_for(project).test == "permutation"  # nothing saved
     response = client_for(user).post(reverse("registry_gate_rules", args=[project.slug]),
                                      {"test": "bootstrap", "confidence": "0.9", "auto_promote": "on",
-                                      "invalid_tolerance": "0.005"})
+                                      "invalid_tolerance": "0.005", "expected_gain": "0.15"})
     assert response.status_code == 302
     rules = rules_for(project)
-    assert (rules.test, rules.confidence, rules.success_margin, rules.invalid_tolerance) == (
-        "bootstrap", 0.9, 0.0, 0.005)
+    assert (rules.test, rules.confidence, rules.success_margin, rules.invalid_tolerance, rules.expected_gain) == (
+        "bootstrap", 0.9, 0.0, 0.005, 0.15)
+    assert rules.require_regression is False  # the box was not ticked
     assert RegistrySettings.objects.get(project=project).auto_promote
+    # Non-inferiority needs a tolerance above zero: said on the field.
+    page = client_for(user).post(reverse("registry_gate_rules", args=[project.slug]),
+                                 {"invalid_test": "noninferiority", "invalid_tolerance": "0",
+                                  "require_regression": "on"})
+    assert page.status_code == 422 and "must be above 0 for a non-inferiority test" in page.content.decode()
+    client_for(user).post(reverse("registry_gate_rules", args=[project.slug]),
+                          {"invalid_test": "noninferiority", "invalid_tolerance": "0.01", "require_regression": "on"})
+    assert (rules_for(project).invalid_test, rules_for(project).require_regression) == ("noninferiority", True)
     page = client_for(user).post(reverse("registry_gate_rules", args=[project.slug]), {"confidence": "2"})
     assert page.status_code == 422 and "confidence must be in" in page.content.decode()

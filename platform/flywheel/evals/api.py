@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
-from ninja import Field, Router, Schema, Status
+from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 
 from flywheel.accounts.models import Scope
@@ -191,6 +191,20 @@ def _path_param(name: str) -> Any:
     return rename
 
 
+class PowerOut(Schema):
+    cases: int
+    samples: int
+    confidence: float
+    production: int | None = Field(description="the production version whose rates were used")
+    measured_by: int | None = Field(description="the eval run that measured them; null: not measured yet")
+    production_success: float | None
+    smallest_gain: float | None = Field(description="the smallest gain shown with 80% power; null: none")
+    expected_gain: float
+    cases_for_expected_gain: int | None
+    enough: bool = Field(description="the holdout can show the project's expected gain")
+    sentence: str
+
+
 def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
     """The collection endpoints under `/{prefix}` for `model` (EvalSuite or TaskSet); `id_name` is the
     path parameter of its id."""
@@ -257,6 +271,25 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
     def collection_versions(request: HttpRequest, collection_id: int) -> list[dict[str, Any]]:
         c = get(request, collection_id)
         return [version_out(c, v) for v in selectors.collection_versions(collection=c)]
+
+    if is_suite:
+        @router.get(f"/{prefix}/{{{id_name}}}/versions/{{number}}/power", auth=read_auth,
+                    response={200: PowerOut, **errors}, summary="What a holdout version can show",
+                    description="The smallest gain this suite version shows with 80% power at the gate's "
+                                "confidence, from production's latest per-case pass rates on it, and the cases "
+                                "that would show the project's expected gain. `samples` asks for the figures at "
+                                "that many samples a case.",
+                    operation_id=f"{tag}_power")
+        @by_id
+        def collection_power(request: HttpRequest, collection_id: int, number: int,
+                             samples: int | None = Query(None, ge=1, le=64)) -> dict[str, Any]:
+            from flywheel.registry.selectors import holdout_power
+
+            c = get(request, collection_id)
+            version = selectors.version_get(collection=c, number=number)
+            if version is None:
+                raise HttpError(404, f"{label} {collection_id} has no version {number}.")
+            return holdout_power(project=request.auth.project, suite_version=version, samples=samples)
 
     @router.get(f"/{prefix}/{{{id_name}}}/versions/{{number}}.jsonl", auth=read_auth,
                 response={200: None, **errors}, summary=f"Export a {label} version as JSONL",

@@ -379,8 +379,11 @@ def job_evaluate(*, job_id: int) -> TrainingJob | None:
                 return _fail(job, f"Measuring production on the {name} suite failed: {reason}", step=0)
             metrics[name] = done["metrics"]
     pairs = sum(1 for row in job.task_set_version.rows if (row.get("origin") or {}).get("trajectory_id"))
+    advice = advise(metrics.get("holdout"), pairs=pairs)
+    if job.holdout_version is not None:
+        advice["power"] = _holdout_power(job, folder / "production-holdout.jsonl")
     TrainingJob.objects.filter(pk=job.pk, status=JobStatus.EVALUATING).update(
-        status=JobStatus.READY, advice=advise(metrics.get("holdout"), pairs=pairs), heartbeat_at=None,
+        status=JobStatus.READY, advice=advice, heartbeat_at=None,
     )
     job.refresh_from_db()
     _event(job, "advice", data=job.advice)
@@ -388,6 +391,17 @@ def job_evaluate(*, job_id: int) -> TrainingJob | None:
         job_confirm(job=job)
         job.refresh_from_db()
     return job
+
+
+def _holdout_power(job: TrainingJob, production_cases: Path) -> dict[str, Any]:
+    """The smallest gain this job's holdout can show, from production's per-case rates just measured."""
+    from flywheel.evals.runs import read_cases
+    from flywheel.registry.gate import CaseResult, power_report
+    from flywheel.registry.gate_runs import rules_for
+
+    cases = [CaseResult.from_eval_case(c) for c in read_cases(production_cases)]
+    return power_report([c.success for c in cases], cases=len(cases),
+                        samples=max((c.n for c in cases), default=1), rules=rules_for(job.project))
 
 
 # --- confirm, run, cancel, retry ---------------------------------------------------------------------------------

@@ -45,8 +45,17 @@ def _defaults(request: HttpRequest, project: Project) -> dict:
     }
 
 
+def _holdout_power(project: Project, form) -> dict | None:
+    """What the chosen holdout can show, from production's latest measurement on it (None: none chosen)."""
+    raw = str(form.get("holdout_version", "") or "")
+    version = EvalSuiteVersion.objects.filter(suite__project=project, pk=raw).first() if raw.isdigit() else None
+    return registry_selectors.holdout_power(project=project, suite_version=version) if version else None
+
+
 def _list_context(request: HttpRequest, project: Project, **extra) -> dict:
+    form = request.POST if request.method == "POST" else _defaults(request, project)
     return {
+        "holdout_power": _holdout_power(project, form),
         "project": project,
         "jobs": TrainingJob.objects.filter(project=project).select_related("task_set_version__task_set",
                                                                             "created_by")[:100],
@@ -54,7 +63,7 @@ def _list_context(request: HttpRequest, project: Project, **extra) -> dict:
         "is_maintainer": request.membership.grants(Role.MAINTAINER),
         "config_fields": forms.config_fields(project),
         "saved_defaults": services.project_defaults(project),
-        "form": request.POST if request.method == "POST" else _defaults(request, project),
+        "form": form,
         **_choices(project),
         **extra,
     }

@@ -191,3 +191,29 @@ def test_the_api_starts_follows_cancels_and_retries_a_run(project, suite_version
     assert api_client.post(f"/api/v1/eval-runs/{run_id}/cancel", key=other).status_code == 404
     read_only = make_api_key(project, scopes=["read"])
     assert api_client.post(f"/api/v1/eval-runs/{run_id}/cancel", key=read_only).status_code == 403
+
+
+def test_a_holdout_says_what_gain_it_can_show_before_anyone_trains(project, suite_version, tiny_model, user,
+                                                                     api_client, make_api_key, client_for):
+    from flywheel.registry.gate import GateRules, power_report
+
+    version = registry.base_model_register(project=project, name="tiny", path=str(tiny_model), user=user)
+    rates = [0.0, 0.25, 0.5, 1.0]
+    cases = [{"id": f"case-{i}", "passed": r > 0.5, "pass_rate": r, "mean_reward": r, "failures": {},
+              "samples": [{"passed": k < r * 4} for k in range(4)]} for i, r in enumerate(rates)]
+    run = runs.eval_run_record(project=project, model_version=version, suite_version=suite_version, cases=cases,
+                               metrics={})
+    key = make_api_key(project, scopes=["read"])
+    url = f"/api/v1/eval-suites/{suite_version.suite.pk}/versions/1/power"
+    body = api_client.get(url, key=key).json()
+    expected = power_report(rates, cases=4, samples=4, rules=GateRules())
+    assert (body["measured_by"], body["production"], body["cases"], body["samples"]) == (run.pk, 1, 4, 4)
+    assert body["smallest_gain"] == expected["smallest_gain"] and body["sentence"] == expected["sentence"]
+    assert not body["enough"] and body["cases_for_expected_gain"] > 4  # four cases show nothing useful
+    more = api_client.get(url, {"samples": 16}, key=key).json()
+    assert more["samples"] == 16 and more["cases_for_expected_gain"] <= body["cases_for_expected_gain"]
+    assert api_client.get(url, {"samples": 0}, key=key).status_code == 422
+    assert api_client.get(f"/api/v1/eval-suites/{suite_version.suite.pk}/versions/9/power", key=key).status_code == 404
+    # The new-job form says it for the holdout it preselects, and warns.
+    page = client_for(user).get(reverse("training_jobs", args=[project.slug])).content.decode()
+    assert 'id="holdout-power"' in page and "too small for the gains a job can expect" in page

@@ -166,7 +166,7 @@ def test_a_job_measures_production_trains_and_its_candidate_goes_through_the_gat
     folder = services.job_dir(done)
     fresh = read_cases(folder / "gate" / "holdout.jsonl")
     assert [c["id"] for c in fresh] == [row["id"] for row in world["holdout"].rows]
-    fresh_success = sum(c["passed"] for c in fresh) / len(fresh)
+    fresh_success = sum(c["pass_rate"] for c in fresh) / len(fresh)  # each case's passes over its samples
     assert decision.report["rules"][0]["candidate"] == pytest.approx(fresh_success, abs=1e-4)
     assert measured["holdout"].data["metrics"]["n"] == 4 * SMALL["eval_samples_per_prompt"]
     if not decision.passed:
@@ -339,3 +339,24 @@ def test_a_passing_candidate_is_promoted_at_once_only_where_the_project_opted_in
     services._auto_promote(job=job)
     assert production_of(project=world["project"]) == candidate
     assert JobEvent.objects.filter(job=job, kind="promoted").exists()
+
+
+def test_automatic_promotion_refuses_a_decision_judged_against_a_production_that_moved(world):
+    # Production moved while the job trained: its candidate beat the old production, not the new one.
+    from flywheel.registry.selectors import production_of
+
+    moved = registry.model_version_create(project=world["project"], base=world["production"].base)
+    GateDecision.objects.create(project=world["project"], candidate=moved, production=world["production"],
+                                passed=True)
+    candidate = registry.model_version_create(project=world["project"], base=world["production"].base)
+    GateDecision.objects.create(project=world["project"], candidate=candidate, production=world["production"],
+                                passed=True)
+    job = TrainingJob.objects.create(project=world["project"], task_set_version=world["train"],
+                                     base_version=world["production"], candidate_version=candidate,
+                                     status=JobStatus.SUCCEEDED)
+    registry.model_promote(project=world["project"], version=moved)
+    registry.gate_rules_set(project=world["project"], data={}, auto_promote=True)
+    services._auto_promote(job=job)
+    assert production_of(project=world["project"]) == moved
+    refused = JobEvent.objects.get(job=job, kind="promotion failed")
+    assert f"production is now v{moved.number}" in refused.data["message"]

@@ -30,7 +30,9 @@ Example = tuple[list[int], list[int]]  # token ids, loss mask (1 on assistant to
 
 
 def conversation(row: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The full conversation a row stands for, or None when it is not a good one to imitate."""
+    """The full conversation a row stands for, or None when it is not a good one to imitate: a task's
+    `solution` replayed, a trajectory's own messages, or a promoted row's prompt with its reference
+    (`trainer.references`: what the reviewer stated as correct)."""
     if row.get("outcome") == "failure":
         return None
     if row.get("solution"):
@@ -39,6 +41,13 @@ def conversation(row: dict[str, Any]) -> list[dict[str, Any]] | None:
         messages, score = replay(row, row["solution"])
         return messages if score.passed or row.get("trust_solution") else None
     messages = row.get("messages") or []
+    if any(m.get("role") == "assistant" for m in messages[-1:]):
+        return messages
+    from trainer.references import reference_messages
+
+    reference = reference_messages(row)
+    if reference is not None:
+        return [*messages, *reference]
     return messages if any(m.get("role") == "assistant" for m in messages) else None
 
 

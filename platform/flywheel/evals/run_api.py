@@ -57,6 +57,33 @@ class RunOut(Schema):
     cases: list[CaseOut]
 
 
+class RegressionBuildIn(Schema):
+    samples: int = 16
+    min_rate: float = 0.8
+
+
+@router.post("/eval-suites/{suite_id}/regression-builds", auth=train_auth, response={201: RunState, **_ERRORS},
+             summary="Build a regression suite from production's passes",
+             description="Queues production's measurement on the suite's newest version (`samples` a case); when it "
+                         "succeeds the suite gets a new version of the cases whose 95% Wilson lower bound of the "
+                         "pass rate is at least `min_rate`. The eval run's page and `GET /api/v1/eval-runs/{id}` "
+                         "show every case's measured rate. 422 names the wrong field.")
+def regression_build_create(request: HttpRequest, suite_id: int, body: RegressionBuildIn):
+    from flywheel.evals.models import EvalSuite
+    from flywheel.evals.regression import regression_build_start
+
+    project = request.auth.project
+    suite = EvalSuite.objects.filter(project=project, pk=suite_id).first()
+    if suite is None:
+        raise HttpError(404, f"No eval suite {suite_id} in project '{project.slug}'.")
+    try:
+        run = regression_build_start(project=project, suite=suite, samples=body.samples, min_rate=body.min_rate,
+                                     user=request.auth.created_by)
+    except ValidationError as exc:
+        return json_response(_field_errors(exc), status=422)
+    return 201, {"id": run.pk, "status": run.status}
+
+
 @router.post("/eval-runs", auth=train_auth, response={201: RunState, **_ERRORS}, summary="Start an eval run",
              description="Queues a measurement of a model version on a suite version for a GPU worker. 422 names "
                          "the wrong field.")

@@ -30,6 +30,11 @@ class EvalRun(models.Model):
     step = models.IntegerField(null=True, blank=True)  # the checkpoint's step, for a job's candidate
     status = models.CharField(max_length=16, choices=EvalRunStatus.choices, default=EvalRunStatus.QUEUED)
     samples = models.PositiveSmallIntegerField(default=4)
+    # What the run is for: a plain measurement, or the measurement a regression suite is built from
+    # (`evals.regression`: the suite keeps the cases production passes reliably); `options` holds its settings
+    # and, once built, what it kept.
+    purpose = models.CharField(max_length=32, default="measure")
+    options = models.JSONField(default=dict, blank=True)
     metrics = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True, default="")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,

@@ -80,8 +80,10 @@ def evaluate_command(*, model_path: str, adapter_path: str = "", suite: Path, ou
     return command
 
 
-def eval_run_create(*, project, model_version, suite_version, user=None, samples: int = 4) -> EvalRun:
-    """Queue a measurement of `model_version` on `suite_version` for a GPU worker."""
+def eval_run_create(*, project, model_version, suite_version, user=None, samples: int = 4,
+                    purpose: str = "measure", options: dict[str, Any] | None = None) -> EvalRun:
+    """Queue a measurement of `model_version` on `suite_version` for a GPU worker (`purpose`: what is done
+    with it when it succeeds, see `_on_success`)."""
     if model_version.project_id != project.pk or suite_version.suite.project_id != project.pk:
         raise ValidationError({"model_version": "The version and the suite must be this project's."})
     if not 1 <= int(samples) <= 64:
@@ -92,7 +94,8 @@ def eval_run_create(*, project, model_version, suite_version, user=None, samples
 
     with transaction.atomic():
         run = EvalRun.objects.create(project=project, model_version=model_version, suite_version=suite_version,
-                                     samples=int(samples), created_by=user, queued_at=timezone.now())
+                                     samples=int(samples), created_by=user, queued_at=timezone.now(),
+                                     purpose=purpose, options=options or {})
         outbox.send_on_commit(eval_run_task, run.pk)
     return run
 
@@ -164,11 +167,20 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
                 _store_results(run, read_cases(results))
                 EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.SUCCEEDED, finished_at=timezone.now(),
                                                          metrics=final.get("metrics", {}), pid=None, heartbeat_at=None)
+                _on_success(run)
     except Exception as exc:  # noqa: BLE001 (the page says why; Retry runs it again)
         EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.FAILED, error=str(exc)[:4000],
                                                  finished_at=timezone.now(), pid=None, heartbeat_at=None)
     run.refresh_from_db()
     return run
+
+
+def _on_success(run: EvalRun) -> None:
+    """What a run's purpose does with its results, in the transaction that stores them."""
+    if run.purpose == "regression_build":
+        from flywheel.evals.regression import regression_build_finish
+
+        regression_build_finish(run=run)
 
 
 def eval_run_cancel(*, run: EvalRun) -> EvalRun:

@@ -14,6 +14,7 @@ urlpatterns = [
     path("evals/new", suite(views.collection_create), name="suite_create"),
     path("evals/<int:suite_id>/", suite(views.collection_detail), name="suite_detail"),
     path("evals/<int:suite_id>/cases/<int:case_id>/remove", suite(views.item_remove), name="suite_item_remove"),
+    path("evals/<int:suite_id>/from-production", suite(views.regression_build), name="suite_regression_build"),
     path("evals/<int:suite_id>/v/<int:number>/", suite(views.version_detail), name="suite_version"),
     path("evals/<int:suite_id>/v/<int:number>.jsonl", suite(views.version_export), name="suite_export"),
     path("evals/<int:suite_id>/v/<int:number>/freeze", suite(views.version_freeze), name="suite_freeze"),

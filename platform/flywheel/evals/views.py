@@ -162,6 +162,26 @@ def version_freeze(request: HttpRequest, project: Project, kind: str, collection
 
 
 @require_POST
+@project_view(Role.MAINTAINER)
+def regression_build(request: HttpRequest, project: Project, kind: str, collection_id: int) -> HttpResponse:
+    """Measure production on the suite and keep the cases it passes reliably (`evals.regression`)."""
+    from flywheel.evals.regression import regression_build_start
+
+    collection = _collection_or_404(project, kind, collection_id)
+    try:
+        run = regression_build_start(project=project, suite=collection, user=request.user,
+                                     samples=int(request.POST.get("samples") or 16),
+                                     min_rate=request.POST.get("min_rate") or 0.8)
+    except (ValidationError, ValueError) as exc:
+        text = "; ".join(_first_errors(exc).values()) if isinstance(exc, ValidationError) else "Samples: a number."
+        messages.error(request, f"Not started: {text}")
+        return redirect(reverse(f"{kind}_detail", args=[project.slug, collection.pk]))
+    messages.success(request, "Production is being measured on these cases; the suite's next version keeps the "
+                              "ones it passes reliably.")
+    return redirect(reverse("eval_run", args=[project.slug, run.pk]))
+
+
+@require_POST
 @project_view(Role.REVIEWER)
 def item_remove(request: HttpRequest, project: Project, kind: str, collection_id: int, item_id: int) -> HttpResponse:
     collection = _collection_or_404(project, kind, collection_id)

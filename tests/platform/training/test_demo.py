@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from flywheel.registry import services as registry
 from flywheel.training import services
-from flywheel.training.demo import loop_demo_seed, loop_demo_suites, loop_project
+from flywheel.training.demo import DEMO_RECIPE, loop_demo_seed, loop_demo_suites, loop_project
 from flywheel.trajectories.models import Trajectory
 
 
 def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
     project = loop_project(owner=user)
     registry.base_model_register(project=project, name="tiny (demo)", path=str(tiny_model), user=user)
-    seeded = loop_demo_seed(project=project, model_dir=tiny_model, user=user, n_train=12, n_holdout=6)
+    seeded = loop_demo_seed(project=project, model_dir=tiny_model, user=user, n_train=12, n_holdout=6,
+                            n_regression=3)
     assert seeded["seeded"] and seeded["trajectories"] == 12
     trajectories = Trajectory.objects.filter(project=project)
     assert trajectories.count() == 12
@@ -24,7 +25,14 @@ def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
     failed_ids = set(trajectories.filter(outcome="failure").values_list("id", flat=True))
     promoted = {row["origin"]["trajectory_id"] for row in task_version.rows}
     assert failed_ids <= promoted  # every failure became a task
-    assert suites["holdout"].versions.get().size == 6 and suites["regression"].versions.get().size == 8
+    assert suites["holdout"].versions.get().size == 6
+    regression = suites["regression"].versions.get()
+    assert regression.size == seeded["regression"] <= 3
+    # The regression cases are requests production got right, none of them trained on.
+    passed_ids = set(trajectories.filter(outcome="success").values_list("id", flat=True))
+    assert {row["origin"]["trajectory_id"] for row in regression.rows} <= passed_ids - promoted
+    # The project trains with its own recipe, the one measured to move this demo.
+    assert services.project_defaults(project) == DEMO_RECIPE
     job = services.job_create(project=project, task_set_version=task_version,
                               holdout_version=suites["holdout"].versions.get(),
                               regression_version=suites["regression"].versions.get(), user=user)

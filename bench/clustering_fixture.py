@@ -9,6 +9,13 @@ two on `run_sql` differ in kind, and two end in negative feedback on different t
 tool name nor the signal kind alone separates them.
 
     failures(n, seed=0) -> [(cause, record)]   records ready for ingestion (`ingest_trajectories`)
+
+A small project's failures (SMALL_CAUSES, `small_failures`): 30 to 60 failures of 3 to 5 causes, the shape of
+the loop demo's: a workplace assistant's single-turn requests, each trajectory ending on the model's tool
+call, so every failure carries the same signal (no final answer) and the causes differ only by the request
+and the call it got wrong. Causes come in uneven shares, as a real project's do.
+
+    small_failures(n, seed=0, causes=None) -> [(cause, record)]
 """
 
 from __future__ import annotations
@@ -461,3 +468,171 @@ def failures(n: int, *, seed: int = 0, prefix: str = "fx", causes: list[str] | N
     """`n` failures spread evenly over `causes` (all by default), interleaved: [(cause, record)]."""
     names = causes or list(CAUSES)
     return [(names[i % len(names)], failure(names[i % len(names)], i // len(names), seed=seed, prefix=prefix)) for i in range(n)]
+
+
+# --- a small project's failures --------------------------------------------------------------------------
+
+WORKPLACE_TOOLS = [
+    _tool(
+        "create_task",
+        "Create a task.",
+        {"title": {"type": "string"}, "project": {"type": "string"}, "assignee": {"type": "string"}},
+        ["title", "project"],
+    ),
+    _tool(
+        "update_task",
+        "Change a task's status or assignee.",
+        {
+            "task_id": {"type": "string"},
+            "status": {"type": "string", "enum": ["open", "in_progress", "done"]},
+            "assignee": {"type": "string"},
+        },
+        ["task_id"],
+    ),
+    _tool(
+        "create_event",
+        "Create a calendar event.",
+        {
+            "title": {"type": "string"},
+            "date": {"type": "string"},
+            "time": {"type": "string"},
+            "attendees": {"type": "array", "items": {"type": "string"}},
+        },
+        ["title", "date", "time", "attendees"],
+    ),
+    _tool("send_email", "Send an email.", {"to": {"type": "string"}, "subject": {"type": "string"}}, ["to", "subject"]),
+    _tool("list_tasks", "List tasks.", {"assignee": {"type": "string"}}, []),
+]
+TEAM = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy", "Mike", "Nina"]
+PROJECT_NAMES = ["Apollo", "Borealis", "Cobalt", "Delta", "Ember", "Falcon", "Granite", "Harbor"]
+TASK_TITLES = [
+    f"{verb} {thing}"
+    for verb in ("Fix", "Update", "Review", "Draft", "Plan", "Ship")
+    for thing in ("login page", "pricing doc", "release notes", "onboarding flow", "api docs", "dashboard")
+]
+EVENT_TITLES = [
+    f"{p} {kind}" for p in PROJECT_NAMES for kind in ("design review", "budget sync", "customer call", "retro")
+]
+TIMES = ["09:00", "10:00", "11:30", "13:00", "14:00", "15:30", "16:00"]
+WORKPLACE_SYSTEM = "You are the Acme workplace assistant. Today is 2026-03-02. Use the tools, then answer briefly."
+
+
+def _other(r: random.Random, pool: list[str], value: str) -> str:
+    return r.choice([v for v in pool if v != value])
+
+
+def _answer(b: _Builder, name: str, arguments: dict[str, Any]) -> None:
+    """The model's one call, the last message: the loop demo records its first call and judges it."""
+    b.n += 1
+    function = {"name": name, "arguments": json.dumps(arguments)}
+    call = {"id": f"call_0_{b.n - 1}", "type": "function", "function": function}
+    b.messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+
+
+def _task_id(r: random.Random) -> str:
+    return f"T{r.randint(1, 9)}"
+
+
+def _reassign_wrong_person(b: _Builder, r: random.Random) -> None:
+    task, title, who = _task_id(r), r.choice(TASK_TITLES), r.choice(TEAM)
+    b.user(
+        r.choice(
+            [f'Reassign "{title}" ({task}) to {who}.', f'Give task {task} "{title}" to {who}.', f'Assign {task} "{title}" to {who}.']
+        )
+    )
+    _answer(b, "update_task", {"task_id": task, "assignee": _other(r, TEAM, who)})
+
+
+def _status_wrong_task(b: _Builder, r: random.Random) -> None:
+    task, title = _task_id(r), r.choice(TASK_TITLES)
+    status, word = r.choice([("done", "done"), ("in_progress", "in progress")])
+    b.user(
+        r.choice(
+            [f'Mark "{title}" ({task}) as {word}.', f'Set task {task} "{title}" to {word}.', f'Please mark task {task}, "{title}", {word}.']
+        )
+    )
+    _answer(b, "update_task", {"task_id": _other(r, [f"T{i}" for i in range(1, 10)], task), "status": status})
+
+
+def _email_wrong_recipient(b: _Builder, r: random.Random) -> None:
+    who, title = r.choice(TEAM), r.choice(TASK_TITLES)
+    b.user(r.choice([f'Email {who} about "{title}".', f'Send {who} an email titled "{title}".']))
+    subject = title if r.random() < 0.5 else _other(r, TASK_TITLES, title)
+    _answer(b, "send_email", {"to": _other(r, TEAM, who), "subject": subject})
+
+
+def _event_wrong_details(b: _Builder, r: random.Random) -> None:
+    title = r.choice(EVENT_TITLES)
+    first, second = r.sample(TEAM, 2)
+    day, time = f"2026-03-{r.randint(3, 27):02d}", r.choice(TIMES)
+    b.user(
+        r.choice(
+            [f'Schedule "{title}" on {day} at {time} with {first} and {second}.', f'Book "{title}" for {first} and {second} on {day} at {time}.']
+        )
+    )
+    wrong_title, wrong_time = _other(r, EVENT_TITLES, title), _other(r, TIMES, time)
+    _answer(b, "create_event", {"title": wrong_title, "date": day, "time": wrong_time, "attendees": r.sample(TEAM, 2)})
+
+
+def _task_wrong_project(b: _Builder, r: random.Random) -> None:
+    title, project, who = r.choice(TASK_TITLES), r.choice(PROJECT_NAMES), r.choice(TEAM)
+    b.user(
+        r.choice(
+            [
+                f'Create a task "{title}" in {project} for {who}.',
+                f'Add task "{title}" to {project}, assigned to {who}.',
+                f'New task in {project} for {who}: "{title}".',
+            ]
+        )
+    )
+    wrong_title, wrong_project = _other(r, TASK_TITLES, title), _other(r, PROJECT_NAMES, project)
+    _answer(b, "create_task", {"title": wrong_title, "project": wrong_project, "assignee": who})
+
+
+# cause -> (builder, share): shares are uneven, as a real project's causes are.
+SMALL_CAUSES: dict[str, tuple[Callable[[_Builder, random.Random], None], float]] = {
+    "reassign_wrong_person": (_reassign_wrong_person, 3.0),
+    "status_wrong_task": (_status_wrong_task, 2.0),
+    "email_wrong_recipient": (_email_wrong_recipient, 2.0),
+    "event_wrong_details": (_event_wrong_details, 1.5),
+    "task_wrong_project": (_task_wrong_project, 1.5),
+}
+
+
+def small_failure(cause: str, i: int, *, seed: int = 0, prefix: str = "sm") -> dict[str, Any]:
+    """One failing single-turn trajectory of a small-fixture `cause`, deterministic in (cause, i, seed)."""
+    build, _ = SMALL_CAUSES[cause]
+    rng = random.Random(f"small:{seed}:{cause}:{i}")
+    b = _Builder(rng)
+    build(b, rng)
+    return {
+        "external_id": f"{prefix}-{cause}-{i}",
+        "agent": "workplace-assistant",
+        "model_version": "tiny v1",
+        "messages": [{"role": "system", "content": WORKPLACE_SYSTEM}, *b.messages],
+        "tools": WORKPLACE_TOOLS,
+        "outcome": "failure",
+    }
+
+
+def small_counts(n: int, causes: list[str]) -> dict[str, int]:
+    """`n` failures shared out over `causes` by their shares (largest remainder), each at least one."""
+    shares = [SMALL_CAUSES[c][1] for c in causes]
+    exact = [n * s / sum(shares) for s in shares]
+    counts = [max(1, int(x)) for x in exact]
+    by_remainder = sorted(range(len(causes)), key=lambda i: -(exact[i] - int(exact[i])))
+    for i in by_remainder[: max(0, n - sum(counts))]:
+        counts[i] += 1
+    return dict(zip(causes, counts, strict=True))
+
+
+def small_failures(
+    n: int = 40, *, seed: int = 0, prefix: str = "sm", causes: list[str] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """A small project's `n` failures over `causes` (the first four of SMALL_CAUSES by default), in uneven
+    shares, shuffled by `seed`: [(cause, record)]."""
+    names = causes or list(SMALL_CAUSES)[:4]
+    counts = small_counts(n, names)
+    out = [(c, small_failure(c, i, seed=seed, prefix=prefix)) for c, k in counts.items() for i in range(k)]
+    random.Random(f"small-order:{seed}").shuffle(out)
+    return out

@@ -124,15 +124,16 @@ def test_describe_labels_a_cluster_by_tool_signal_and_terms_and_picks_central_re
 def test_failures_that_cluster_with_a_modes_members_are_attached_to_it(fx, embedder):
     members = [_signature(fx, "order_lookup_loop", i) for i in range(15)]
     other_mode = [_signature(fx, "sql_syntax_error", i) for i in range(15)]
-    # Three new failures of the first mode's cause (too few to make a group alone), and a new cause.
-    new = [_signature(fx, "order_lookup_loop", 100 + i) for i in range(3)] + [_signature(fx, "ticket_bad_json", i) for i in range(12)]
+    # Two new failures of the first mode's cause (too few to make a group of 14 alone), and a new cause.
+    new = [_signature(fx, "order_lookup_loop", 100 + i) for i in range(2)] + [_signature(fx, "ticket_bad_json", i) for i in range(12)]
     vectors = engine.features(members + other_mode + new, embedder)
     labels, attached = engine.cluster_with_modes(vectors[30:], {7: vectors[:15], 9: vectors[15:30]})
-    assert attached == {7: [0, 1, 2]}
-    assert (labels[:3] == -2).all()
-    assert (labels[3:] >= 0).mean() > 0.8 and len(set(labels[3:].tolist()) - {-1}) >= 1  # the new cause: new group(s)
+    assert attached == {7: [0, 1]}
+    assert (labels[:2] == -2).all()
+    assert (labels[2:] >= 0).mean() > 0.8 and len(set(labels[2:].tolist()) - {-1}) >= 1  # the new cause: new group(s)
     plain, none = engine.cluster_with_modes(vectors[30:], {})
-    assert none == {} and (plain[:3] == -1).all()  # without the mode, three are noise
+    assert engine.min_cluster_size_for(14) == 3
+    assert none == {} and (plain[:2] == -1).all()  # without the mode, two are noise
 
 
 def test_a_dismissed_group_matches_by_centroid_or_by_members():

@@ -2,14 +2,19 @@
 job, the bench and the tests run the same code.
 
 1. `signature(messages, signals)`: a failure's failing step in context (the user's request, the failing call
-   or answer, the tool's result or error) and its structure (tool name, signal kinds, which checks failed).
+   or answer, the tool's result or error) and its structure (tool name, signal kinds, which checks failed,
+   the failing call's argument names: on one tool, a call that sets a status and one that reassigns are
+   different actions, and when no tool result follows the call, as in single-turn trajectories, nothing else
+   tells them apart).
    The failing step is the message of the most telling signal that has a message index (STEP_PRIORITY),
    else the last assistant turn.
 2. `features(signatures, embedder)`: the request and the failing step embedded apart (the step weighs more:
    it is the failure; the request is its context), and the structure as hashed one-hot features, weighted,
    concatenated, unit length. Hashing keeps the space the same from run to run, so stored centroids stay
    comparable.
-3. `cluster(vectors)`: PCA to a few dozen dimensions, then scikit-learn's HDBSCAN; -1 is noise.
+3. `cluster(vectors)`: PCA to a few dozen dimensions, then scikit-learn's HDBSCAN; -1 is noise. Its
+   min_cluster_size and min_samples follow the number of failures (`min_cluster_size_for`), so that 25
+   failures give groups as 10,000 do.
 4. `describe(...)`: per cluster a label from class-based TF-IDF (its most distinctive terms) and its most
    distinctive signal, the members nearest its centre, its signal mix and its centroid.
 5. `cluster_with_modes(...)` and `matches_dismissed(...)`: decisions that persist. Failures that cluster
@@ -57,6 +62,10 @@ STRUCT_DIM = 64  # hashed structure features
 W_REQUEST = 0.6  # weights of the parts of a failure's vector (each part unit length)
 W_STEP = 1.0
 W_STRUCT = 0.7
+# All of a call's argument names together, within the structure, where the tool weighs 1. Chosen on
+# bench/clustering.py's fixtures (so their figures flatter it): from 0.75 to 0.85 both hold, the small sets'
+# causes (two on one tool merge at 0.7) and the 10,000 failures' groups (two causes split at 0.9 and above).
+W_ARGUMENTS = 0.8
 PCA_DIM = 16
 DISMISSED_THRESHOLD = 0.97  # cosine of a cluster's centroid to a dismissed group's to count as the same
 DISMISSED_OVERLAP = 0.5  # or this share of its members were in the dismissed group
@@ -86,6 +95,7 @@ class Signature:
     kinds: tuple[str, ...]  # signal kinds of the trajectory, sorted
     checks: tuple[str, ...]  # which checks failed, e.g. "schema", "schema:date", "unsafe"
     step_index: int | None = None
+    arguments: tuple[str, ...] = ()  # the failing call's argument names, sorted
 
     @property
     def text(self) -> str:
@@ -93,9 +103,12 @@ class Signature:
 
     @property
     def structure(self) -> list[str]:
-        return ([f"tool:{self.tool}"] if self.tool else ["tool:-"]) + [f"kind:{k}" for k in self.kinds] + [
-            f"check:{c}" for c in self.checks
-        ]
+        return (
+            ([f"tool:{self.tool}"] if self.tool else ["tool:-"])
+            + [f"kind:{k}" for k in self.kinds]
+            + [f"check:{c}" for c in self.checks]
+            + [f"arg:{a}" for a in self.arguments]
+        )
 
 
 def normalize(text: str) -> str:
@@ -116,6 +129,18 @@ def _text(content: Any) -> str:
 
 def _cut(text: str) -> str:
     return text[:PIECE_CHARS]
+
+
+def _argument_names(call: Any) -> tuple[str, ...]:
+    """The names of a call's arguments, sorted; none when they do not parse as a JSON object."""
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return ()
+    return tuple(sorted(str(k)[:40] for k in arguments)[:8]) if isinstance(arguments, dict) else ()
 
 
 def _call_text(call: Any) -> tuple[str, str]:
@@ -183,6 +208,7 @@ def signature(messages: Sequence[Any], signals: Iterable[dict[str, Any]]) -> Sig
         index = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
 
     tool = step = result = ""
+    arguments: tuple[str, ...] = ()
     if index is not None:
         message = messages[index]
         role = message.get("role")
@@ -195,6 +221,7 @@ def signature(messages: Sequence[Any], signals: Iterable[dict[str, Any]]) -> Sig
                 match = [c for c in calls if isinstance(c, dict) and c.get("id") == call_id] or (calls[:1] if not call_id else [])
                 if match:
                     tool, step = _call_text(match[0])
+                    arguments = _argument_names(match[0])
                     index = j
                     break
             else:
@@ -203,6 +230,7 @@ def signature(messages: Sequence[Any], signals: Iterable[dict[str, Any]]) -> Sig
             calls = [c for c in message["tool_calls"] if isinstance(c, dict)]
             texts = [_call_text(c) for c in calls]
             tool = texts[0][0] if texts else ""
+            arguments = _argument_names(calls[0]) if calls else ()
             step = " ; ".join(t for _, t in texts)
             ids = {c.get("id") for c in calls}
             answers = [
@@ -228,6 +256,7 @@ def signature(messages: Sequence[Any], signals: Iterable[dict[str, Any]]) -> Sig
         kinds=kinds,
         checks=tuple(sorted(checks)),
         step_index=index,
+        arguments=arguments,
     )
 
 
@@ -243,8 +272,13 @@ def structure_vectors(signatures: Sequence[Signature]) -> np.ndarray:
     out = np.zeros((len(signatures), STRUCT_DIM), dtype=np.float32)
     for row, sig in enumerate(signatures):
         for token in sig.structure:
-            # The tool and the check weigh as much as all the signal kinds together.
-            weight = 1.0 if token.startswith(("tool:", "check:")) else 1.0 / max(1, len(sig.kinds)) ** 0.5
+            # The tool and the check weigh as much as all the signal kinds together, or all the arguments.
+            if token.startswith(("tool:", "check:")):
+                weight = 1.0
+            elif token.startswith("arg:"):
+                weight = W_ARGUMENTS / max(1, len(sig.arguments)) ** 0.5
+            else:
+                weight = 1.0 / max(1, len(sig.kinds)) ** 0.5
             out[row, _bucket(token)] += weight
     norms = np.linalg.norm(out, axis=1, keepdims=True)
     return out / np.where(norms > 0, norms, 1.0)
@@ -275,22 +309,51 @@ def centroid(vectors: np.ndarray) -> np.ndarray:
 
 
 def min_cluster_size_for(n: int) -> int:
-    """Big enough to be worth a reviewer's look: 1% of the set, between 5 and 100."""
-    return int(min(100, max(5, n // 100)))
+    """The fewest failures HDBSCAN may call a group, among `n`: 1% of them on a large set (at most 100), an
+    eighth of them on a small one (3 to 5; 2 below 12 failures).
+
+    - Large sets (500 failures and more): 1%, so that a group is worth a reviewer's look and a big project's
+      thousands of failures do not shatter into near-duplicates; at most 100, so that a rarer cause still
+      shows among 50,000.
+    - Small sets: an eighth, so that a cause that holds an eighth of the failures (any of up to eight even
+      causes) can form a group. HDBSCAN never picks the root of its tree: it finds groups only where the set
+      splits into parts of at least this size. With the old floor of 5, the loop demo's 25 failures (causes of
+      3 to 12) never split into two fives and all 25 were noise: a new project saw no suggestion.
+    - At least 3, where twelve failures or more leave room for four groups of 3: a pair is too often two
+      variants of one cause split apart (measured: 2 split 20 failures of two causes into four groups, and
+      the demo's 25 into eight). Below 12 failures, 2: a pair is the only group there is room for.
+    - At most 5: the rule is the old one from 40 failures up (5, then 1% from 500), so the quality on large
+      sets (bench/clustering.py) is unchanged."""
+    floor = 3 if n >= 12 else 2
+    return int(min(100, max(n // 100, min(5, max(floor, n // 8)))))
+
+
+def min_samples_for(min_cluster_size: int) -> int:
+    """HDBSCAN's min_samples for groups of `min_cluster_size`: half of it, at least 2.
+
+    min_samples is the neighbour count behind each failure's density (its core distance; scikit-learn counts
+    the failure itself). Half the group size smooths a large set's density over tens of neighbours, so a
+    cause of hundreds does not split on chance gaps; it is at most the group size, so a group of exactly
+    that size can still be dense; and at least 2, so that a failure's density comes from its nearest other
+    failure (with 1 it is its own, zero, and HDBSCAN falls back to single linkage, which chains unrelated
+    failures together through the ones between them)."""
+    return max(2, min_cluster_size // 2)
 
 
 def cluster(vectors: np.ndarray, *, min_cluster_size: int | None = None, seed: int = 0) -> np.ndarray:
-    """HDBSCAN labels (-1: noise) of unit-length rows."""
+    """HDBSCAN labels (-1: noise) of unit-length rows, with min_cluster_size_for and min_samples_for the
+    number of rows unless `min_cluster_size` is given."""
     from sklearn.cluster import HDBSCAN
     from sklearn.decomposition import PCA
 
     n = len(vectors)
     size = min_cluster_size or min_cluster_size_for(n)
+    # Too few rows to split into a group and anything else: HDBSCAN would call them all noise anyway.
     if n < max(size + 1, 4):
         return np.full(n, -1, dtype=np.int64)
     dims = min(PCA_DIM, vectors.shape[1], n - 1)
     reduced = PCA(n_components=dims, svd_solver="randomized", random_state=seed).fit_transform(vectors)
-    model = HDBSCAN(min_cluster_size=size, min_samples=max(2, size // 2), copy=True)
+    model = HDBSCAN(min_cluster_size=size, min_samples=min_samples_for(size), copy=True)
     return model.fit_predict(reduced.astype(np.float64)).astype(np.int64)
 
 

@@ -31,15 +31,10 @@ def registry_demo_seed(*, project: Project) -> bool:
     return True
 
 
-def demo_model_build(*, project_id: int) -> str:
-    """Build the tiny model into FLYWHEEL_MODELS_DIR/tiny-demo (once per machine) and register it."""
-    from flywheel.registry.services import base_model_register
+def build_demo_model(folder: Path) -> Path:
+    """The demo's model in `folder`, built once: the trainer's tiny CPU model."""
     from trainer.tiny import build_tiny
 
-    project = Project.objects.get(pk=project_id)
-    if BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists():
-        return "registered already"
-    folder = demo_model_dir()
     if not (folder / "tiny.json").exists():
         # Built aside and renamed: a worker stopped halfway leaves no folder that looks finished.
         tmp = folder.with_name(folder.name + ".building")
@@ -47,6 +42,17 @@ def demo_model_build(*, project_id: int) -> str:
         build_tiny(tmp)
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
+    return folder
+
+
+def demo_model_build(*, project_id: int) -> str:
+    """Build the demo model into FLYWHEEL_MODELS_DIR/tiny-demo (once per machine) and register it."""
+    from flywheel.registry.services import base_model_register
+
+    project = Project.objects.get(pk=project_id)
+    if BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists():
+        return "registered already"
+    folder = build_demo_model(demo_model_dir())
     owner = project.memberships.filter(role="maintainer").select_related("user").first()
     user = owner.user if owner else None
     base_model_register(project=project, name=DEMO_MODEL_NAME, path=str(folder), user=user)

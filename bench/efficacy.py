@@ -1,0 +1,121 @@
+"""Does the loop deliver a better model? The workplace demo end to end on the CPU with every default, for
+several seeds of the training job: the demo model (built once, or --model), its play seeded into the demo
+project (trajectories, the task set of its failures, the holdout, the regression suite, the project's recipe),
+then one job as the one-click button starts it (the project's recipe, the gate's default rules), run by the
+same worker functions a Celery worker runs (tasks executed in this process), judged by the gate.
+
+Per seed: production's holdout success before, the candidate's after (both measured by the gate's command,
+8 samples a case), the gate's verdict with the rule that refused it, and minutes. Baseline: production,
+measured the same way; the gain is the candidate's success minus production's on the same cases.
+
+    .venv/bin/python bench/efficacy.py [--seeds 0 1 2] [--model DIR] [--workdir DIR]
+
+SQLite and a scratch folder; nothing outside it is touched. The last line is JSON:
+{"seeds", "holdout_before", "holdout_after", "gain", "gate_passed", "minutes", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--model", help="a built demo model (else built once into --workdir/tiny-demo)")
+    parser.add_argument("--workdir", default=None, help="scratch folder (default: a new temporary one)")
+    args = parser.parse_args()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="flywheel-efficacy-"))
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ["FLYWHEEL_VAR_DIR"] = str(work / "var")
+    os.environ["DATABASE_URL"] = f"sqlite:///{work / 'efficacy.sqlite3'}"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "flywheel.settings")
+    sys.path.insert(0, str(ROOT / "platform"))
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from flywheel.celery import app
+
+    app.conf.task_always_eager = True  # the worker's functions, run here, in order
+    call_command("migrate", verbosity=0)
+    from flywheel.registry import services as registry
+    from flywheel.registry.demo import DEMO_MODEL_NAME, build_demo_model
+    from flywheel.registry.models import BaseModel, GateDecision
+    from flywheel.training import services as training
+    from flywheel.training.demo import loop_demo_seed, loop_demo_suites, loop_project
+    from flywheel.training.models import TrainingJob
+
+    t0 = time.perf_counter()
+    model_dir = Path(args.model) if args.model else build_demo_model(work / "tiny-demo")
+    built_s = time.perf_counter() - t0
+    user = get_user_model().objects.filter(username="bench").first() or \
+        get_user_model().objects.create_user("bench", password="bench-password-1")
+    project = loop_project(owner=user)
+    if not BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists():
+        registry.base_model_register(project=project, name=DEMO_MODEL_NAME, path=str(model_dir), user=user)
+    t1 = time.perf_counter()
+    seeded = loop_demo_seed(project=project, model_dir=model_dir, user=user)
+    seed_s = time.perf_counter() - t1
+    suites = loop_demo_suites(project)
+    print(f"model {model_dir} ({built_s:.0f} s); seeded {seeded} in {seed_s:.0f} s", flush=True)
+
+    results = []
+    for seed in args.seeds:
+        t = time.perf_counter()
+        job = training.job_create(
+            project=project, task_set_version=suites["task_set"].versions.order_by("-number").first(),
+            holdout_version=suites["holdout"].versions.order_by("-number").first(),
+            regression_version=suites["regression"].versions.order_by("-number").first(),
+            config={"seed": seed}, user=user, confirm=True)
+        job = TrainingJob.objects.get(pk=job.pk)
+        decision = GateDecision.objects.filter(job=job).first()
+        minutes = (time.perf_counter() - t) / 60
+        if decision is None:
+            print(f"seed {seed}: job {job.status}: {job.error[:500]}", flush=True)
+            results.append({"seed": seed, "status": job.status, "minutes": round(minutes, 2)})
+            continue
+        rules = {r["name"]: r for r in decision.report.get("rules", [])}
+        success = rules.get("holdout success", {})
+        refused = [name for name, r in rules.items() if not r["passed"]]
+        row = {"seed": seed, "holdout_before": success.get("production"), "holdout_after": success.get("candidate"),
+               "gain": round((success.get("candidate") or 0) - (success.get("production") or 0), 4),
+               "gate_passed": decision.passed, "refused_by": refused, "minutes": round(minutes, 2),
+               "detail": success.get("detail", "")}
+        results.append(row)
+        print(f"seed {seed}: holdout {row['holdout_before']} -> {row['holdout_after']} ({row['gain']:+.4f}); "
+              f"gate {'passed' if decision.passed else 'refused by ' + ', '.join(refused)}; {minutes:.1f} min; "
+              f"{row['detail']}", flush=True)
+        if decision.passed:
+            # Promotion and rollback work on the result, as a person would click them.
+            registry.model_promote(project=project, version=decision.candidate, user=user, reason="bench")
+            registry.model_rollback(project=project, user=user, reason="bench: back to the demo model")
+
+    judged = [r for r in results if "gain" in r]
+
+    def mean(key: str) -> float | None:
+        return round(statistics.mean(r[key] for r in judged), 4) if judged else None
+
+    print(json.dumps({"seeds": len(args.seeds), "holdout_before": mean("holdout_before"),
+                      "holdout_after": mean("holdout_after"), "gain": mean("gain"),
+                      "gain_min": min((r["gain"] for r in judged), default=None),
+                      "gate_passed": sum(bool(r.get("gate_passed")) for r in results),
+                      "minutes": mean("minutes"), "seed_minutes": round(seed_s / 60, 2),
+                      "build_minutes": round(built_s / 60, 2), "per_seed": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

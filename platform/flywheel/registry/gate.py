@@ -12,7 +12,9 @@ With `alpha = 1 - confidence` (0.05 by default):
   size and an identical candidate passes at most alpha of the time. `mcnemar`: the exact conditional
   binomial test on discordant cases, for one sample a case. `bootstrap`: the paired percentile bootstrap,
   whose lower bound must exceed the margin (anti-conservative on small holdouts: 14.6% false passes at 3
-  cases, hence the size rule). Power is `power_report`'s normal approximation, checked by simulation.
+  cases, hence the size rule). A candidate picked as the best of several checkpoints evaluated on the same
+  holdout is tested at alpha / looks (Bonferroni), since fresh samples of the same cases still favour it.
+  Power is `power_report`'s normal approximation, checked by simulation.
 - **holdout size**: a holdout too small to show the project's expected gain with 80% power cannot pass:
   on it, most passes would be luck.
 - **invalid outputs**: `harm` (the default) refuses only when the candidate's per-case invalid rate is above
@@ -422,11 +424,14 @@ def _paired(production: Sequence[CaseResult], candidate: Sequence[CaseResult]) -
     return [(by_id[r.case_id], r) for r in candidate]
 
 
-def _success_rule(pairs: list[tuple[CaseResult, CaseResult]], rules: GateRules) -> RuleOutcome:
+def _success_rule(pairs: list[tuple[CaseResult, CaseResult]], rules: GateRules, looks: int = 1) -> RuleOutcome:
     prod = float(np.mean([p.success for p, _ in pairs]))
     cand = float(np.mean([c.success for _, c in pairs]))
     diffs = [c.success - p.success for p, c in pairs]
-    margin, alpha = rules.success_margin, rules.alpha
+    # The candidate was picked as the best of `looks` checkpoints on these cases: fresh samples of the same
+    # cases still favour it (its per-case luck was part of the pick), so the test is at alpha / looks
+    # (Bonferroni: the chance that any of the looks passes by luck is at most alpha).
+    margin, alpha = rules.success_margin, rules.alpha / max(1, looks)
     one_sample = all(p.n == 1 and c.n == 1 for p, c in pairs)
     if rules.test == "mcnemar" and one_sample:
         only_c = sum(1 for p, c in pairs if c.passes > p.passes)
@@ -448,6 +453,8 @@ def _success_rule(pairs: list[tuple[CaseResult, CaseResult]], rules: GateRules) 
             "McNemar takes one sample a case; these cases have more, so: "
         detail = (f"{note}paired sign-flip test on per-case pass rates: one-sided p = {pvalue:.4f} for a gain "
                   f"of at most {margin:.3f} (needs < {alpha:.2f}); gain {cand - prod:+.4f}")
+    if looks > 1:
+        detail += f"; at {rules.alpha:.2f} / {looks}: the best of {looks} checkpoints evaluated on these cases"
     return RuleOutcome("holdout success", round(prod, 4), round(cand, 4), passed, detail)
 
 
@@ -572,8 +579,10 @@ def gate_evaluate(
     production_regression: Sequence[CaseResult] = (),
     candidate_regression: Sequence[CaseResult] = (),
     rules: GateRules = GateRules(),
+    looks: int = 1,
 ) -> GateReport:
-    """Every rule with both sides' values; the candidate passes only if every rule passes."""
+    """Every rule with both sides' values; the candidate passes only if every rule passes. `looks`: how many
+    checkpoints were evaluated on this holdout to pick the candidate (the success test corrects for them)."""
     pairs = _paired(production, candidate)
     if not pairs:
         return GateReport(False, [RuleOutcome("holdout", 0, 0, False, "the holdout has no cases")], 0)
@@ -581,7 +590,7 @@ def gate_evaluate(
         raise ValueError("production and candidate were not sampled alike: the same cases need the same "
                          "number of samples on both sides")
     outcomes = [
-        _success_rule(pairs, rules),
+        _success_rule(pairs, rules, looks),
         _size_rule(pairs, rules),
         _invalid_rule(pairs, rules),
         _unsafe_rule(pairs, rules),

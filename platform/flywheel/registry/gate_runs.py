@@ -53,13 +53,14 @@ def gate_decide_for_job(*, job) -> GateDecision:
         if job.regression_version is not None:
             prod_reg = _cases(folder / "production-regression.jsonl")
             cand_reg = _cases(candidate_results(folder, "regression", best))
+        looks = holdout_looks(folder)
         outcome = gate_evaluate(production=production, candidate=candidate, production_regression=prod_reg,
-                                candidate_regression=cand_reg, rules=rules)
+                                candidate_regression=cand_reg, rules=rules, looks=max(1, len(looks)))
         report, passed = outcome.to_dict(), outcome.passed
         report["power"] = power_report([c.success for c in production], cases=len(production),
                                        samples=max((c.n for c in production), default=1), rules=rules)
         fresh = holdout_file.parent.name == "gate"
-        report["measurement"] = {"step": best, "looks": holdout_looks(folder), "fresh": fresh,
+        report["measurement"] = {"step": best, "looks": looks, "fresh": fresh,
                                  "seed": FRESH_SEED if fresh else None}
     except (OSError, ValueError, KeyError) as exc:
         error = f"The gate could not judge: {exc}"

@@ -249,8 +249,10 @@ def eval_sweep() -> int:
 
 
 def eval_compare(*, a: EvalRun, b: EvalRun) -> dict[str, Any]:
-    """Two runs on the same suite version: per-case differences and an exact McNemar test (b better than a)."""
-    from flywheel.registry.gate import mcnemar_exact
+    """Two runs on the same suite version: per-case differences and the gate's paired test on per-case pass
+    rates (the sign-flip test, which is exact McNemar when each case has one sample), each way. Success is the
+    mean of per-case pass rates, the figure the gate and the job page show."""
+    from flywheel.registry.gate import sign_flip_pvalue
 
     if a.suite_version_id != b.suite_version_id:
         raise ValidationError({"b": "Compare two runs of the same suite version."})
@@ -264,9 +266,10 @@ def eval_compare(*, a: EvalRun, b: EvalRun) -> dict[str, Any]:
                                 "broken" if x and y and x.passed and not y.passed else "")})
     fixed = sum(1 for r in rows if r["change"] == "fixed")
     broken = sum(1 for r in rows if r["change"] == "broken")
+    diffs = [r["b"].pass_rate - r["a"].pass_rate for r in rows if r["a"] and r["b"]]
     return {
         "rows": rows, "fixed": fixed, "broken": broken,
-        "p_b_better": mcnemar_exact(fixed, broken), "p_a_better": mcnemar_exact(broken, fixed),
-        "a_success": sum(r.passed for r in left.values()) / max(1, len(left)),
-        "b_success": sum(r.passed for r in right.values()) / max(1, len(right)),
+        "p_b_better": sign_flip_pvalue(diffs), "p_a_better": sign_flip_pvalue([-d for d in diffs]),
+        "a_success": sum(r.pass_rate for r in left.values()) / max(1, len(left)),
+        "b_success": sum(r.pass_rate for r in right.values()) / max(1, len(right)),
     }

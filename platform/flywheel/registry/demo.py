@@ -17,6 +17,37 @@ from flywheel.registry.models import BaseModel
 DEMO_MODEL_NAME = "tiny (demo)"
 
 
+def _status_path(slug: str) -> Path:
+    return Path(settings.VAR_DIR) / "demo-status" / f"{slug}.json"
+
+
+def demo_status_set(*, project: Project, text: str | None) -> None:
+    """What the worker is doing to seed the demo project, for its pages to say ("building the demo model:
+    step 300 of 1000"); None when it is done. A file beside the database: `make run`'s web process and
+    workers share the var folder."""
+    import json
+    import os
+
+    path = _status_path(project.slug)
+    if text is None:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"text": text}))
+    tmp.replace(path)  # a reader never sees half a file
+
+
+def demo_status_of(*, project: Project) -> str | None:
+    """The demo's seeding step, while the worker seeds it."""
+    import json
+
+    try:
+        return str(json.loads(_status_path(project.slug).read_text())["text"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def demo_model_dir() -> Path:
     return Path(settings.FLYWHEEL_MODELS_DIR) / "tiny-demo"
 
@@ -31,15 +62,24 @@ def registry_demo_seed(*, project: Project) -> bool:
     return True
 
 
-def build_demo_model(folder: Path) -> Path:
-    """The demo's model in `folder`, built once: the trainer's tiny CPU model."""
+def build_demo_model(folder: Path, *, progress=None) -> Path:
+    """The demo's model in `folder`, built once: the trainer's tiny CPU model. `progress(text)` hears how far
+    the build is."""
     from trainer.tiny import build_tiny
 
     if not (folder / "tiny.json").exists():
         # Built aside and renamed: a worker stopped halfway leaves no folder that looks finished.
         tmp = folder.with_name(folder.name + ".building")
         shutil.rmtree(tmp, ignore_errors=True)
-        build_tiny(tmp)
+        steps = 1000
+
+        def log(event: dict) -> None:
+            if progress and event.get("event") == "step":
+                progress(f"Building the demo model on the worker: step {event['step']} of {steps}.")
+
+        if progress:
+            progress("Building the demo model on the worker: starting.")
+        build_tiny(tmp, steps=steps, log=log)
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
     return folder
@@ -52,11 +92,16 @@ def demo_model_build(*, project_id: int) -> str:
     project = Project.objects.get(pk=project_id)
     if BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists():
         return "registered already"
-    folder = build_demo_model(demo_model_dir())
+    folder = build_demo_model(demo_model_dir(),
+                              progress=lambda text: demo_status_set(project=project, text=text))
     owner = project.memberships.filter(role="maintainer").select_related("user").first()
     user = owner.user if owner else None
     base_model_register(project=project, name=DEMO_MODEL_NAME, path=str(folder), user=user)
     from flywheel.training.demo import loop_demo_seed
 
-    loop_demo_seed(project=project, model_dir=folder, user=user)
+    try:
+        loop_demo_seed(project=project, model_dir=folder, user=user,
+                       progress=lambda text: demo_status_set(project=project, text=text))
+    finally:
+        demo_status_set(project=project, text=None)
     return "registered"

@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
 from flywheel.registry import dashboard, selectors, services
+from flywheel.registry.demo import demo_status_of
 from flywheel.registry.models import Alias, GateDecision, ModelVersion, RegistrySettings
 from flywheel.trajectories.models import Trajectory
 
@@ -33,6 +34,7 @@ def _context(request: HttpRequest, project: Project, **extra) -> dict:
         "passed_gate": selectors.passed_gate_ids(project=project),
         "decisions": selectors.gate_decisions(project=project),
         "is_maintainer": request.membership.grants(Role.MAINTAINER),
+        "demo_status": demo_status_of(project=project),
         **extra,
     }
 

@@ -59,18 +59,24 @@ def _row(task: dict[str, Any], row_id: str) -> dict[str, Any]:
                 {"name": call["name"], "arguments": json.loads(call["arguments"])}]}}
 
 
-def _play(model_dir: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The model's answer to each row, scored: `python -m trainer evaluate`, one sample a row."""
+def _play(model_dir: Path, rows: list[dict[str, Any]], progress=None, chunk: int = 100) -> list[dict[str, Any]]:
+    """The model's answer to each row, scored: `python -m trainer evaluate`, one sample a row, `chunk` rows a
+    run so that `progress(text)` can say how far it is."""
     from flywheel.evals.runs import evaluate_command, read_cases
     from trainer.config import write_jsonl
 
+    cases: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="flywheel-demo-") as tmp:
-        suite, out = Path(tmp) / "rows.jsonl", Path(tmp) / "cases.jsonl"
-        write_jsonl(suite, rows)
-        subprocess.run(evaluate_command(model_path=str(model_dir), suite=suite, out=out, samples=1,
-                                        temperature=1.0, seed=7),
-                       check=True, capture_output=True, timeout=1800)
-        return read_cases(out)
+        for start in range(0, len(rows), chunk):
+            if progress:
+                progress(f"Playing {len(rows)} workplace requests with the demo model: {start} done.")
+            suite, out = Path(tmp) / "rows.jsonl", Path(tmp) / "cases.jsonl"
+            write_jsonl(suite, rows[start:start + chunk])
+            subprocess.run(evaluate_command(model_path=str(model_dir), suite=suite, out=out, samples=1,
+                                            temperature=1.0, seed=7 + start),
+                           check=True, capture_output=True, timeout=1800)
+            cases += read_cases(out)
+    return cases
 
 
 def _unique_requests(tasks: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
@@ -90,7 +96,7 @@ def _unique_requests(tasks: list[dict[str, Any]], n: int) -> list[dict[str, Any]
 
 
 def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int = 300, n_holdout: int = 100,
-                   n_regression: int = 20) -> dict:
+                   n_regression: int = 20, progress=None) -> dict:
     """Trajectories from the model's own play, failures promoted into a task set, a holdout of other requests
     (distinct, from the held-out split) and a regression suite of requests production got right, each with a
     first version, and the project's training recipe. Nothing is done twice."""
@@ -106,7 +112,9 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
         return {"seeded": False}
     train_rows = [_row(t, f"req-{i}") for i, t in enumerate(generate_tasks(n_train, seed=21, split="train",
                                                                            difficulty="single"))]
-    cases = {str(c["id"]): c for c in _play(model_dir, train_rows)}
+    cases = {str(c["id"]): c for c in _play(model_dir, train_rows, progress)}
+    if progress:
+        progress(f"Recording {len(train_rows)} trajectories and promoting the failures.")
     records = []
     for row in train_rows:
         case = cases[row["id"]]

@@ -25,6 +25,12 @@ def _can_review(request: HttpRequest) -> bool:
     return request.membership.grants(Role.REVIEWER)
 
 
+def _demo_status(project: Project) -> str | None:
+    from flywheel.registry.demo import demo_status_of
+
+    return demo_status_of(project=project)
+
+
 @require_GET
 @project_view()
 def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
@@ -52,6 +58,7 @@ def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
         # Bulk assignment: the rows get checkboxes, and the bar offers the project's modes.
         "bulk": _can_review(request),
         "failure_modes": assignable_modes(project=project) if _can_review(request) else [],
+        "demo_status": _demo_status(project),
     }
     if request.htmx and request.htmx.target == "results":
         response = render(request, "trajectories/_trajectory_results.html", context)

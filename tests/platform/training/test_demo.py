@@ -39,3 +39,19 @@ def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
     assert job.status == "evaluating"
     assert loop_demo_seed(project=project, model_dir=tiny_model, user=user) == {"seeded": False}
     assert Trajectory.objects.filter(project=project).count() == 12
+
+
+def test_the_pages_say_what_the_worker_is_doing_while_it_seeds(user, client_for):
+    from django.urls import reverse
+
+    from flywheel.registry.demo import demo_status_of, demo_status_set
+
+    project = loop_project(owner=user)
+    demo_status_set(project=project, text="Playing 300 workplace requests with the demo model: 100 done.")
+    for name in ("trajectory_list", "registry_page"):
+        page = client_for(user).get(reverse(name, args=[project.slug])).content.decode()
+        assert "Playing 300 workplace requests with the demo model: 100 done." in page, name
+        assert "No trajectories match" not in page and "No model yet" not in page
+    demo_status_set(project=project, text=None)
+    assert demo_status_of(project=project) is None
+    assert "No trajectories match" in client_for(user).get(reverse("trajectory_list", args=[project.slug])).content.decode()

@@ -176,6 +176,7 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/evals/new": (NOT_ALLOWED, write(422)),
     "p/<slug:project_slug>/evals/<int:suite_id>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/evals/<int:suite_id>/cases/<int:case_id>/remove": (NOT_ALLOWED, write(302)),
+    "p/<slug:project_slug>/evals/<int:suite_id>/from-production": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/evals/<int:suite_id>/v/<int:number>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/evals/<int:suite_id>/v/<int:number>.jsonl": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/evals/<int:suite_id>/v/<int:number>/freeze": (NOT_ALLOWED, write(302, "maintainer")),
@@ -195,6 +196,8 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "api/v1/eval-suites/<suite_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
     "api/v1/eval-suites/<suite_id>/versions": (api(401, 200, 403, 404), NOT_ALLOWED),
     "api/v1/eval-suites/<suite_id>/versions/<number>.jsonl": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/eval-suites/<suite_id>/versions/<number>/power": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/eval-suites/<suite_id>/regression-builds": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
     "api/v1/eval-suites/<suite_id>/promotions": (NOT_ALLOWED, api(401, 403, 403, 403)),
     "api/v1/eval-suites/<suite_id>/promotions/bulk": (NOT_ALLOWED, api(401, 403, 403, 403)),
     "api/v1/task-sets": (api(401, 200, 403, 200), api(401, 403, 403, 403)),

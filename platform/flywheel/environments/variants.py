@@ -2,17 +2,20 @@
 
 Two kinds, both from the task's own row:
 - argument values: for each argument an expected call states as a plain value that the request spells out,
-  the values the project's own trajectories passed to the same tool and argument; the request, the
-  expected call and the reference all take the new value;
+  the values the project's trajectories passed to the same tool and argument, drawn only from those that
+  may train: never from a trajectory behind an eval case, now or in a frozen eval-suite version (its values
+  would carry the case into training). The request, the expected call and the reference all take the new
+  value;
 - rephrasings: the request put through a few fixed templates.
 A variant is kept only if its verifier passes on its reference (through the trainer's environment, as at
-promotion) and the leakage guard lets it in; it keeps its parent's origin, so it inherits the guard's rule
-about its trajectory.
+promotion) and the leakage guard lets it in: every rule, the reworded-request one included, against the eval
+side. It keeps its parent's origin, so it inherits the guard's rule about its trajectory.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -46,12 +49,15 @@ class VariantResult:
     version: Any = None
 
 
-def _observed_values(project: Any, tool: str, argument: str, exclude: Any) -> list[Any]:
-    """Distinct string values the project's trajectories passed to `tool`'s `argument`, newest first."""
+def _observed_values(project: Any, tool: str, argument: str, exclude: Any, eval_side: set[int]) -> list[Any]:
+    """Distinct string values the project's trajectories, those on the eval side aside, passed to `tool`'s
+    `argument`, newest first."""
     seen: list[Any] = []
     keys = {row_shape.canonical_json(exclude)}
     qs = Trajectory.objects.filter(project=project, tool_call_count__gt=0).order_by("-id").only("messages")
-    for t in qs[:SCAN_TRAJECTORIES]:
+    # Skipped here rather than in the query: an eval side of thousands would be as many query parameters.
+    drawable = (t for t in qs.iterator(chunk_size=100) if t.pk not in eval_side)
+    for t in itertools.islice(drawable, SCAN_TRAJECTORIES):
         for m in t.messages if isinstance(t.messages, list) else []:
             if not (isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls")):
                 continue
@@ -76,7 +82,7 @@ def _with_request(messages: list[Any], text: str) -> list[Any]:
     return out
 
 
-def _argument_drafts(task: Task) -> list[tuple[str, dict[str, Any]]]:
+def _argument_drafts(task: Task, eval_side: set[int]) -> list[tuple[str, dict[str, Any]]]:
     verifier = task.verifier if isinstance(task.verifier, dict) else {}
     if verifier.get("type") != "tool_call" or not isinstance(task.reference, dict):
         return []
@@ -91,7 +97,7 @@ def _argument_drafts(task: Task) -> list[tuple[str, dict[str, Any]]]:
             token = re.compile(rf"(?<![\w-]){re.escape(old)}(?![\w-])")
             if not token.search(request):
                 continue
-            for new in _observed_values(task.task_set.project, expected["name"], argument, old):
+            for new in _observed_values(task.task_set.project, expected["name"], argument, old, eval_side):
                 v = copy.deepcopy(verifier)
                 v["expected_calls"][k]["arguments"][argument] = new
                 reference = copy.deepcopy(task.reference)
@@ -126,9 +132,15 @@ def task_variants_create(*, task: Task, user: Any = None, kinds: tuple[str, ...]
     if task.reference is None:
         result.skipped.append((task.row_id, "the task has no reference output to check variants on"))
         return result
-    drafts = (_argument_drafts(task) if "argument" in kinds else []) + (_rephrase_drafts(task) if "rephrase" in kinds else [])
-    existing = {row_shape.prompt_digest(t.messages) for t in task.task_set.tasks.all()}
+    project = task.task_set.project
     with transaction.atomic():
+        # Under the project's lock the eval side cannot gain a row between the guard's read and the save.
+        leakage.project_lock(project=project)
+        eval_side = leakage.other_side(project=project, side="train")
+        eval_trajectories = {c.trajectory_id for c in eval_side if c.trajectory_id is not None}
+        drafts = ((_argument_drafts(task, eval_trajectories) if "argument" in kinds else [])
+                  + (_rephrase_drafts(task) if "rephrase" in kinds else []))
+        existing = {row_shape.prompt_digest(t.messages) for t in task.task_set.tasks.all()}
         for what, draft in drafts[:limit]:
             digest = row_shape.prompt_digest(draft["messages"])
             if digest in existing:
@@ -146,7 +158,7 @@ def task_variants_create(*, task: Task, user: Any = None, kinds: tuple[str, ...]
                 result.skipped.append((what, "its verifier fails its reference"))
                 continue
             conflicts = leakage.leakage_conflicts(
-                project=task.task_set.project, side="train",
+                project=project, side="train", others=eval_side,
                 candidates=[leakage.Candidate(what, task.trajectory_id, digest,
                                               row_shape.last_user_request(draft["messages"]))])
             if conflicts:

@@ -106,7 +106,10 @@ class PromotionIn(Schema):
     reference_answer: str | None = None
     expected_state: Any = None
     env_type: str | None = Field(default=None, description="single_turn | replay | workplace")
-    observations: Any = None
+    observations: Any = Field(default=None, description="replay rows: tool name -> the observation a corrected "
+                                                        "call gets (prefilled from a recorded result that is not an error)")
+    observation_error_expected: bool | None = Field(
+        default=None, description="a stated observation that is an error is what the corrected call should get")
     initial_state: Any = None
     max_turns: int | None = None
     accept_passing_original: bool = False
@@ -138,6 +141,8 @@ class BulkIn(Schema):
     reference_answer: str | None = None
     expected_state: Any = None
     env_type: str | None = None
+    observations: Any = Field(default=None, description="replay rows: tool name -> observation, for every trajectory")
+    observation_error_expected: bool | None = None
     initial_state: Any = None
     max_turns: int | None = None
 
@@ -430,8 +435,9 @@ class CalibrationErrorOut(Schema):
     response={200: CalibrationOut, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 422: CalibrationErrorOut | ValidationErrorOut,
               429: ErrorOut, 503: ErrorOut},
     summary="Calibrate a verifier against reviewed outcomes",
-    description="Scores the project's trajectories whose outcome a reviewer labeled (a trajectory passes when "
-                "the verifier passes one of its assistant turns) and compares with the labels. Reads only: "
+    description="Scores the project's trajectories whose outcome a reviewer labeled and compares with the labels. "
+                "Each is scored at one turn through the row's environment: a case's or task's own turn and "
+                "environment when `source` names it, else the turn promotion would start from. Reads only: "
                 "the `read` scope.",
 )
 def verifier_calibration(request: HttpRequest, body: CalibrationIn) -> Any:
@@ -443,7 +449,8 @@ def verifier_calibration(request: HttpRequest, body: CalibrationIn) -> Any:
     spec = calibration.verifier_from_source(project=project, source=body.source, text=text, errors=errors)
     if spec is None and not errors:
         errors["verifier"] = "give a verifier spec, or a source (case:ID or task:ID)"
-    result = None if errors else calibration.verifier_calibrate(project=project, verifier=spec, agent=body.agent)
+    result = None if errors else calibration.verifier_calibrate(project=project, verifier=spec, agent=body.agent,
+                                                                source=body.source)
     if result is not None and result.spec_errors:
         errors["verifier"] = "; ".join(result.spec_errors)
     if errors:

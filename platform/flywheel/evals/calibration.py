@@ -1,21 +1,31 @@
 """Verifier calibration: does a verifier agree with the outcomes reviewers labeled?
 
 The field's advice is to run 50-100 outputs through a reward before trusting it. A verifier (a case's, a
-task's, or one written in the form) scores each labeled trajectory; the verifier "passes" a trajectory when
-it passes one of its assistant turns (a case's verifier is about one turn, and a trajectory holds that turn
-somewhere), with the trajectory's own declared tools. Passing is compared with the reviewer's label
-(success / failure): a confusion matrix, precision and recall of "passes" against "success", and Cohen's
-kappa, from scikit-learn.
+task's, or one written in the form) scores one turn of each labeled trajectory, the turn it is about:
+- a case's or task's verifier, the turn it was promoted at (its message index; the assistant turn at that
+  index of each trajectory, or the nearest one before it), in the case's environment: a replay case replays
+  each trajectory's own recorded calls from that turn on, a workplace case starts from its initial state;
+- a written verifier, the turn promotion would start from (`promotion.default_message_index`: a flagged turn,
+  else the last turn that made calls), single-turn.
+Scoring goes through the trainer's environment for that row (`promotion.score_episode`), as training and
+eval runs score it: the trajectory's assistant turns from there on are the episode's turns, with the
+trajectory's own declared tools. Never "any turn passes": that would lean every verdict toward "pass".
+Passing is compared with the reviewer's label (success / failure): a confusion matrix, precision and recall
+of "passes" against "success", and Cohen's kappa, from scikit-learn.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from flywheel.accounts.models import Project
+from flywheel.evals import promotion
+from flywheel.evals import rows as row_shape
+from flywheel.evals.models import EnvType
 from flywheel.trajectories.models import Outcome, Trajectory
-from trainer.verifiers import SpecError, score, validate_spec
+from trainer.verifiers import SpecError, validate_spec
 
 MIN_LABELED = 50  # under this the page warns: too few labels to trust the figures
 MAX_TRAJECTORIES = 2000
@@ -27,7 +37,7 @@ class Disagreement:
     label: str  # the reviewer's outcome
     passed: bool  # the verifier's verdict
     failure: str | None
-    turn: int | None  # the assistant message that passed, or the last one scored
+    turn: int | None  # the assistant message scored
 
 
 @dataclass
@@ -48,35 +58,75 @@ class Calibration:
         return self.n < MIN_LABELED
 
 
-def _verdict(spec: dict, trajectory: Trajectory) -> tuple[bool, str | None, int | None]:
+@dataclass(frozen=True)
+class Scoring:
+    """Where a verifier is applied: the turn it is about and the environment it runs in."""
+
+    message_index: int | None = None  # None: each trajectory's default turn
+    env: dict[str, Any] | None = None  # the case's env block; None: single-turn
+
+    @classmethod
+    def of(cls, item: Any) -> Scoring:
+        """A case's or task's: the turn it was promoted at (a row written without one: the turn after its
+        context) and its environment."""
+        index = item.message_index if item.message_index is not None else len(item.messages or [])
+        return cls(index, item.env if isinstance(item.env, dict) else None)
+
+
+def _is_assistant(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") == "assistant"
+
+
+def _row(spec: dict, trajectory: Trajectory, turn: int, scoring: Scoring) -> dict[str, Any]:
+    """The row the verifier would have if it had been promoted from this trajectory at `turn`."""
+    messages = trajectory.messages
+    env = scoring.env
+    if env is not None and env.get("type") == EnvType.REPLAY:
+        # The case's recordings answer the case's trajectory; this one is answered from its own.
+        env = {**env, "recorded": promotion.replay_recordings(messages, turn)}
+    tools = trajectory.tools if isinstance(trajectory.tools, list) else []
+    row = row_shape.build_row(row_id=f"calibration-{trajectory.pk}", messages=messages[:turn], tools=tools,
+                              verifier=spec, env=env, trajectory_id=trajectory.pk, failure_mode_id=None)
+    if not tools:
+        del row["tools"]  # none declared: skip the declared-tool check rather than fail every call
+    return row
+
+
+def _verdict(spec: dict, trajectory: Trajectory, scoring: Scoring) -> tuple[bool, str | None, int | None]:
+    """(passes, failure, the turn scored) for one trajectory."""
     messages = trajectory.messages if isinstance(trajectory.messages, list) else []
-    tools = trajectory.tools if isinstance(trajectory.tools, list) and trajectory.tools else None
-    last_failure, last_turn = None, None
-    for i, m in enumerate(messages):
-        if isinstance(m, dict) and m.get("role") == "assistant":
-            s = score(spec, m, tools=tools)
-            if s.passed:
-                return True, None, i
-            last_failure, last_turn = s.failure, i
-    return False, last_failure or "missing_call", last_turn
+    turn = promotion.default_message_index(trajectory, scoring.message_index)
+    if turn is None:
+        return False, "missing_call", None
+    turns = [m for m in messages[turn:] if _is_assistant(m)]
+    result = promotion.score_episode(_row(spec, trajectory, turn, scoring), turns)
+    return result.passed, None if result.passed else result.failure, turn
 
 
-def verifier_calibrate(*, project: Project, verifier: dict, agent: str = "",
+def verifier_calibrate(*, project: Project, verifier: dict, agent: str = "", source: str = "",
                        limit: int = MAX_TRAJECTORIES) -> Calibration:
-    """Score the project's labeled trajectories (newest first, at most `limit`) with `verifier`."""
+    """Score the project's labeled trajectories (newest first, at most `limit`) with `verifier`, at the turn
+    and in the environment of `source` (`case:ID` or `task:ID`) when `verifier` is that case's or task's, else
+    as a written verifier (see the module's docstring)."""
     result = Calibration()
     result.spec_errors = validate_spec(verifier)
     if result.spec_errors:
         return result
+    item = _source_item(project, source) if source else None
+    scoring = Scoring.of(item) if item is not None and item.verifier == verifier else Scoring()
     qs = Trajectory.objects.filter(project=project, reviewed_outcome__in=[Outcome.SUCCESS, Outcome.FAILURE])
     if agent:
         qs = qs.filter(agent=agent)
     labels, verdicts = [], []
-    for t in qs.order_by("-id").only("id", "messages", "tools", "reviewed_outcome")[:limit]:
+    trajectories = qs.order_by("-id").only("id", "messages", "tools", "reviewed_outcome").prefetch_related("signals")
+    for t in trajectories[:limit]:
         try:
-            passed, failure, turn = _verdict(verifier, t)
-        except SpecError as exc:  # validated above; kept so that a page never fails on one odd spec
+            passed, failure, turn = _verdict(verifier, t, scoring)
+        except SpecError as exc:  # the trainer refuses the row (the spec was validated above): say why
             result.spec_errors = exc.problems
+            return result
+        except ValueError as exc:  # the trainer refuses the row: a state verifier outside its world, an env it lacks
+            result.spec_errors = [str(exc)]
             return result
         label = t.reviewed_outcome
         result.matrix[label]["pass" if passed else "fail"] += 1
@@ -117,9 +167,6 @@ def verifier_sources(*, project: Project) -> list[tuple[str, str]]:
 
 def verifier_from_source(*, project: Project, source: str, text: str, errors: dict[str, str]) -> dict | None:
     """The verifier to calibrate: written JSON wins over a chosen case or task. Problems go into `errors`."""
-    from flywheel.environments.models import Task
-    from flywheel.evals.models import EvalCase
-
     if text.strip():
         try:
             spec = json.loads(text)
@@ -134,16 +181,24 @@ def verifier_from_source(*, project: Project, source: str, text: str, errors: di
             errors["verifier"] = "; ".join(problems)
             return None
         return spec
-    kind, _, pk = source.partition(":")
     if not source:
         return None
-    item = None
-    number = int(pk) if pk.isascii() and pk.isdigit() and len(pk) <= 18 else None
-    if number is not None and kind == "case":
-        item = EvalCase.objects.filter(suite__project=project, pk=number).first()
-    elif number is not None and kind == "task":
-        item = Task.objects.filter(task_set__project=project, pk=number).first()
+    item = _source_item(project, source)
     if item is None:
         errors["source"] = "no such case or task in this project"
         return None
     return item.verifier
+
+
+def _source_item(project: Project, source: str) -> Any:
+    """The case (`case:ID`) or task (`task:ID`) of the project that `source` names, or None."""
+    from flywheel.environments.models import Task
+    from flywheel.evals.models import EvalCase
+
+    kind, _, pk = source.partition(":")
+    number = int(pk) if pk.isascii() and pk.isdigit() and len(pk) <= 18 else None
+    if number is not None and kind == "case":
+        return EvalCase.objects.filter(suite__project=project, pk=number).first()
+    if number is not None and kind == "task":
+        return Task.objects.filter(task_set__project=project, pk=number).first()
+    return None

@@ -20,7 +20,13 @@ Fields (strings from the form, JSON values from the API):
   reference_answer  the correct final answer; blank with exact = the expected value
   expected_state    the final state a workplace episode must reach (`state` verifier)
   env_type          single_turn | replay | workplace; max_turns; initial_state (workplace);
-  observations      replay: {tool name: observation} a corrected call gets (prefilled from the recorded one)
+  observations      replay: {tool name: observation} a corrected call gets. Prefilled from a successful
+                    recorded result of the same tool; where the trajectory has none, the reviewer states it
+  observation_error_expected
+                    replay: a stated observation may be an error (the right call does fail); without it an
+                    error observation is refused, since training would teach the right call then an error
+
+"An error" is decided in one place, `is_error_observation`, with the ingest's definition of a tool error.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from flywheel.evals import leakage
 from flywheel.evals import rows as row_shape
 from flywheel.evals.models import EnvType
 from flywheel.evals.services import version_create
+from flywheel.trajectories.ingest import is_tool_error
 from flywheel.trajectories.models import Trajectory
 from trainer.verifiers import Score, parse_completion, validate_spec
 from trainer.verifiers.base import short
@@ -133,21 +140,76 @@ def default_message_index(trajectory: Trajectory, hint: int | None = None) -> in
     return (with_calls or assistant or [None])[-1]
 
 
-def _recorded_observations(messages: list[Any]) -> dict[str, Any]:
-    """Per tool name, the first recorded result of a call to it, as the replay environment would answer."""
-    names: dict[str, str] = {}
-    for m in messages:
-        if _is_assistant(m):
-            for call in m.get("tool_calls") or []:
-                fn = call.get("function") if isinstance(call, dict) else None
-                if isinstance(fn, dict) and isinstance(call.get("id"), str) and isinstance(fn.get("name"), str):
-                    names[call["id"]] = fn["name"]
+@dataclass(frozen=True)
+class RecordedCall:
+    """A call the agent made and the tool message that answered it."""
+
+    turn: int  # the index of the assistant message that made the call
+    name: str
+    arguments: dict[str, Any]
+    message: dict[str, Any]  # the tool message
+
+    @property
+    def observation(self) -> Any:
+        # A tool message without content still answered: its observation is the empty string.
+        content = self.message.get("content")
+        return "" if content is None else content
+
+    @property
+    def is_error(self) -> bool:
+        return is_error_observation(self.observation, message=self.message)
+
+
+def recorded_calls(messages: list[Any], start: int = 0) -> list[RecordedCall]:
+    """Every answered call of the assistant turns from message `start` on, in order.
+
+    A call is answered by the tool message with its id that follows its own assistant turn, before the next
+    assistant turn: agents often number calls afresh each turn (`call_0` in every turn), so an id alone would
+    give one turn's call another turn's result. Within a turn, a repeated id's answers are taken in order."""
+    out: list[RecordedCall] = []
+    for i in range(start, len(messages)):
+        m = messages[i]
+        if not _is_assistant(m) or not m.get("tool_calls"):
+            continue
+        answers: dict[str, list[dict[str, Any]]] = {}
+        for later in messages[i + 1:]:
+            if _is_assistant(later):
+                break
+            if isinstance(later, dict) and later.get("role") == "tool" and isinstance(later.get("tool_call_id"), str):
+                answers.setdefault(later["tool_call_id"], []).append(later)
+        # parse_completion keeps every call or none, so its calls line up with the wire ones.
+        for wire, call in zip(m.get("tool_calls") or [], parse_completion(m).calls, strict=False):
+            pending = answers.get(wire.get("id")) if isinstance(wire, dict) else None
+            if pending:
+                out.append(RecordedCall(i, call["name"], call["arguments"], pending.pop(0)))
+    return out
+
+
+def is_error_observation(observation: Any, *, message: Mapping[str, Any] | None = None) -> bool:
+    """Whether a tool's result reports an error, by the ingest's definition (`is_tool_error`, which also sets a
+    trajectory's "tool error" flag): the tool message marked as one (`is_error: true`, `status: "error"`, an
+    `error` field), content that is a JSON object with a non-empty `error` (or `is_error: true`, or
+    `status: "error"`), or text that starts like one ("Error: ...", "Traceback ...").
+
+    `observation` is the content (a string, verbatim, as the replay environment sends it; other JSON values are
+    read as their serialisation); `message`, for a recorded result, is the tool message that carried it."""
+    if isinstance(observation, str | list):
+        content = observation
+    else:
+        try:
+            content = json.dumps(observation, ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError):
+            return False
+    return is_tool_error({**(message or {}), "role": "tool", "content": content})
+
+
+def _successful_results(messages: list[Any]) -> dict[str, Any]:
+    """Per tool name, the first recorded result of a call to it that is not an error: what a corrected call
+    of that tool is first offered (a failing call's own error would answer the right call with it)."""
     out: dict[str, Any] = {}
-    for m in messages:
-        if isinstance(m, dict) and m.get("role") == "tool":
-            name = names.get(m.get("tool_call_id")) or m.get("name")
-            if isinstance(name, str) and name not in out:
-                out[name] = m.get("content")
+    for recorded in recorded_calls(messages):
+        if recorded.name not in out and not recorded.is_error:
+            out[recorded.name] = recorded.observation
     return out
 
 
@@ -158,14 +220,16 @@ def promotion_prefill(*, trajectory: Trajectory, message_index: int | None = Non
     values: dict[str, Any] = {
         "message_index": index, "expect": "calls", "expected_calls": [], "reference_calls": None,
         "answer_match": "exact", "expected_answer": "", "reference_answer": "", "expected_state": None,
-        "env_type": EnvType.SINGLE_TURN, "observations": {}, "initial_state": None, "max_turns": None,
+        "env_type": EnvType.SINGLE_TURN, "observations": {}, "observation_error_expected": False,
+        "initial_state": None, "max_turns": None,
     }
     if index is None or not (0 <= index < len(messages)) or not _is_assistant(messages[index]):
         return values
     parsed = parse_completion(messages[index])
     if parsed.calls:
         values["expected_calls"] = [{"name": c["name"], "arguments": c["arguments"]} for c in parsed.calls]
-        recorded = _recorded_observations(messages)
+        # A tool with no successful result is left out: the check then asks the reviewer to state it.
+        recorded = _successful_results(messages)
         values["observations"] = {c["name"]: recorded[c["name"]] for c in parsed.calls if c["name"] in recorded}
     else:
         values["expect"] = "answer"
@@ -215,6 +279,19 @@ def _int(check: PromotionCheck, data: Mapping[str, Any], name: str, lo: int, hi:
     return number
 
 
+def _flag(check: PromotionCheck, data: Mapping[str, Any], name: str) -> bool:
+    """A checkbox: the form sends "on" when ticked and nothing otherwise, the API a boolean."""
+    value = data.get(name)
+    if value is None or value is False or value == "":
+        return False
+    if value is True or (isinstance(value, str) and value.strip().lower() in ("on", "true", "1", "yes")):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("off", "false", "0", "no"):
+        return False
+    check.error(name, f"must be true or false, got {short(value)}")
+    return False
+
+
 def _read_fields(check: PromotionCheck, data: Mapping[str, Any]) -> dict[str, Any]:
     v = check.values
     v["message_index"] = _int(check, data, "message_index", 0, None)
@@ -226,6 +303,7 @@ def _read_fields(check: PromotionCheck, data: Mapping[str, Any]) -> dict[str, An
     v["reference_calls"] = _json_value(check, data, "reference_calls", None)
     v["expected_state"] = _json_value(check, data, "expected_state", None)
     v["observations"] = _json_value(check, data, "observations", {})
+    v["observation_error_expected"] = _flag(check, data, "observation_error_expected")
     v["initial_state"] = _json_value(check, data, "initial_state", None)
     answer = data.get("expected_answer", "")
     v["expected_answer"] = _json_value(check, data, "expected_answer", None) if v["answer_match"] == "json_schema" else answer
@@ -308,31 +386,47 @@ def _literal(arguments: dict[str, Any]) -> dict[str, Any]:
     return {k: {"equals": v} if is_matcher(v) else v for k, v in arguments.items()}
 
 
-def _replay_env(messages: list[Any], index: int, reference_calls: list[dict], observations: Any,
-                max_turns: int | None) -> dict[str, Any]:
+def replay_recordings(messages: list[Any], index: int) -> list[dict[str, Any]]:
+    """A replay row's `env.recorded`: each call recorded from the assistant turn at `index` on, with the result
+    it got in production."""
+    return [{"name": r.name, "arguments": _literal(r.arguments), "observation": r.observation}
+            for r in recorded_calls(messages, index)]
+
+
+def _call_text(call: dict[str, Any]) -> str:
+    arguments = row_shape.canonical_json(call.get("arguments") or {})
+    return f"{call['name']}({arguments if len(arguments) <= 80 else arguments[:77] + '...'})"
+
+
+def _replay_env(check: PromotionCheck, messages: list[Any], index: int, reference_calls: list[dict]) -> dict[str, Any]:
     """The recorded calls from the promoted turn on, each with its observation, plus each corrected call
-    with the observation the reviewer stated for it (the trainer answers other calls with an error)."""
-    # A tool message without content still answered: its observation is the empty string.
-    results = {m.get("tool_call_id"): m.get("content") if m.get("content") is not None else ""
-               for m in messages[index:] if isinstance(m, dict) and m.get("role") == "tool"}
-    recorded = []
-    for m in messages[index:]:
-        if not _is_assistant(m):
-            continue
-        for wire, call in zip(m.get("tool_calls") or [], parse_completion(m).calls, strict=False):
-            if isinstance(wire, dict) and wire.get("id") in results:
-                recorded.append({"name": call["name"], "arguments": _literal(call["arguments"]),
-                                 "observation": results[wire["id"]]})
+    with the observation the reviewer stated for its tool (the trainer answers other calls with an error).
+
+    A corrected call was never made, so its observation is the reviewer's word: it must be stated, and it
+    must not be an error unless the reviewer says the right call does fail."""
+    v = check.values
+    observations, error_expected = v["observations"], v["observation_error_expected"]
+    recorded = replay_recordings(messages, index)
     seen = {(r["name"], row_shape.canonical_json(r["arguments"])) for r in recorded}
     for call in reference_calls:
         key = (call["name"], row_shape.canonical_json(call.get("arguments") or {}))
-        if key not in seen and isinstance(observations, dict) and call["name"] in observations:
-            recorded.append({"name": call["name"], "arguments": call.get("arguments") or {},
-                             "observation": observations[call["name"]]})
-            seen.add(key)
+        if key in seen:
+            continue
+        if call["name"] not in observations:
+            check.error("observations", f"{call['name']}: state what the corrected call {_call_text(call)} gets "
+                                        "back (the trajectory has no successful result of this tool to offer)")
+            continue
+        observation = observations[call["name"]]
+        if not error_expected and is_error_observation(observation):
+            check.error("observations", f"{call['name']}: {short(observation)} is an error, so the corrected call "
+                                        f"{_call_text(call)} would be answered with it; state the result the "
+                                        "call should get, or mark the error as expected")
+            continue
+        recorded.append({"name": call["name"], "arguments": call.get("arguments") or {}, "observation": observation})
+        seen.add(key)
     env: dict[str, Any] = {"type": EnvType.REPLAY, "recorded": recorded}
-    if max_turns:
-        env["max_turns"] = max_turns
+    if v["max_turns"]:
+        env["max_turns"] = v["max_turns"]
     return env
 
 
@@ -404,7 +498,7 @@ def _env(check: PromotionCheck, messages: list[Any], index: int, reference_calls
         if not isinstance(v["observations"], dict):
             check.error("observations", "must be an object: tool name -> the observation a corrected call gets")
             return None
-        return _replay_env(messages, index, reference_calls, v["observations"], v["max_turns"])
+        return _replay_env(check, messages, index, reference_calls)
     if not isinstance(v["initial_state"], dict):
         check.error("initial_state", "a workplace task needs the world's initial state (an object)")
         return None
@@ -414,12 +508,18 @@ def _env(check: PromotionCheck, messages: list[Any], index: int, reference_calls
     return env
 
 
-def score_output(row: dict[str, Any], output: dict[str, Any]) -> Score:
-    """The row's verifier on one assistant turn, run through the trainer's environment for the row, exactly
-    as an eval run or a GRPO step would score that turn."""
+def score_episode(row: dict[str, Any], turns: list[dict[str, Any]]) -> Score:
+    """The row's verifier on an episode of given assistant turns (the environment stops taking them when the
+    episode ends), run through the trainer's environment for the row, exactly as an eval run or a GRPO step
+    would score it. Raises SpecError or ValueError when the trainer refuses the row."""
     from trainer.envs import replay
 
-    return replay(row, [output])[1]
+    return replay(row, turns)[1]
+
+
+def score_output(row: dict[str, Any], output: dict[str, Any]) -> Score:
+    """The row's verifier on one assistant turn, through the row's environment (`score_episode`)."""
+    return score_episode(row, [output])
 
 
 def _spec_field(expect: str) -> str:
@@ -502,6 +602,8 @@ def trajectory_promote(*, trajectory: Trajectory, data: Mapping[str, Any], targe
     if trajectory.project_id != target.project_id:
         raise ValueError("the trajectory and the target belong to different projects")
     with transaction.atomic():
+        # The project's lock holds the guard's read of the other side true until this row is saved.
+        leakage.project_lock(project=target.project)
         check = promotion_check(trajectory=trajectory, data=data, target=target)
         if not check.savable(accept_passing_original=accept_passing_original):
             raise PromotionRefused(check)
@@ -521,26 +623,48 @@ class BulkTooLarge(ValueError):
 
 # Fields the reviewer states once for a whole selection; the rest is drafted per trajectory.
 SHARED_FIELDS = ("expect", "expected_calls", "answer_match", "expected_answer", "reference_answer",
-                 "expected_state", "env_type", "initial_state", "max_turns")
+                 "expected_state", "env_type", "initial_state", "max_turns", "observations",
+                 "observation_error_expected")
+
+
+def _stated_observations(data: Mapping[str, Any]) -> Any:
+    """The bulk form's observations as a mapping (tool name -> observation), read once for the batch; a value
+    that is not one goes to each draft as it is, for its check to report on the field."""
+    value = data.get("observations")
+    if isinstance(value, str) and value.strip():
+        try:
+            return json.loads(value)
+        except (ValueError, RecursionError):
+            return value
+    return value
 
 
 def selection_promote(*, items: Iterable[tuple[Trajectory, int | None]], data: Mapping[str, Any], target: Any,
                       user: Any = None, failure_mode: Any = None) -> BulkResult:
     """One draft per (trajectory, message index hint) under the one stated expectation: saves the drafts that
-    pass both checks (and the leakage guard), lists the others with the reason, and makes one version."""
+    pass both checks (and the leakage guard), lists the others with the reason, and makes one version.
+
+    A replay row's `observations` (tool name -> observation) apply to every draft, tool by tool over each
+    trajectory's own prefilled results."""
     items = list(items)
+    stated = _stated_observations(data)
     if len(items) > BULK_MAX:
         raise BulkTooLarge(f"{len(items)} trajectories: at most {BULK_MAX} at a time; promote a selection in parts")
     result = BulkResult()
-    # The other side does not change while this batch adds to one side: read it once.
-    others = leakage.other_side(project=target.project, side=target.SIDE)
     with transaction.atomic():
+        # Under the project's lock the other side does not change while this batch adds to one side: read it once.
+        leakage.project_lock(project=target.project)
+        others = leakage.other_side(project=target.project, side=target.SIDE)
         for trajectory, hint in items:
             if trajectory.project_id != target.project_id:
                 result.skipped.append((trajectory, ["belongs to another project"]))
                 continue
             draft = promotion_prefill(trajectory=trajectory, message_index=default_message_index(trajectory, hint))
+            draft_observations = draft["observations"]
             draft.update({k: data[k] for k in SHARED_FIELDS if k in data})
+            # Stated observations win, tool by tool, over those prefilled from each trajectory's own results.
+            if isinstance(stated, dict):
+                draft["observations"] = {**draft_observations, **stated}
             check = promotion_check(trajectory=trajectory, data=draft, target=target, others=others)
             if check.savable():
                 result.saved.append(_save(check, target=target, user=user, failure_mode=failure_mode))

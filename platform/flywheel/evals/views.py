@@ -380,7 +380,7 @@ def calibration_page(request: HttpRequest, project: Project) -> HttpResponse:
     result = None
     spec = calibration.verifier_from_source(project=project, source=source, text=text, errors=errors)
     if spec is not None and not errors:
-        result = calibration.verifier_calibrate(project=project, verifier=spec, agent=agent)
+        result = calibration.verifier_calibrate(project=project, verifier=spec, agent=agent, source=source)
         if result.spec_errors:
             errors["verifier"] = "; ".join(result.spec_errors)
             result = None

@@ -1,5 +1,5 @@
-"""Fixtures of the task-set tests: a project whose agent booked meetings for several people, and a task
-promoted from one of them."""
+"""Fixtures of the task-set tests: a project whose agent booked meetings for several people, a task
+promoted from one of them, and more bookings on demand."""
 
 from __future__ import annotations
 
@@ -20,6 +20,19 @@ def booking(external_id: str, person: str, day: str, request: str) -> dict[str, 
             "name": "book_meeting", "arguments": json.dumps({"person": person, "day": day})}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "booked"},
         {"role": "assistant", "content": "Booked."}]}
+
+
+@pytest.fixture
+def book(project):
+    """`book(external_id, person, day, request) -> Trajectory`: one more booking, ingested."""
+    from flywheel.trajectories.ingest import ingest_trajectories
+    from flywheel.trajectories.models import Trajectory
+
+    def make(external_id: str, person: str, day: str, request: str) -> Any:
+        assert ingest_trajectories(project=project, records=[booking(external_id, person, day, request)]).accepted == 1
+        return Trajectory.objects.get(project=project, external_id=external_id)
+
+    return make
 
 
 @pytest.fixture

@@ -51,12 +51,47 @@ def test_variants_inherit_the_leakage_guard(task, user, project):
     from flywheel.evals.rows import last_user_request, prompt_digest
     from flywheel.evals.services import suite_create
 
-    # An eval case asks exactly what one rephrasing would ask: that variant is refused, the others kept.
+    # An eval case asks what two rephrasings would ask: those variants are refused, the others kept.
     suite = suite_create(project=project, name="Held out", kind="holdout")
     messages = [{"role": "user", "content": "hi!  book a meeting with ALICE on tuesday"}]
     suite.cases.create(messages=messages, verifier={"type": "exact", "expected": "x"},
                        prompt_digest=prompt_digest(messages), prompt_text=last_user_request(messages))
     result = task_variants_create(task=task, user=user, kinds=("rephrase",))
-    refused = [why for _, why in result.skipped]
-    assert len(refused) == 1 and "same request" in refused[0] and "Held out" in refused[0]
-    assert len(result.saved) == len(REPHRASINGS) - 1
+    refused = dict(result.skipped)
+    # The same request once case and punctuation are gone, and the same request reworded (cosine 0.93).
+    assert sorted(refused) == ["rephrased: Could you help me with this:", "rephrased: Hi!"]
+    assert "same request" in refused["rephrased: Hi!"] and "Held out" in refused["rephrased: Hi!"]
+    assert "reworded request" in refused["rephrased: Could you help me with this:"]
+    assert len(result.saved) == len(REPHRASINGS) - 2
+
+
+def _holdout_case(project, user, trajectory, person, day):
+    """`trajectory` promoted into a holdout suite as it is (its call taken as right)."""
+    from flywheel.evals.promotion import trajectory_promote
+    from flywheel.evals.services import suite_create
+
+    suite = suite_create(project=project, name="Held out", kind="holdout", user=user)
+    data = {"message_index": 1, "expect": "calls",
+            "expected_calls": [{"name": "book_meeting", "arguments": {"person": person, "day": day}}]}
+    return trajectory_promote(trajectory=trajectory, data=data, target=suite, user=user, accept_passing_original=True)[0]
+
+
+def test_argument_values_are_never_drawn_from_an_eval_cases_trajectory(task, book, project, user):
+    _holdout_case(project, user, book("b-4", "erin", "thursday", "Set up time with erin thursday"), "erin", "thursday")
+    result = task_variants_create(task=task, user=user, kinds=("argument",))
+    values = {v for t in result.saved for v in t.verifier["expected_calls"][0]["arguments"].values()}
+    assert {"bob", "carol", "friday"} <= values  # the other trajectories' values are drawn on...
+    assert not values & {"erin", "thursday"}  # ...the holdout's never, whatever the request's wording
+
+
+def test_a_variant_asking_what_a_holdout_case_asks_is_refused(task, book, project, user):
+    """The holdout asks "Could you book a meeting with bob on tuesday?"; bob is booked in another trajectory
+    too (b-2), so the argument variant "Book a meeting with bob on tuesday." is drafted, and refused as the same
+    request reworded."""
+    asked = book("b-5", "bob", "tuesday", "Could you book a meeting with bob on tuesday?")
+    case = _holdout_case(project, user, asked, "bob", "tuesday")
+    result = task_variants_create(task=task, user=user)
+    assert "Book a meeting with bob on tuesday." not in {t.prompt_text for t in result.saved}
+    why = dict(result.skipped)["book_meeting.person: 'alice' -> 'bob'"]
+    assert "reworded request" in why and f"{case.row_id} in eval suite 'Held out'" in why
+    assert result.saved  # the other variants are kept

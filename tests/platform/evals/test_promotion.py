@@ -269,7 +269,8 @@ _fields = st.fixed_dictionaries({}, optional={
     "answer_match": st.sampled_from(["exact", "regex", "json_schema"]) | _json,
     "expected_answer": _json, "reference_answer": _json, "expected_state": _json,
     "env_type": st.sampled_from(["single_turn", "replay", "workplace"]) | _json,
-    "observations": _json, "initial_state": _json, "max_turns": _json, "message_index": _json,
+    "observations": _json, "observation_error_expected": _json, "initial_state": _json, "max_turns": _json,
+    "message_index": _json,
 })
 
 

@@ -103,7 +103,8 @@ def test_a_running_evaluation_is_cancelled_with_its_trainer_and_a_retry_complete
     import os
 
     version = registry.base_model_register(project=project, name="tiny", path=str(tiny_model), user=user)
-    run = runs.eval_run_create(project=project, model_version=version, suite_version=suite_version, samples=32)
+    # As many samples as a run takes, so that it cannot finish before the cancel is seen on an idle machine.
+    run = runs.eval_run_create(project=project, model_version=version, suite_version=suite_version, samples=64)
     running = celery_worker.wait_for(
         lambda: EvalRun.objects.filter(pk=run.pk, status=EvalRunStatus.RUNNING, pid__isnull=False).first(),
         timeout=120)
@@ -111,7 +112,7 @@ def test_a_running_evaluation_is_cancelled_with_its_trainer_and_a_retry_complete
     assert os.getpgid(pid) == pid and running.worker and running.attempt == 1  # its own process group
     runs.eval_run_cancel(run=running)
     cancelled = celery_worker.wait_for(
-        lambda: EvalRun.objects.filter(pk=run.pk, status=EvalRunStatus.CANCELLED).first(), timeout=60)
+        lambda: EvalRun.objects.filter(pk=run.pk, status=EvalRunStatus.CANCELLED).first(), timeout=120)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # gone, not an orphan
     assert cancelled.pid is None and not cancelled.results.exists()

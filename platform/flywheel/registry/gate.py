@@ -117,8 +117,11 @@ class GateRules:
     tokens_tolerance: float = 0.10  # mean tokens per case may grow by at most this fraction
     invalid_test: str = "harm"  # harm | noninferiority
     # How much higher (absolute: 0.01 = one point) the candidate's invalid-output rate may be: the harm test
-    # refuses what is shown above it, non-inferiority passes what is shown below it (so it must be > 0).
-    invalid_tolerance: float = 0.0
+    # refuses what is shown above it, non-inferiority passes what is shown below it (so it must be > 0). One
+    # point by default: a policy trained with a high learning rate writes the odd malformed call more (the
+    # workplace demo: 0.5% -> 1.4% of samples, shown higher at p = 0.046), a trade a gain of 7 points is
+    # worth; two points more is not.
+    invalid_tolerance: float = 0.01
     # The gain the project hopes to show: a holdout too small to show it with 80% power cannot pass.
     expected_gain: float = 0.25
     require_regression: bool = True  # a job with no regression case measured cannot pass

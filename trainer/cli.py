@@ -59,6 +59,10 @@ def cmd_train(args: argparse.Namespace, events: EventLog) -> int:
             from trainer.sft import train_sft
 
             train_sft(spec, events)
+        elif spec.algorithm == "dpo":
+            from trainer.dpo import train_dpo
+
+            train_dpo(spec, events)
         else:
             from trainer.loop import train_grpo
 

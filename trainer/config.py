@@ -15,13 +15,18 @@ from pathlib import Path
 from typing import Any
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "gspo")
+# DPO's losses, by TRL's DPOConfig names; `trainer.dpo` implements the standard (sigmoid) one.
+DPO_LOSS_TYPES = ("sigmoid",)
 SCALE_REWARDS = ("group", "batch", "none")
-ALGORITHMS = ("grpo", "sft")
+ALGORITHMS = ("grpo", "sft", "dpo")
+# Defaults that differ by algorithm, applied by `load_spec` to the fields a spec leaves out: DPO's beta is
+# the preference temperature (TRL's default 0.1), not GRPO's KL coefficient (default 0, no KL).
+ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {"dpo": {"beta": 0.1, "loss_type": "sigmoid"}}
 ENGINES = ("hf", "vllm")
 # transformers' scheduler names (`get_scheduler`), as TRL takes them in `lr_scheduler_type`.
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 # Holdout metrics where less is better; metric_for_best_model picks the direction from here by default.
-LOWER_IS_BETTER = frozenset({"invalid_output_rate", "unsafe_action_rate", "mean_completion_tokens"})
+LOWER_IS_BETTER = frozenset({"invalid_output_rate", "unsafe_action_rate", "mean_completion_tokens", "loss"})
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -116,13 +121,17 @@ class GRPOConfig:
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
 
     # --- loss -----------------------------------------------------------------------------------------
-    loss_type: str = field(default="grpo", metadata={"help": "grpo | dr_grpo | dapo | gspo."})
+    loss_type: str = field(
+        default="grpo", metadata={"help": "grpo | dr_grpo | dapo | gspo; sigmoid for dpo (its default there)."}
+    )
     epsilon: float = field(default=0.2, metadata={"help": "Lower clip range of the importance ratio."})
     epsilon_high: float | None = field(
         default=None, metadata={"help": "Upper clip range (clip-higher); None = epsilon, or 0.28 for dapo."}
     )
     beta: float = field(
-        default=0.0, metadata={"help": "KL coefficient against the base model (the adapter disabled); 0 = no KL."}
+        default=0.0,
+        metadata={"help": "GRPO: KL coefficient against the base model (the adapter disabled); 0 = no KL. "
+                          "DPO: the preference temperature, > 0 (0.1 when a dpo spec leaves it out)."},
     )
     scale_rewards: str = field(
         default="group", metadata={"help": "Advantage scaling: group std, batch std, or none (Dr. GRPO)."}
@@ -173,7 +182,7 @@ class GRPOConfig:
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads; None = torch's default."})
 
     def __post_init__(self) -> None:
-        _check_choice("loss_type", self.loss_type, LOSS_TYPES)
+        _check_choice("loss_type", self.loss_type, LOSS_TYPES + DPO_LOSS_TYPES)
         _check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
         _check_choice("rollout_engine", self.rollout_engine, ENGINES)
         for name in ("num_prompts_per_step", "num_generations_per_prompt", "max_new_tokens", "max_steps",
@@ -273,6 +282,18 @@ def config_field_types() -> dict[str, tuple[type, ...]]:
     return out
 
 
+def check_algorithm(config: GRPOConfig, algorithm: str, *, where: str = "config") -> None:
+    """The fields whose meaning depends on the algorithm hold a value that algorithm takes."""
+    if algorithm == "dpo":
+        if config.loss_type not in DPO_LOSS_TYPES:
+            raise SpecError(f"{where}.loss_type must be one of {', '.join(DPO_LOSS_TYPES)} for dpo; "
+                            f"got {config.loss_type!r}")
+        if not config.beta > 0:
+            raise SpecError(f"{where}.beta (the DPO temperature) must be > 0, got {config.beta!r}")
+    elif algorithm == "grpo" and config.loss_type not in LOSS_TYPES:
+        raise SpecError(f"{where}.loss_type {config.loss_type!r} is a DPO loss; grpo takes {', '.join(LOSS_TYPES)}")
+
+
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise SpecError(f"config.{name} must be one of {', '.join(choices)}; got {value!r}")
@@ -326,7 +347,11 @@ def load_spec(path: str | os.PathLike) -> JobSpec:
     algorithm = data.get("algorithm", "grpo")
     if algorithm not in ALGORITHMS:
         raise SpecError(f"{path}: algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
-    config = GRPOConfig.from_dict(data.get("config") or {}, where=f"{path}: config")
+    config_data = data.get("config") or {}
+    if not isinstance(config_data, dict):
+        raise SpecError(f"{path}: config must be a JSON object of GRPOConfig fields")
+    config = GRPOConfig.from_dict({**ALGORITHM_DEFAULTS.get(algorithm, {}), **config_data}, where=f"{path}: config")
+    check_algorithm(config, algorithm, where=f"{path}: config")
 
     def resolve(key: str, default: str | None) -> Path | None:
         value = data.get(key, default)

@@ -1,8 +1,8 @@
-"""What a GRPO job and an SFT job share: loading, resume, evaluation, checkpoints and the final report.
+"""What GRPO, SFT and DPO jobs share: loading, resume, evaluation, checkpoints and the final report.
 
-`JobRunner` owns the job directory contract; `trainer.loop` (GRPO) and `trainer.sft` (SFT) each write
-only their own optimisation loop on top of it. Under torchrun every rank builds one; only rank 0 evaluates,
-checkpoints and talks to MLflow (`trainer.distributed`).
+`JobRunner` owns the job directory contract; `trainer.loop` (GRPO), `trainer.sft` (SFT) and `trainer.dpo`
+(DPO) each write only their own optimisation loop on top of it. Under torchrun every rank builds one; only
+rank 0 evaluates, checkpoints and talks to MLflow (`trainer.distributed`).
 """
 
 from __future__ import annotations
@@ -120,21 +120,33 @@ class JobRunner:
     # --- evaluation ---------------------------------------------------------------------------------
     def evaluate(self, step: int, rows: list[dict], split: str = "holdout") -> dict[str, Any]:
         cfg = self.cfg
-        self.engine.sync(self.model, step)
-        # Seeded by the step alone, like the rollouts: the same adapter gets the same evaluation whether the
-        # run was resumed or ran on several processes.
-        torch.manual_seed(rollout_seed(cfg.seed, step, -1, 0))
-        metrics, cases = evaluate_rows(
-            self.engine, self.tokenizer, rows, samples_per_prompt=cfg.eval_samples_per_prompt,
-            temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,
-            max_seq_len=cfg.max_seq_len,
-        )
-        out_dir = self.job / "evals"
-        out_dir.mkdir(exist_ok=True)
-        write_jsonl(out_dir / f"{split}-step-{step:06d}.jsonl", cases)
+        sampled = self.sampled_rows(rows)
+        metrics: dict[str, Any] = {}
+        if sampled:
+            self.engine.sync(self.model, step)
+            # Seeded by the step alone, like the rollouts: the same adapter gets the same evaluation whether
+            # the run was resumed or ran on several processes.
+            torch.manual_seed(rollout_seed(cfg.seed, step, -1, 0))
+            metrics, cases = evaluate_rows(
+                self.engine, self.tokenizer, sampled, samples_per_prompt=cfg.eval_samples_per_prompt,
+                temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,
+                max_seq_len=cfg.max_seq_len,
+            )
+            out_dir = self.job / "evals"
+            out_dir.mkdir(exist_ok=True)
+            write_jsonl(out_dir / f"{split}-step-{step:06d}.jsonl", cases)
+        metrics.update(self.extra_eval_metrics(split))
         self.events.emit("eval", step=step, split=split, metrics=metrics)
         self.tracker.log_metrics(metrics, step, prefix=f"{split}/")
         return metrics
+
+    def sampled_rows(self, rows: list[dict]) -> list[dict]:
+        """The rows an evaluation samples episodes of: all of them (a DPO job keeps only those with a verifier)."""
+        return rows
+
+    def extra_eval_metrics(self, split: str) -> dict[str, Any]:
+        """Metrics an algorithm adds to each evaluation of `split` (DPO: the held-out preference margin)."""
+        return {}
 
     # --- checkpoints --------------------------------------------------------------------------------
     def checkpoint(self, step: int, metrics: dict[str, Any] | None) -> None:

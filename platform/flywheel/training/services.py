@@ -58,12 +58,18 @@ def config_check(*, algorithm: str, config: dict[str, Any], project: Project | N
 
     if not isinstance(config, dict):
         raise ValidationError({"config": "The advanced settings must be a JSON object of GRPOConfig fields."})
-    merged = {**(RECIPE if algorithm == "grpo" else {}), **project_defaults(project), **config}
+    from trainer.config import ALGORITHM_DEFAULTS, check_algorithm
+
+    merged = {**(RECIPE if algorithm == "grpo" else {}), **ALGORITHM_DEFAULTS.get(algorithm, {}),
+              **project_defaults(project), **config}
+    if algorithm != "grpo":
+        # The project's saved recipe is a GRPO one: its loss and KL mean something else to DPO.
+        merged.update({k: v for k, v in ALGORITHM_DEFAULTS.get(algorithm, {}).items() if k not in config})
     type_errors = _config_type_errors(config)
     if type_errors:
         raise ValidationError(type_errors)
     try:
-        GRPOConfig.from_dict(merged, where="config")
+        check_algorithm(GRPOConfig.from_dict(merged, where="config"), algorithm, where="config")
     except (SpecError, ValueError, TypeError) as exc:
         message = str(exc)
         named = re.search(r"config\.(\w+)", message)
@@ -144,8 +150,11 @@ def job_create(
     from flywheel.evals.services import version_freeze
 
     errors: dict[str, Any] = {}
-    if algorithm not in ("grpo", "sft"):
-        errors["algorithm"] = "Choose grpo or sft."
+    if algorithm not in ALGORITHMS:
+        errors["algorithm"] = "Choose grpo, sft or dpo."
+    elif algorithm == "dpo" and task_set_version is not None and not preference_pairs(task_set_version.rows):
+        errors["algorithm"] = ("DPO needs pairs: promoted failures with the agent's output and a reference that "
+                               "states the whole answer. This task set has none; choose grpo or sft.")
     if not 1 <= int(num_gpus) <= 64:
         errors["num_gpus"] = "Between 1 and 64 GPUs."
     for field, version in (("task_set_version", task_set_version), ("holdout_version", holdout_version),
@@ -227,7 +236,8 @@ def _prepare_dir(job: TrainingJob) -> Path:
 
     folder = job_dir(job)
     folder.mkdir(parents=True, exist_ok=True)
-    write_jsonl(folder / "train.jsonl", job.task_set_version.rows)
+    rows = job.task_set_version.rows
+    write_jsonl(folder / "train.jsonl", preference_pairs(rows) if job.algorithm == "dpo" else rows)
     for name, version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
         if version is not None:
             write_jsonl(folder / f"{name}.jsonl", version.rows)
@@ -300,6 +310,32 @@ def _run_subprocess(job: TrainingJob, command: list[str], folder: Path, *, on_ev
 # --- measuring production and advising ---------------------------------------------------------------------------
 
 
+ALGORITHMS = ("grpo", "sft", "dpo")
+
+
+def preference_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """DPO rows from a task set's rows: each promoted failure whose reference states the whole answer
+    (`trainer.references`), chosen, over the agent's own output at that turn, rejected (the trajectory's
+    message right after the row's `messages`). Rows without either are left out."""
+    from flywheel.trajectories.models import Trajectory
+    from trainer.references import reference_messages
+
+    wanted = {int(tid) for row in rows if isinstance(tid := (row.get("origin") or {}).get("trajectory_id"), int)}
+    messages = dict(Trajectory.objects.filter(pk__in=wanted).values_list("pk", "messages")) if wanted else {}
+    pairs = []
+    for row in rows:
+        trajectory = messages.get((row.get("origin") or {}).get("trajectory_id"))
+        chosen = reference_messages(row)
+        at = len(row.get("messages") or [])
+        if not trajectory or chosen is None or at >= len(trajectory) or trajectory[at].get("role") != "assistant":
+            continue
+        rejected = trajectory[at]
+        if [rejected] == chosen:
+            continue
+        pairs.append({**row, "chosen": chosen, "rejected": rejected})
+    return pairs
+
+
 def advise(metrics: dict[str, Any] | None, *, pairs: int = 0) -> dict[str, Any]:
     """What the field advises from production's holdout results."""
     if not metrics:
@@ -323,8 +359,8 @@ def advise(metrics: dict[str, Any] | None, *, pairs: int = 0) -> dict[str, Any]:
             f"Production succeeds on {success:.0%} of the holdout: right sometimes, not reliably. That is where "
             "GRPO learns best.")
     if pairs:
-        reason += (f" {pairs} promoted failures each give a preferred/rejected pair (the agent's output and the "
-                   "corrected reference): DPO would use them; this trainer version offers grpo and sft.")
+        reason += (f" {pairs} promoted failures each give a preferred/rejected pair (the corrected reference over "
+                   "the agent's output): DPO trains on them directly, without sampling.")
     return {"recommendation": recommendation, "reason": reason, "metrics": metrics, "pairs": pairs,
             "cases": n}
 
@@ -378,7 +414,7 @@ def job_evaluate(*, job_id: int) -> TrainingJob | None:
                 reason = done.get("error") or _stderr_tail(folder / f"stderr-{job.attempt}-evaluate.log")[-500:]
                 return _fail(job, f"Measuring production on the {name} suite failed: {reason}", step=0)
             metrics[name] = done["metrics"]
-    pairs = sum(1 for row in job.task_set_version.rows if (row.get("origin") or {}).get("trajectory_id"))
+    pairs = len(preference_pairs(job.task_set_version.rows))
     advice = advise(metrics.get("holdout"), pairs=pairs)
     if job.holdout_version is not None:
         advice["power"] = _holdout_power(job, folder / "production-holdout.jsonl")

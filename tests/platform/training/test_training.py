@@ -360,3 +360,52 @@ def test_automatic_promotion_refuses_a_decision_judged_against_a_production_that
     assert production_of(project=world["project"]) == moved
     refused = JobEvent.objects.get(job=job, kind="promotion failed")
     assert f"production is now v{moved.number}" in refused.data["message"]
+
+
+def test_dpo_trains_on_the_reference_over_the_agents_own_output(world, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from flywheel.trajectories.ingest import ingest_trajectories
+    from flywheel.trajectories.models import Trajectory
+
+    tools = world["train"].rows[0]["tools"]
+    records, rows = [], []
+    for i, task in enumerate(world["train"].rows[:6]):
+        expected = task["verifier"]["expected_calls"][0]
+        bad = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": expected["name"], "arguments": json.dumps({**expected["arguments"], "task_id": "T999"})}}]}
+        records.append({"external_id": f"dpo-{i}", "messages": [*task["messages"], bad], "tools": tools,
+                        "outcome": "failure"})
+    ingest_trajectories(project=world["project"], records=records)
+    for i, task in enumerate(world["train"].rows[:6]):
+        trajectory = Trajectory.objects.get(project=world["project"], external_id=f"dpo-{i}")
+        rows.append({**task, "id": f"pair-{i}", "tools": tools, "origin": {"trajectory_id": trajectory.pk}})
+    pairs = services.preference_pairs(rows)
+    assert len(pairs) == 6
+    assert pairs[0]["rejected"]["tool_calls"][0]["function"]["arguments"].count("T999") == 1
+    assert pairs[0]["chosen"][0]["tool_calls"][0]["function"]["name"] == rows[0]["verifier"]["expected_calls"][0]["name"]
+    # Without the agent's output (no trajectory) there is no pair, and DPO is refused with the reason.
+    with pytest.raises(ValidationError) as exc:
+        services.job_create(project=world["project"], task_set_version=world["train"], algorithm="dpo")
+    assert "DPO needs pairs" in exc.value.message_dict["algorithm"][0]
+    version = _version(TaskSetVersion, TaskSet, rows, project=world["project"], name="pairs")
+    job = services.job_create(project=world["project"], task_set_version=version, algorithm="dpo",
+                              config={"max_steps": 2, "num_prompts_per_step": 2, "eval_interval": 100,
+                                      "eval_on_start": False, "num_threads": 1})
+    assert job.config["beta"] == 0.1 and job.config["loss_type"] == "sigmoid"  # DPO's, not the GRPO recipe's
+    folder = services._prepare_dir(job)
+    written = [json.loads(line) for line in (folder / "train.jsonl").read_text().splitlines()]
+    assert len(written) == 6 and all("chosen" in r and "rejected" in r for r in written)
+    # The worker's command on that folder: the trainer takes the platform's pairs.
+    spec = json.loads((folder / "spec.json").read_text())
+    spec["mlflow"] = False
+    (folder / "spec.json").write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, "-m", "trainer", "train", "--spec", str(folder / "spec.json")],
+                          capture_output=True, text=True, timeout=300)
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [e["step"] for e in events if e["event"] == "step"] == [1, 2] and events[-1]["event"] == "done"
+    assert "margin" in next(e for e in events if e["event"] == "step")
+    assert "DPO trains on them directly" in services.advise({"success_rate": 0.4, "n": 8}, pairs=6)["reason"]

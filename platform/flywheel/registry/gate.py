@@ -473,7 +473,7 @@ def _size_rule(pairs: list[tuple[CaseResult, CaseResult]], rules: GateRules) -> 
     else:
         detail = (f"{len(pairs)} cases of {samples} samples; a gain of {rules.expected_gain:.2f} needs at least "
                   f"{needed} to be shown with 80% power")
-    return RuleOutcome("holdout size", needed, len(pairs), passed, detail)
+    return RuleOutcome("holdout size", len(pairs), len(pairs), passed, detail)
 
 
 def _rate_harm(name: str, pairs, attr: str, tolerance: float, rules: GateRules) -> RuleOutcome:
@@ -560,6 +560,7 @@ def regression_rule(production: Sequence[CaseResult], candidate: Sequence[CaseRe
                       [p.passes for p, _ in pairs], [p.n for p, _ in pairs])
     adjusted = holm(raw)
     cases = [{"case_id": p.case_id, "production": round(p.success, 4), "candidate": round(c.success, 4),
+              "production_passes": round(p.passes), "candidate_passes": round(c.passes),
               "production_samples": p.n, "candidate_samples": c.n, "p": round(float(pr), 6),
               "p_holm": round(float(pa), 6), "broken": bool(pa < rules.alpha)}
              for (p, c), pr, pa in zip(pairs, raw, adjusted, strict=True)]

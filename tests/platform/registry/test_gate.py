@@ -136,7 +136,7 @@ def test_a_holdout_too_small_for_the_expected_gain_cannot_pass():
                                rules=GateRules(test=test, bootstrap_resamples=500, require_regression=False))
         size = _rule(report, "holdout size")
         assert not size.passed and not report.passed
-        assert size.candidate == 3 and size.production > 3
+        assert size.candidate == 3 and "needs at least" in size.detail
     assert _rule(gate_evaluate(production=production, candidate=candidate), "holdout success").detail.count(
         "p = 0.1250")
 

@@ -42,6 +42,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory import hwm_mb, rss_mb  # noqa: E402  (the memory bench's readers of /proc/self/status)
+
 BETA = 0.1
 
 
@@ -58,15 +61,6 @@ def pair_rows(n: int, seed: int, split: str = "train") -> list[dict]:
             rows.append(row)
     return rows
 
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 1024
-
-
-def hwm_mb() -> float:
-    with open("/proc/self/status") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM")) / 1024
 
 
 def reset_peak() -> float:

@@ -308,9 +308,7 @@ def train_dpo(spec: JobSpec, events: EventLog) -> dict[str, Any]:
             tokens = sum(len(p.chosen[0]) + len(p.rejected[0]) for p in batch)
             stats |= {"pairs": len(pairs), "pairs_too_long": too_long, "tokens": tokens, "step_time": dt,
                       "tokens_per_s": tokens / max(dt, 1e-9)}
-            events.emit("step", step=step, **stats)
-            run.tracker.log_metrics(stats, step, prefix="train/")
-            run.end_of_step(step)  # evaluate + checkpoint, or checkpoint alone (save_steps)
+            run.log_step(step, stats)  # the event, MLflow, then evaluate + checkpoint as due
         return run.finish()
     except Exception as exc:
         raise run.fail(exc) from exc

@@ -214,9 +214,7 @@ def train_grpo(spec: JobSpec, events: EventLog, *, reward_fn: RewardFn | None = 
             step_time = time.perf_counter() - t0
             stats |= {"step_time": step_time, "rollout_time": t_rollout, "train_time": step_time - t_rollout,
                       "tokens_per_s": stats["completion_tokens"] / max(t_rollout, 1e-9)}
-            events.emit("step", step=step, **stats)
-            run.tracker.log_metrics(stats, step, prefix="train/")
-            run.end_of_step(step)  # evaluate + checkpoint, or checkpoint alone (save_steps)
+            run.log_step(step, stats)  # the event, MLflow, then evaluate + checkpoint as due
         return run.finish()
     except Exception as exc:
         raise run.fail(exc) from exc

@@ -185,6 +185,12 @@ class JobRunner:
                 and not self.state["baseline"]):
             self.state["baseline"] = self.evaluate(0, self.holdout_rows)
 
+    def log_step(self, step: int, stats: dict[str, Any]) -> None:
+        """A finished optimizer step: its event line, its MLflow metrics, then evaluate and checkpoint as due."""
+        self.events.emit("step", step=step, **stats)
+        self.tracker.log_metrics(stats, step, prefix="train/")
+        self.end_of_step(step)
+
     def end_of_step(self, step: int) -> None:
         """Evaluate and checkpoint every eval_interval steps (and at the last), checkpoint alone every
         save_steps. Rank 0 only: the other ranks wait for it at their next collective."""

@@ -153,9 +153,7 @@ def train_sft(spec: JobSpec, events: EventLog) -> dict[str, Any]:
 
         def on_step(step: int, stats: dict[str, float]) -> None:
             run.step = step
-            events.emit("step", step=step, examples=len(examples), **stats)
-            run.tracker.log_metrics(stats, step, prefix="train/")
-            run.end_of_step(step)  # evaluate + checkpoint, or checkpoint alone (save_steps)
+            run.log_step(step, {"examples": len(examples), **stats})
 
         run.step = run.state["step"] + 1
         sft_steps(run.model, run.optimizer, run.params, examples, pad_id=run.tokenizer.pad_token_id,

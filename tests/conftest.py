@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
@@ -402,6 +403,9 @@ class CeleryWorker:
 
     process: subprocess.Popen
     log_path: Path
+    _offset: int = 0
+    _received: set[str] = field(default_factory=set)
+    _ended: set[str] = field(default_factory=set)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -424,6 +428,43 @@ class CeleryWorker:
             if time.monotonic() > deadline:
                 pytest.fail(f"not done after {timeout:.0f}s; worker log:\n{self.log_tail()}", pytrace=False)
             time.sleep(interval)
+
+
+    def wait_idle(self, timeout: float = 60.0) -> None:
+        """Wait until every task the worker received has ended (its log says so), so that the database is
+        not flushed under a task still writing (PostgreSQL then detects a deadlock between the flush's
+        TRUNCATE and the task's INSERT). Gives up quietly after `timeout`: the test itself has ended."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            self._read_log()
+            if self._received <= self._ended:
+                return
+            time.sleep(0.1)
+
+    def _read_log(self) -> None:
+        """Task ids received and ended, read on from where the last call stopped (the log only grows)."""
+        with self.log_path.open("rb") as fh:
+            fh.seek(self._offset)
+            chunk = fh.read()
+        cut = chunk.rfind(b"\n") + 1  # a half-written last line is read next time
+        self._offset += cut
+        text = chunk[:cut].decode("utf-8", "replace")
+        self._received.update(_TASK_RECEIVED.findall(text))
+        self._ended.update(_TASK_ENDED.findall(text))
+
+
+_TASK_RECEIVED = re.compile(r"Task [\w.]+\[([0-9a-f-]+)\] received")
+_TASK_ENDED = re.compile(r"Task [\w.]+\[([0-9a-f-]+)\] (?:succeeded|raised|retry|failed)")
+# The worker this test process started, if any: tests that queue work without waiting for it (a move's
+# sync, sent on commit) leave it running, and the next flush must not race it.
+_STARTED_WORKERS: list[CeleryWorker] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Before a test's fixtures are torn down (its database flushed), let this process's worker finish."""
+    for worker in _STARTED_WORKERS:
+        worker.wait_idle(timeout=30)
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -470,6 +511,7 @@ def _celery_worker_process(
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, cwd=REPO_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
     worker = CeleryWorker(process=process, log_path=log_path)
+    _STARTED_WORKERS.append(worker)
     try:
         deadline = time.monotonic() + 120
         while " ready." not in worker.log():
@@ -488,7 +530,8 @@ def celery_worker(_celery_worker_process: CeleryWorker, transactional_db: None) 
 
     Tasks it runs see only committed rows, so the test gets `transactional_db`; queue work the way the
     application does (`transaction.on_commit(...)`) and wait with `celery_worker.wait_for(lambda: ...)`.
-    Wait for what you queued before the test ends: the database is flushed after each test."""
+    Wait for what you queued before the test ends: the database is flushed after each test (and
+    `pytest_runtest_teardown` waits for the tasks still running before it is)."""
     _celery_worker_process.assert_alive()
     return _celery_worker_process
 

@@ -175,7 +175,12 @@ def stroke_pixels(page, selector: str) -> list[int]:
 def test_curves_render_the_gate_reports_each_rule_and_a_maintainer_promotes_then_rolls_back(
     open_page, project, user, tmp_path
 ):
+    from flywheel.registry.models import RegistrySettings
+
     w = world(project, user, tmp_path)
+    # Twelve cases of one sample: McNemar, and the gain this small holdout can show (0.5 needs 11 cases).
+    RegistrySettings.objects.update_or_create(project=project,
+                                              defaults={"gate_rules": {"test": "mcnemar", "expected_gain": 0.5}})
     job = finished_job(project, user, w)
     candidate = job.candidate_version
     assert job.status == JobStatus.SUCCEEDED and candidate.number == 2
@@ -203,17 +208,17 @@ def test_curves_render_the_gate_reports_each_rule_and_a_maintainer_promotes_then
     page.click("text=the report, rule by rule")
     expect(page.locator("#verdict")).to_have_text("passed")
     rules = page.locator("#gate-rules tbody tr")
-    expect(rules).to_have_count(6)
-    for i, name in enumerate(["holdout success", "invalid outputs", "unsafe actions", "p95 latency (ms)",
-                              "tokens per case", "regression cases"]):
+    expect(rules).to_have_count(7)
+    for i, name in enumerate(["holdout success", "holdout size", "invalid outputs", "unsafe actions",
+                              "p95 latency (ms)", "tokens per case", "regression cases"]):
         expect(rules.nth(i).locator("td").first).to_have_text(name)
         expect(rules.nth(i).locator(".badge")).to_have_text("pass")
     expect(rules.first).to_contain_text("0.4167")  # production's 5 of 12
     expect(rules.first).to_contain_text("0.9167")  # the candidate's 11 of 12
     expect(rules.first).to_contain_text("exact McNemar: 6 cases only the candidate passes")
+    expect(rules.first).to_contain_text("at 0.05 / 3: the best of 3 checkpoints")  # p = 1/64 < 0.0167
     expect(page.locator("#gate-measurement")).to_contain_text(
-        "the best of 3 holdout evaluations during training. Picked on those scores, it is judged here on fresh "
-        "samples")
+        "the best of 3 holdout evaluations during training. It is judged here as production was measured")
     shot(page, "gate-report.png")
 
     history = page.locator("#history tbody tr")

@@ -345,7 +345,7 @@ def test_evaluate_with_vllm_loads_no_hf_model_and_keeps_its_scratch_out_of_the_u
 
     monkeypatch.setattr(trainer.models, "AutoModelForCausalLM", NoHFModel)
     args = argparse.Namespace(model=str(tiny_model), adapter=str(adapter), suite=str(tmp_path / "suite.jsonl"),
-                              samples=2, temperature=0.7, max_new_tokens=8, max_turns=None, engine="vllm", seed=0,
+                              samples=2, temperature=0.7, max_new_tokens=8, max_turns=None, max_seq_len=2048, engine="vllm", seed=0,
                               out=None)
     events = EventLog(None)
     assert cmd_evaluate(args, events) == 0

@@ -145,3 +145,10 @@ def worker_heartbeat_record(*, hostname: str) -> WorkerHeartbeat:
         )
         heartbeat.refresh_from_db()
     return heartbeat
+
+
+def project_lock(*, project: Project) -> None:
+    """Hold the project's row lock until the current transaction ends: the one lock every writer that must
+    see the project still as it read it takes (alias moves and the registry's sync, the leakage guard's
+    check-and-save). Call it inside `transaction.atomic()`, before anything else of the project is locked."""
+    Project.objects.select_for_update().filter(pk=project.pk).first()

@@ -23,6 +23,7 @@ from typing import Any
 
 from django.db import transaction
 
+from flywheel.accounts.services import project_lock
 from flywheel.environments.models import Task, VariantKind
 from flywheel.evals import leakage
 from flywheel.evals import rows as row_shape
@@ -135,7 +136,7 @@ def task_variants_create(*, task: Task, user: Any = None, kinds: tuple[str, ...]
     project = task.task_set.project
     with transaction.atomic():
         # Under the project's lock the eval side cannot gain a row between the guard's read and the save.
-        leakage.project_lock(project=project)
+        project_lock(project=project)
         eval_side = leakage.other_side(project=project, side="train")
         eval_trajectories = {c.trajectory_id for c in eval_side if c.trajectory_id is not None}
         drafts = ((_argument_drafts(task, eval_trajectories) if "argument" in kinds else [])

@@ -10,7 +10,7 @@ Rules, checked when a row is added (promotion, variants) and again when a versio
   model, and a removed case of a frozen eval-suite version has measured one, so both stay on their side.
 
 Each rule is a function in `NEAR_DUPLICATE_FINDERS` and applies everywhere the guard runs: promotion, variants,
-freezing, and a job's task set against its suites (`rows_conflicts`). Writers take `project_lock` before they
+freezing, and a job's task set against its suites (`rows_conflicts`). Writers take `accounts.services.project_lock` before they
 read the other side and hold it until their row is saved, so two promotions of one trajectory to opposite
 sides cannot both pass.
 """
@@ -57,13 +57,6 @@ class LeakageError(Exception):
     def __init__(self, conflicts: list[Conflict]):
         self.conflicts = conflicts
         super().__init__("; ".join(map(str, conflicts)))
-
-
-def project_lock(*, project: Project) -> None:
-    """Hold the project's row lock until the current transaction ends: the one lock the registry takes too,
-    so the guard's read of the other side stays true until the caller's row is saved. Call it inside
-    `transaction.atomic()`, before anything else of the project is locked."""
-    Project.objects.select_for_update().filter(pk=project.pk).first()
 
 
 def candidate_from_row(row: dict[str, Any]) -> Candidate:
@@ -288,7 +281,7 @@ def rows_conflicts(*, rows: Iterable[dict[str, Any]], other_rows: Iterable[dict[
 
 def other_side(*, project: Project, side: str) -> list[Candidate]:
     """The rows a row joining `side` is compared with (`rows_on_side` of the opposite side); read once for
-    a batch (bulk promotion, variants), under `project_lock`."""
+    a batch (bulk promotion, variants), under `accounts.services.project_lock`."""
     return rows_on_side(project=project, side=_opposite(side))
 
 

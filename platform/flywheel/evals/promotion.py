@@ -38,6 +38,7 @@ from typing import Any
 
 from django.db import transaction
 
+from flywheel.accounts.services import project_lock
 from flywheel.evals import leakage
 from flywheel.evals import rows as row_shape
 from flywheel.evals.models import EnvType
@@ -603,7 +604,7 @@ def trajectory_promote(*, trajectory: Trajectory, data: Mapping[str, Any], targe
         raise ValueError("the trajectory and the target belong to different projects")
     with transaction.atomic():
         # The project's lock holds the guard's read of the other side true until this row is saved.
-        leakage.project_lock(project=target.project)
+        project_lock(project=target.project)
         check = promotion_check(trajectory=trajectory, data=data, target=target)
         if not check.savable(accept_passing_original=accept_passing_original):
             raise PromotionRefused(check)
@@ -653,7 +654,7 @@ def selection_promote(*, items: Iterable[tuple[Trajectory, int | None]], data: M
     result = BulkResult()
     with transaction.atomic():
         # Under the project's lock the other side does not change while this batch adds to one side: read it once.
-        leakage.project_lock(project=target.project)
+        project_lock(project=target.project)
         others = leakage.other_side(project=target.project, side=target.SIDE)
         for trajectory, hint in items:
             if trajectory.project_id != target.project_id:

@@ -17,6 +17,7 @@ from django.db import transaction
 
 from flywheel.evals.models import EvalSuite, SuiteKind
 from flywheel.evals.run_models import EvalRun
+from flywheel.registry.gate import reliable_pass
 
 PURPOSE = "regression_build"
 DEFAULT_SAMPLES = 16
@@ -28,8 +29,6 @@ def reliable_cases(cases: list[dict[str, Any]], *, samples: int, min_rate: float
                    confidence: float = CONFIDENCE) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """The ids of the cases production passes reliably, and every case's measurement (passes, n, rate,
     lower bound, kept). `cases` are per-case results (`id`, `pass_rate`, and `passes`/`n` where known)."""
-    from flywheel.registry.gate import reliable_pass
-
     kept: list[str] = []
     measured: dict[str, dict[str, Any]] = {}
     for case in cases:
@@ -68,8 +67,6 @@ def regression_build_start(*, project, suite: EvalSuite, samples: int = DEFAULT_
         raise ValidationError({"min_rate": "A rate between 0.5 and 1."}) from None
     if not 0.5 <= min_rate <= 1:
         raise ValidationError({"min_rate": "A rate between 0.5 and 1."})
-    from flywheel.registry.gate import reliable_pass
-
     if not reliable_pass(int(samples), int(samples), min_rate=min_rate, confidence=CONFIDENCE)[0]:
         raise ValidationError({"samples": f"{samples} samples cannot show a pass rate of at least {min_rate} at "
                                           f"95% even when every sample passes: take more."})

@@ -177,10 +177,10 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
 
 def _on_success(run: EvalRun) -> None:
     """What a run's purpose does with its results, in the transaction that stores them."""
-    if run.purpose == "regression_build":
-        from flywheel.evals.regression import regression_build_finish
+    from flywheel.evals import regression
 
-        regression_build_finish(run=run)
+    if run.purpose == regression.PURPOSE:
+        regression.regression_build_finish(run=run)
 
 
 def eval_run_cancel(*, run: EvalRun) -> EvalRun:

@@ -294,11 +294,6 @@ def p95(values: Sequence[float]) -> float | None:
     return float(values[max(0, math.ceil(0.95 * len(values)) - 1)])
 
 
-def _mean(values: Sequence[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
-    return sum(kept) / len(kept) if kept else None
-
-
 # --- power ----------------------------------------------------------------------------------------------------
 
 
@@ -405,6 +400,12 @@ def power_report(rates: Sequence[float], *, cases: int, samples: int, rules: Gat
             "smallest_gain": None if smallest is None else round(smallest, 4),
             "expected_gain": rules.expected_gain, "cases_for_expected_gain": needed, "enough": enough,
             "sentence": sentence}
+
+
+def power_of(results: Sequence[CaseResult], rules: GateRules = GateRules()) -> dict:
+    """`power_report` from a model's measured per-case results on a holdout."""
+    return power_report([r.success for r in results], cases=len(results),
+                        samples=max((r.n for r in results), default=1), rules=rules)
 
 
 # --- the gate -------------------------------------------------------------------------------------------------

@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flywheel.registry.gate import CaseResult, GateRules, gate_evaluate, power_report
+from flywheel.registry.gate import CaseResult, GateRules, gate_evaluate, power_of
 from flywheel.registry.models import GateDecision, RegistrySettings
 
 
-def _cases(path: Path) -> list[CaseResult]:
+def read_results(path: Path) -> list[CaseResult]:
+    """A model's per-case results as the trainer's evaluate wrote them (`--out`)."""
     from flywheel.evals.runs import read_cases
 
     return [CaseResult.from_eval_case(case) for case in read_cases(path)]
@@ -45,20 +46,19 @@ def gate_decide_for_job(*, job) -> GateDecision:
     try:
         if job.holdout_version is None:
             raise FileNotFoundError("The job had no holdout suite: the gate cannot judge a candidate without one.")
-        production = _cases(folder / "production-holdout.jsonl")
+        production = read_results(folder / "production-holdout.jsonl")
         holdout_file = candidate_results(folder, "holdout", best)
-        candidate = _cases(holdout_file)
+        candidate = read_results(holdout_file)
         prod_reg: list[CaseResult] = []
         cand_reg: list[CaseResult] = []
         if job.regression_version is not None:
-            prod_reg = _cases(folder / "production-regression.jsonl")
-            cand_reg = _cases(candidate_results(folder, "regression", best))
+            prod_reg = read_results(folder / "production-regression.jsonl")
+            cand_reg = read_results(candidate_results(folder, "regression", best))
         looks = holdout_looks(folder)
         outcome = gate_evaluate(production=production, candidate=candidate, production_regression=prod_reg,
                                 candidate_regression=cand_reg, rules=rules, looks=max(1, len(looks)))
         report, passed = outcome.to_dict(), outcome.passed
-        report["power"] = power_report([c.success for c in production], cases=len(production),
-                                       samples=max((c.n for c in production), default=1), rules=rules)
+        report["power"] = power_of(production, rules)
         fresh = holdout_file.parent.name == "gate"
         report["measurement"] = {"step": best, "looks": looks, "fresh": fresh,
                                  "seed": FRESH_SEED if fresh else None}

@@ -22,12 +22,14 @@ from django.utils import timezone
 
 from flywheel import outbox
 from flywheel.accounts.models import Project
+from flywheel.accounts.services import project_lock
 from flywheel.registry.models import (
     Alias,
     AliasAssignment,
     AliasEvent,
     AliasEventKind,
     BaseModel,
+    GateDecision,
     ModelVersion,
     RegistrySettings,
     SyncState,
@@ -118,7 +120,7 @@ def model_version_create(
         digest = adapter_sha256(folder)
     with transaction.atomic():
         # One writer numbers versions at a time: the project row is the lock.
-        Project.objects.select_for_update().filter(pk=project.pk).first()
+        project_lock(project=project)
         number = (ModelVersion.objects.filter(project=project).aggregate(n=Max("number"))["n"] or 0) + 1
         version = ModelVersion.objects.create(
             project=project, number=number, base=base, adapter_path=adapter_path, adapter_sha256=digest,
@@ -180,7 +182,7 @@ def alias_move(
     mirrored = False
     try:
         with transaction.atomic():
-            Project.objects.select_for_update().filter(pk=project.pk).first()
+            project_lock(project=project)
             current = AliasAssignment.objects.filter(project=project, alias=alias).select_related("version").first()
             if current is not None and current.version_id == version.pk:
                 raise RegistryError(f"{alias} already points at v{version.number}.")
@@ -206,6 +208,12 @@ def alias_move(
     return event
 
 
+def decision_stale(*, decision: GateDecision, production_id: int | None) -> bool:
+    """A passed decision judged against another production than `production_id` (the one serving now) is
+    stale: its candidate was never compared with what it would replace. One already serving is not."""
+    return production_id is not None and production_id not in (decision.production_id, decision.candidate_id)
+
+
 def model_promote(*, project: Project, version: ModelVersion, user=None, reason: str = "") -> AliasEvent:
     """Make `version` production: only a version whose latest gate decision passed against the production it
     replaces. A decision judged against another production is stale (v2 and v3 each beat v1; once v3 serves,
@@ -215,10 +223,10 @@ def model_promote(*, project: Project, version: ModelVersion, user=None, reason:
         why = "has not been through the gate" if decision is None else "did not pass the gate"
         raise RegistryError(f"v{version.number} {why}; only a candidate that passed it is promoted.")
     with transaction.atomic():
-        Project.objects.select_for_update().filter(pk=project.pk).first()
+        project_lock(project=project)
         current = AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).select_related(
             "version").first()
-        if current is not None and current.version_id not in (decision.production_id, version.pk):
+        if decision_stale(decision=decision, production_id=current.version_id if current else None):
             judged = f"v{decision.production.number}" if decision.production_id else "no production"
             raise StaleDecision(
                 f"v{version.number} passed the gate against {judged}, but production is now "
@@ -360,7 +368,7 @@ def registry_sync(*, project_id: int) -> dict[str, int]:
         try:
             # Under the project's lock, like a move that registers its version: never registered twice.
             with transaction.atomic():
-                Project.objects.select_for_update().filter(pk=project.pk).first()
+                project_lock(project=project)
                 version = (ModelVersion.objects.select_related("base", "project")
                            .filter(pk=version_id, mlflow_version="").first())
                 if version is None:
@@ -384,7 +392,7 @@ def registry_sync(*, project_id: int) -> dict[str, int]:
     waiting = AliasEvent.objects.filter(project=project).exclude(mlflow_state=SyncState.DONE)
     try:
         with transaction.atomic():
-            Project.objects.select_for_update().filter(pk=project.pk).first()
+            project_lock(project=project)
             for assignment in AliasAssignment.objects.filter(project=project).select_related("version"):
                 mlflow_version = assignment.version.mlflow_version
                 if mlflow_version and mlflow_bridge.alias_get(project_slug=project.slug,

@@ -130,9 +130,8 @@ def gate_decision_page(request: HttpRequest, project: Project, decision_id: int)
         pk=decision_id,
     )
     in_production = selectors.production_of(project=project)
-    # A passed decision judged against another production than the one serving cannot promote.
-    stale = bool(decision.passed and in_production is not None
-                 and in_production.pk not in (decision.production_id, decision.candidate_id))
+    stale = decision.passed and services.decision_stale(
+        decision=decision, production_id=in_production.pk if in_production else None)
     return render(request, "registry/gate.html", {
         "project": project, "decision": decision, "stale": stale,
         "is_maintainer": request.membership.grants(Role.MAINTAINER), "in_production": in_production,

@@ -60,11 +60,10 @@ def config_check(*, algorithm: str, config: dict[str, Any], project: Project | N
         raise ValidationError({"config": "The advanced settings must be a JSON object of GRPOConfig fields."})
     from trainer.config import ALGORITHM_DEFAULTS, check_algorithm
 
-    merged = {**(RECIPE if algorithm == "grpo" else {}), **ALGORITHM_DEFAULTS.get(algorithm, {}),
-              **project_defaults(project), **config}
-    if algorithm != "grpo":
-        # The project's saved recipe is a GRPO one: its loss and KL mean something else to DPO.
-        merged.update({k: v for k, v in ALGORITHM_DEFAULTS.get(algorithm, {}).items() if k not in config})
+    merged = {**(RECIPE if algorithm == "grpo" else {}), **project_defaults(project), **config}
+    # An algorithm's own defaults win over the project's saved recipe, a GRPO one whose loss and KL mean
+    # something else to DPO; only the user's values win over them.
+    merged.update({k: v for k, v in ALGORITHM_DEFAULTS.get(algorithm, {}).items() if k not in config})
     type_errors = _config_type_errors(config)
     if type_errors:
         raise ValidationError(type_errors)
@@ -431,13 +430,10 @@ def job_evaluate(*, job_id: int) -> TrainingJob | None:
 
 def _holdout_power(job: TrainingJob, production_cases: Path) -> dict[str, Any]:
     """The smallest gain this job's holdout can show, from production's per-case rates just measured."""
-    from flywheel.evals.runs import read_cases
-    from flywheel.registry.gate import CaseResult, power_report
-    from flywheel.registry.gate_runs import rules_for
+    from flywheel.registry.gate import power_of
+    from flywheel.registry.gate_runs import read_results, rules_for
 
-    cases = [CaseResult.from_eval_case(c) for c in read_cases(production_cases)]
-    return power_report([c.success for c in cases], cases=len(cases),
-                        samples=max((c.n for c in cases), default=1), rules=rules_for(job.project))
+    return power_of(read_results(production_cases), rules_for(job.project))
 
 
 # --- confirm, run, cancel, retry ---------------------------------------------------------------------------------

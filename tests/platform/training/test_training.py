@@ -322,16 +322,22 @@ def test_the_api_starts_a_job_with_field_errors_and_the_leakage_guard(world, api
                            key=read_only).status_code == 403
 
 
+def _job_with_passed_candidate(world) -> TrainingJob:
+    """A finished job whose candidate passed the gate against the world's production."""
+    candidate = registry.model_version_create(project=world["project"], base=world["production"].base)
+    GateDecision.objects.create(project=world["project"], candidate=candidate, production=world["production"],
+                                passed=True)
+    return TrainingJob.objects.create(project=world["project"], task_set_version=world["train"],
+                                      base_version=world["production"], candidate_version=candidate,
+                                      status=JobStatus.SUCCEEDED)
+
+
 def test_a_passing_candidate_is_promoted_at_once_only_where_the_project_opted_in(world):
     from flywheel.registry.models import RegistrySettings
     from flywheel.registry.selectors import production_of
 
-    candidate = registry.model_version_create(project=world["project"], base=world["production"].base)
-    GateDecision.objects.create(project=world["project"], candidate=candidate, production=world["production"],
-                                passed=True)
-    job = TrainingJob.objects.create(project=world["project"], task_set_version=world["train"],
-                                     base_version=world["production"], candidate_version=candidate,
-                                     status=JobStatus.SUCCEEDED)
+    job = _job_with_passed_candidate(world)
+    candidate = job.candidate_version
     services._auto_promote(job=job)
     assert production_of(project=world["project"]) == world["production"]  # not opted in: a person clicks
     registry.gate_rules_set(project=world["project"], data={}, auto_promote=True)
@@ -348,12 +354,7 @@ def test_automatic_promotion_refuses_a_decision_judged_against_a_production_that
     moved = registry.model_version_create(project=world["project"], base=world["production"].base)
     GateDecision.objects.create(project=world["project"], candidate=moved, production=world["production"],
                                 passed=True)
-    candidate = registry.model_version_create(project=world["project"], base=world["production"].base)
-    GateDecision.objects.create(project=world["project"], candidate=candidate, production=world["production"],
-                                passed=True)
-    job = TrainingJob.objects.create(project=world["project"], task_set_version=world["train"],
-                                     base_version=world["production"], candidate_version=candidate,
-                                     status=JobStatus.SUCCEEDED)
+    job = _job_with_passed_candidate(world)
     registry.model_promote(project=world["project"], version=moved)
     registry.gate_rules_set(project=world["project"], data={}, auto_promote=True)
     services._auto_promote(job=job)

@@ -63,6 +63,10 @@ def cmd_train(args: argparse.Namespace, events: EventLog) -> int:
             from trainer.dpo import train_dpo
 
             train_dpo(spec, events)
+        elif spec.algorithm == "sft_grpo":
+            from trainer.staged import train_sft_grpo
+
+            train_sft_grpo(spec, events)
         else:
             from trainer.loop import train_grpo
 

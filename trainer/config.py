@@ -18,7 +18,9 @@ LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "gspo")
 # DPO's losses, by TRL's DPOConfig names; `trainer.dpo` implements the standard (sigmoid) one.
 DPO_LOSS_TYPES = ("sigmoid",)
 SCALE_REWARDS = ("group", "batch", "none")
-ALGORITHMS = ("grpo", "sft", "dpo")
+ALGORITHMS = ("grpo", "sft", "dpo", "sft_grpo")
+# Algorithms whose optimisation is GRPO's (sft_grpo's after its SFT stage): they take the GRPO losses.
+GRPO_ALGORITHMS = ("grpo", "sft_grpo")
 # Defaults that differ by algorithm, applied by `load_spec` to the fields a spec leaves out: DPO's beta is
 # the preference temperature (TRL's default 0.1), not GRPO's KL coefficient (default 0, no KL).
 ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {"dpo": {"beta": 0.1, "loss_type": "sigmoid"}}
@@ -94,7 +96,17 @@ class GRPOConfig:
     warmup_ratio: float = field(
         default=0.0, metadata={"help": "Warmup as a share of max_steps (rounded up), when warmup_steps is 0."}
     )
-    max_steps: int = field(default=100, metadata={"help": "Optimizer steps of the run."})
+    max_steps: int = field(default=100, metadata={"help": "Optimizer steps of the run (sft_grpo: both stages)."})
+    sft_steps: int = field(
+        default=20,
+        metadata={"help": "sft_grpo only: the first sft_steps steps imitate the task set's references (SFT), "
+                          "the rest train GRPO from there, one adapter and one job."},
+    )
+    sft_learning_rate: float = field(
+        default=2e-4,
+        metadata={"help": "sft_grpo only: the constant learning rate of the SFT stage (learning_rate and "
+                          "lr_scheduler_type are the GRPO stage's)."},
+    )
     num_iterations: int = field(
         default=1, metadata={"help": "Passes over each rollout batch (mu in the GRPO paper); >1 makes clipping bite."}
     )
@@ -209,6 +221,8 @@ class GRPOConfig:
             raise SpecError(f"config.beta (the KL coefficient) must be >= 0, got {self.beta!r}")
         if not self.learning_rate > 0:
             raise SpecError(f"config.learning_rate must be > 0, got {self.learning_rate!r}")
+        if not self.sft_learning_rate > 0:
+            raise SpecError(f"config.sft_learning_rate must be > 0, got {self.sft_learning_rate!r}")
         if self.lr_scheduler_type is not None:
             _check_choice("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS)
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
@@ -240,6 +254,10 @@ class GRPOConfig:
     @property
     def num_warmup_steps(self) -> int:
         return self.warmup_steps or math.ceil(self.warmup_ratio * self.max_steps)
+
+    def grpo_steps(self, algorithm: str) -> int:
+        """The steps that train GRPO: all of them, or those after sft_grpo's SFT stage."""
+        return self.max_steps - self.sft_steps if algorithm == "sft_grpo" else self.max_steps
 
     def scheduler_name(self, algorithm: str) -> str:
         """The transformers scheduler this run uses: its default per algorithm, warmup never ignored."""
@@ -290,8 +308,13 @@ def check_algorithm(config: GRPOConfig, algorithm: str, *, where: str = "config"
                             f"got {config.loss_type!r}")
         if not config.beta > 0:
             raise SpecError(f"{where}.beta (the DPO temperature) must be > 0, got {config.beta!r}")
-    elif algorithm == "grpo" and config.loss_type not in LOSS_TYPES:
-        raise SpecError(f"{where}.loss_type {config.loss_type!r} is a DPO loss; grpo takes {', '.join(LOSS_TYPES)}")
+    elif algorithm in GRPO_ALGORITHMS and config.loss_type not in LOSS_TYPES:
+        raise SpecError(f"{where}.loss_type {config.loss_type!r} is a DPO loss; {algorithm} takes "
+                        f"{', '.join(LOSS_TYPES)}")
+    if algorithm == "sft_grpo" and (isinstance(config.sft_steps, bool) or not isinstance(config.sft_steps, int)
+                                    or not 1 <= config.sft_steps < config.max_steps):
+        raise SpecError(f"{where}.sft_steps must be an integer from 1 to max_steps - 1 ({config.max_steps - 1}) "
+                        f"for sft_grpo, so that both stages run; got {config.sft_steps!r}")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

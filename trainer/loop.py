@@ -190,31 +190,41 @@ def _precision(cfg: GRPOConfig, device: torch.device) -> AbstractContextManager:
     return nullcontext()
 
 
-def train_grpo(spec: JobSpec, events: EventLog, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
-    run = JobRunner(spec, events)
+def prepare_grpo(run: JobRunner) -> None:
+    """What GRPO steps need of a run before the first of them."""
     cfg = run.cfg
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(run.model)
     turns = max(max_turns(r, cfg.max_turns) for r in run.train_rows)
     run.max_completion_length = cfg.max_new_tokens * turns  # Dr. GRPO's constant normaliser
+
+
+def grpo_steps(run: JobRunner, steps: range, reward_fn: RewardFn | None = None) -> None:
+    """GRPO's optimizer steps `steps`: sample groups, update, log (evaluate and checkpoint as due)."""
+    for step in steps:
+        run.step = step
+        t0 = time.perf_counter()
+        run.engine.sync(run.model, step - 1)  # policy version = weights after step - 1 updates
+        episodes, rewards, stats = sample_groups(run, reward_fn)
+        t_rollout = time.perf_counter() - t0
+        stats["lr"] = run.lr
+        if stats["groups_kept"]:  # over every rank
+            run.release_rollout_memory()  # vLLM sleeps through the update; the next generate wakes it
+            stats |= optimize(run, episodes, rewards)
+        # else: every group had equal rewards even after refilling; nothing to learn from this step.
+        run.scheduler.step()  # the schedule counts steps, trained on or not
+        step_time = time.perf_counter() - t0
+        stats |= {"step_time": step_time, "rollout_time": t_rollout, "train_time": step_time - t_rollout,
+                  "tokens_per_s": stats["completion_tokens"] / max(t_rollout, 1e-9)}
+        run.log_step(step, stats)  # the event, MLflow, then evaluate + checkpoint as due
+
+
+def train_grpo(spec: JobSpec, events: EventLog, *, reward_fn: RewardFn | None = None) -> dict[str, Any]:
+    run = JobRunner(spec, events)
+    prepare_grpo(run)
     try:
         run.maybe_eval_start()
-        for step in range(run.state["step"] + 1, cfg.max_steps + 1):
-            run.step = step
-            t0 = time.perf_counter()
-            run.engine.sync(run.model, step - 1)  # policy version = weights after step - 1 updates
-            episodes, rewards, stats = sample_groups(run, reward_fn)
-            t_rollout = time.perf_counter() - t0
-            stats["lr"] = run.lr
-            if stats["groups_kept"]:  # over every rank
-                run.release_rollout_memory()  # vLLM sleeps through the update; the next generate wakes it
-                stats |= optimize(run, episodes, rewards)
-            # else: every group had equal rewards even after refilling; nothing to learn from this step.
-            run.scheduler.step()  # the schedule counts steps, trained on or not
-            step_time = time.perf_counter() - t0
-            stats |= {"step_time": step_time, "rollout_time": t_rollout, "train_time": step_time - t_rollout,
-                      "tokens_per_s": stats["completion_tokens"] / max(t_rollout, 1e-9)}
-            run.log_step(step, stats)  # the event, MLflow, then evaluate + checkpoint as due
+        grpo_steps(run, range(run.state["step"] + 1, run.cfg.max_steps + 1), reward_fn)
         return run.finish()
     except Exception as exc:
         raise run.fail(exc) from exc

@@ -7,6 +7,7 @@ rank 0 evaluates, checkpoints and talks to MLflow (`trainer.distributed`).
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from transformers import get_scheduler
 
 from trainer.checkpoints import (
@@ -36,9 +37,22 @@ from trainer.tracking import EventLog, Tracker
 
 def make_scheduler(cfg: GRPOConfig, optimizer: torch.optim.Optimizer, algorithm: str = "grpo") -> LRScheduler:
     """transformers' scheduler of the config's type and warmup over max_steps. The loop steps it once per
-    training step (the num_iterations passes of a step share its lr), so step 1 trains at its value at 0."""
-    return get_scheduler(cfg.scheduler_name(algorithm), optimizer, num_warmup_steps=cfg.num_warmup_steps,
-                         num_training_steps=cfg.max_steps)
+    training step (the num_iterations passes of a step share its lr), so step 1 trains at its value at 0.
+    sft_grpo: sft_learning_rate, constant, for the SFT stage's steps, then the GRPO schedule over the rest
+    (warmup_ratio a share of those): one scheduler, so a checkpoint in either stage resumes as it was."""
+    if algorithm != "sft_grpo":
+        return get_scheduler(cfg.scheduler_name(algorithm), optimizer, num_warmup_steps=cfg.num_warmup_steps,
+                             num_training_steps=cfg.max_steps)
+    grpo_total = cfg.grpo_steps(algorithm)
+    warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * grpo_total)
+    name = cfg.lr_scheduler_type or "constant"
+    name = "constant_with_warmup" if name == "constant" and warmup else name
+    # The GRPO stage's multiplier as transformers computes it, taken from a scheduler on a throwaway optimizer.
+    scratch = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    grpo_factor = get_scheduler(name, scratch, num_warmup_steps=warmup, num_training_steps=grpo_total).lr_lambdas[0]
+    sft_factor = cfg.sft_learning_rate / cfg.learning_rate
+    sft_total = cfg.sft_steps
+    return LambdaLR(optimizer, lambda i: sft_factor if i < sft_total else grpo_factor(i - sft_total))
 
 
 class JobFailed(RuntimeError):
@@ -54,6 +68,7 @@ class JobRunner:
         self.job.mkdir(parents=True, exist_ok=True)
         self.started = time.perf_counter()
         self.step = 0  # the step being worked on; named in an error event
+        self.extra_eval_steps: set[int] = set()  # evaluated besides every eval_interval (a stage's end)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         random.seed(cfg.seed)
@@ -178,7 +193,7 @@ class JobRunner:
                          metric=key)
 
     def should_eval(self, step: int) -> bool:
-        return step % self.cfg.eval_interval == 0 or step == self.cfg.max_steps
+        return step % self.cfg.eval_interval == 0 or step == self.cfg.max_steps or step in self.extra_eval_steps
 
     def maybe_eval_start(self) -> None:
         if (self.dist.is_main and self.state["step"] == 0 and self.holdout_rows and self.cfg.eval_on_start

@@ -29,6 +29,8 @@ RETRYABLE = (JobStatus.FAILED, JobStatus.CANCELLED)
 class Algorithm(models.TextChoices):
     GRPO = "grpo", "GRPO (RL with verifiable rewards)"
     SFT = "sft", "SFT (supervised on references)"
+    DPO = "dpo", "DPO (references preferred over the agent's outputs)"
+    SFT_GRPO = "sft_grpo", "SFT, then GRPO (one job, one gate)"
 
 
 class TrainingJob(models.Model):

@@ -58,9 +58,9 @@ def config_check(*, algorithm: str, config: dict[str, Any], project: Project | N
 
     if not isinstance(config, dict):
         raise ValidationError({"config": "The advanced settings must be a JSON object of GRPOConfig fields."})
-    from trainer.config import ALGORITHM_DEFAULTS, check_algorithm
+    from trainer.config import ALGORITHM_DEFAULTS, GRPO_ALGORITHMS, check_algorithm
 
-    merged = {**(RECIPE if algorithm == "grpo" else {}), **project_defaults(project), **config}
+    merged = {**(RECIPE if algorithm in GRPO_ALGORITHMS else {}), **project_defaults(project), **config}
     # An algorithm's own defaults win over the project's saved recipe, a GRPO one whose loss and KL mean
     # something else to DPO; only the user's values win over them.
     merged.update({k: v for k, v in ALGORITHM_DEFAULTS.get(algorithm, {}).items() if k not in config})
@@ -150,10 +150,14 @@ def job_create(
 
     errors: dict[str, Any] = {}
     if algorithm not in ALGORITHMS:
-        errors["algorithm"] = "Choose grpo, sft or dpo."
+        errors["algorithm"] = "Choose grpo, sft, dpo or sft_grpo."
     elif algorithm == "dpo" and task_set_version is not None and not preference_pairs(task_set_version.rows):
         errors["algorithm"] = ("DPO needs pairs: promoted failures with the agent's output and a reference that "
                                "states the whole answer. This task set has none; choose grpo or sft.")
+    elif (algorithm in ("sft", "sft_grpo") and task_set_version is not None
+          and not any(map(imitable, task_set_version.rows))):
+        errors["algorithm"] = ("SFT needs something to imitate: tasks with a reference or a solution, or good "
+                               "trajectories. This task set has none; choose grpo.")
     if not 1 <= int(num_gpus) <= 64:
         errors["num_gpus"] = "Between 1 and 64 GPUs."
     for field, version in (("task_set_version", task_set_version), ("holdout_version", holdout_version),
@@ -309,7 +313,19 @@ def _run_subprocess(job: TrainingJob, command: list[str], folder: Path, *, on_ev
 # --- measuring production and advising ---------------------------------------------------------------------------
 
 
-ALGORITHMS = ("grpo", "sft", "dpo")
+ALGORITHMS = ("grpo", "sft", "dpo", "sft_grpo")  # trainer.config.ALGORITHMS, without importing torch here
+
+
+def imitable(row: dict[str, Any]) -> bool:
+    """Whether SFT has something to learn from a task-set row (`trainer.sft.conversation` decides for good,
+    replaying solutions; this is its cheap half): a solution, a stated or literal reference, or a good
+    trajectory's own assistant turns."""
+    from trainer.references import reference_messages
+
+    if row.get("outcome") == "failure":
+        return False
+    return bool(row.get("solution")) or reference_messages(row) is not None or any(
+        isinstance(m, dict) and m.get("role") == "assistant" for m in row.get("messages") or [])
 
 
 def preference_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -345,10 +361,10 @@ def advise(metrics: dict[str, Any] | None, *, pairs: int = 0) -> dict[str, Any]:
     failures = metrics.get("failures") or {}
     format_share = failures.get("invalid_format", 0) / max(1, sum(failures.values()))
     if success < 0.05 and format_share >= 0.5:
-        recommendation, reason = "sft", (
+        recommendation, reason = "sft_grpo", (
             f"Production succeeds on {success:.0%} of the holdout and {format_share:.0%} of its failures are "
             "format errors: RL has no signal when nearly every sample scores zero. Warm-start with SFT on "
-            "references first, then GRPO.")
+            "references first, then GRPO: the sft_grpo algorithm does both in one job.")
     elif success >= 0.95:
         recommendation, reason = "none", (
             f"Production already succeeds on {success:.0%} of the holdout: little left to learn here. Add harder "

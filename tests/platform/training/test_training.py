@@ -118,7 +118,7 @@ def test_the_leakage_guard_refuses_a_task_set_that_shares_a_trajectory_or_a_requ
 
 def test_advice_follows_production_on_the_holdout():
     assert services.advise({"success_rate": 0.0, "n": 20, "failures": {"invalid_format": 18, "wrong_tool": 2}})[
-        "recommendation"] == "sft"
+        "recommendation"] == "sft_grpo"
     assert services.advise({"success_rate": 0.4, "n": 20, "failures": {"wrong_tool": 12}})["recommendation"] == "grpo"
     assert services.advise({"success_rate": 0.97, "n": 20, "failures": {}})["recommendation"] == "none"
     assert "DPO" in services.advise({"success_rate": 0.4, "n": 20, "failures": {}}, pairs=5)["reason"]
@@ -132,7 +132,7 @@ def test_a_job_measures_production_trains_and_its_candidate_goes_through_the_gat
     ready = celery_worker.wait_for(lambda: TrainingJob.objects.filter(pk=job.pk, status=JobStatus.READY).first(),
                                    timeout=240)
     assert ready.advice["metrics"]["n"] == 4 * SMALL["eval_samples_per_prompt"]
-    assert ready.advice["recommendation"] in {"sft", "grpo", "none"}
+    assert ready.advice["recommendation"] in {"sft_grpo", "grpo", "none"}
     services.job_confirm(job=ready, user=world["user"])
     done = celery_worker.wait_for(
         lambda: TrainingJob.objects.filter(pk=job.pk).exclude(status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
@@ -410,3 +410,22 @@ def test_dpo_trains_on_the_reference_over_the_agents_own_output(world, tmp_path)
     assert [e["step"] for e in events if e["event"] == "step"] == [1, 2] and events[-1]["event"] == "done"
     assert "margin" in next(e for e in events if e["event"] == "step")
     assert "DPO trains on them directly" in services.advise({"success_rate": 0.4, "n": 8}, pairs=6)["reason"]
+
+
+def test_sft_then_grpo_needs_something_to_imitate_and_takes_the_grpo_recipe(world):
+    failures = [{**row, "outcome": "failure"} for row in world["train"].rows[:3]]
+    assert not any(map(services.imitable, failures)) and services.imitable(world["train"].rows[0])
+    version = _version(TaskSetVersion, TaskSet, failures, project=world["project"], name="failures only")
+    with pytest.raises(ValidationError) as exc:
+        services.job_create(project=world["project"], task_set_version=version, algorithm="sft_grpo")
+    assert "SFT needs something to imitate" in exc.value.message_dict["algorithm"][0]
+    with pytest.raises(ValidationError) as exc:
+        services.job_create(project=world["project"], task_set_version=world["train"], algorithm="sft_grpo",
+                            config={"max_steps": 5, "sft_steps": 5})
+    assert "sft_steps" in exc.value.message_dict["config.sft_steps"][0]
+    job = services.job_create(project=world["project"], task_set_version=world["train"], algorithm="sft_grpo",
+                              config={"max_steps": 6, "sft_steps": 2})
+    assert job.algorithm == "sft_grpo" and job.config["num_generations_per_prompt"] == services.RECIPE[
+        "num_generations_per_prompt"]
+    spec = json.loads((services._prepare_dir(job) / "spec.json").read_text())
+    assert spec["algorithm"] == "sft_grpo" and spec["config"]["sft_steps"] == 2

@@ -15,13 +15,14 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml
 	@$(PYTHON_SYSTEM) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
 	  || { echo "make setup: needs Python 3.11; set PYTHON_SYSTEM=/path/to/python3.11"; exit 1; }
 	@test -x $(PY) || $(PYTHON_SYSTEM) -m venv $(VENV)
 	@# torch first and pinned, so that pip takes the CPU wheel on disk instead of a CUDA build.
 	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	@# The client (client/, import name flywheel_client, the `flywheel` command) is a package of its own.
+	$(PY) -m pip install --quiet -e '.[dev]' -e ./client
 	@touch $(STAMP)
 
 run: setup

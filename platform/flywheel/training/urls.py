@@ -7,6 +7,7 @@ from flywheel.training import views
 urlpatterns = [
     path("training/", views.job_list, name="training_jobs"),
     path("training/new", views.job_new, name="training_job_new"),
+    path("training/compare", views.job_compare, name="training_compare"),
     path("training/defaults/clear", views.defaults_clear, name="training_defaults_clear"),
     path("training/<int:job_id>/", views.job_page, name="training_job"),
     path("training/<int:job_id>/checkpoints/<int:step>/", views.checkpoint_page, name="training_checkpoint"),

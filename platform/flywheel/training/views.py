@@ -1,5 +1,6 @@
-"""Training pages: the jobs list with the new-job form, and a job's page (advice, progress, live curves, event
-log, checkpoints, cancel, retry, the gate's decision). Maintainers start and stop jobs; members read."""
+"""Training pages: the jobs list with the new-job form, a job's page (the settings it ran with, advice,
+progress, live curves, event log, checkpoints, cancel, retry, the gate's decision), and two or more jobs
+compared. Maintainers start and stop jobs; members read."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from flywheel.environments.models import TaskSetVersion
 from flywheel.evals.leakage import LeakageError
 from flywheel.evals.models import EvalSuiteVersion
 from flywheel.registry import selectors as registry_selectors
-from flywheel.training import forms, services
+from flywheel.training import comparison, forms, selectors, services
 from flywheel.training.models import JobEvent, TrainingJob
 
 
@@ -57,8 +58,7 @@ def _list_context(request: HttpRequest, project: Project, **extra) -> dict:
     return {
         "holdout_power": _holdout_power(project, form),
         "project": project,
-        "jobs": TrainingJob.objects.filter(project=project).select_related("task_set_version__task_set",
-                                                                            "created_by")[:100],
+        "jobs": selectors.job_list(project=project),
         "production": registry_selectors.production_of(project=project),
         "is_maintainer": request.membership.grants(Role.MAINTAINER),
         "config_fields": forms.config_fields(project),
@@ -139,23 +139,54 @@ def _job(project: Project, job_id: int) -> TrainingJob:
 
 
 def _job_context(request: HttpRequest, project: Project, job: TrainingJob, **extra) -> dict:
+    decision = job.gate_decisions.select_related("candidate", "production").first()
     return {
         "project": project,
         "job": job,
         "events": list(JobEvent.objects.filter(job=job).exclude(kind="step").order_by("-id")[:200]),
         "checkpoints": list(job.checkpoints.all()),
-        "decision": job.gate_decisions.select_related("candidate", "production").first(),
+        "decision": decision,
         "is_maintainer": request.membership.grants(Role.MAINTAINER),
         **extra,
     }
+
+
+def _settings(project: Project, job: TrainingJob, decision) -> dict:
+    """The job's settings panel: the rules its decision was judged by, else the project's rules now."""
+    from flywheel.registry.gate_runs import rules_for
+
+    rules_now = None if decision is not None else rules_for(project).__dict__
+    return comparison.job_settings(job=job, decision=decision, project_rules=rules_now)
 
 
 @require_GET
 @project_view()
 def job_page(request: HttpRequest, project: Project, job_id: int) -> HttpResponse:
     job = _job(project, job_id)
-    template = "training/_job_status.html" if request.htmx else "training/job.html"
-    return render(request, template, _job_context(request, project, job))
+    context = _job_context(request, project, job)
+    if request.htmx:  # the status partial, polled while the job runs: the settings do not change
+        return render(request, "training/_job_status.html", context)
+    return render(request, "training/job.html", {**context, "settings": _settings(project, job, context["decision"])})
+
+
+@require_GET
+@project_view()
+def job_compare(request: HttpRequest, project: Project) -> HttpResponse:
+    """Two or more jobs side by side: `?ids=1&ids=2` (or `?ids=1,2`). Another project's job is a 404."""
+    try:
+        jobs = selectors.compared_jobs(project=project, raw_ids=request.GET.getlist("ids"))
+        data = comparison.compare_jobs(project=project, jobs=jobs)
+    except ValidationError as exc:
+        return render(request, "training/compare.html", {"project": project, "error": exc.messages[0]}, status=400)
+    groups = [{"name": name, "rows": rows, "differ": sum(row["differs"] for row in rows)}
+              for name, rows in (("Data", data["data"]), ("Config", data["settings"]),
+                                 ("The gate's rules", data["gate_rules"]))]
+    differ = sum(group["differ"] for group in groups)
+    return render(request, "training/compare.html", {
+        "project": project, "compare": data, "groups": groups, "differ_count": differ,
+        "same_count": sum(len(group["rows"]) for group in groups) - differ,
+        "chart": {"curves": data["curves"], "jobs": [j["id"] for j in data["jobs"]]},
+    })
 
 
 @require_GET
@@ -171,8 +202,9 @@ def _act(request: HttpRequest, project: Project, job_id: int, action) -> HttpRes
         action(job=job, user=request.user)
     except services.JobRefused as exc:
         job.refresh_from_db()
-        return render(request, "training/job.html", _job_context(request, project, job, action_error=str(exc)),
-                      status=409)
+        context = _job_context(request, project, job, action_error=str(exc))
+        context["settings"] = _settings(project, job, context["decision"])
+        return render(request, "training/job.html", context, status=409)
     return redirect(reverse("training_job", args=[project.slug, job.pk]))
 
 

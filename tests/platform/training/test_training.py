@@ -90,7 +90,8 @@ def test_rows_the_platform_must_not_run_are_refused(world):
     with pytest.raises(ValidationError) as exc:
         services.job_create(project=world["project"], task_set_version=version)
     problems = exc.value.message_dict["task_set_version"]
-    assert any("'srv'" in p and "command line only" in p for p in problems)
+    # An http row runs only on a server the operator lists (flywheel.environments: registered servers).
+    assert any("'srv'" in p and "FLYWHEEL_ENV_URL_ALLOWLIST" in p for p in problems)
     assert any("'code'" in p for p in problems)
 
 
@@ -277,7 +278,7 @@ def test_a_project_saves_its_own_recipe_and_new_jobs_start_from_it(world, client
     assert 'name="cfg_learning_rate" placeholder="0.0005"' in page and "title=\"This project's saved default\"" in page
     assert 'id="defaults-clear"' in page
     key = make_api_key(project, scopes=["train", "read"])
-    answer = api_client.post("/api/v1/training-jobs", {"task_set_version": world["train"].pk, "confirm": False,
+    answer = api_client.post("/api/v1/training-jobs", {**_ref("task_set", world["train"]), "confirm": False,
                                                        "config": {"max_steps": 12}}, key=key)
     assert answer.status_code == 201, answer.json()
     from_api = TrainingJob.objects.get(pk=answer.json()["id"])
@@ -294,31 +295,51 @@ def test_job_dir_is_per_job(world):
     assert services.job_dir(job) == Path(services.settings.FLYWHEEL_JOBS_DIR) / world["project"].slug / "job-5"
 
 
+def _ref(field, version):
+    """A version as the API names it: the collection's id and the version's number."""
+    owner = version.task_set_id if isinstance(version, TaskSetVersion) else version.suite_id
+    return {field: owner, f"{field}_version": version.number}
+
+
 def test_the_api_starts_a_job_with_field_errors_and_the_leakage_guard(world, api_client, make_api_key, workplace):
     key = make_api_key(world["project"], scopes=["read", "train"])
-    bad = api_client.post("/api/v1/training-jobs", {"task_set_version": world["train"].pk,
+    bad = api_client.post("/api/v1/training-jobs", {**_ref("task_set", world["train"]),
                                                      "config": {"learning_rate": "fast", "beta": -1}}, key=key)
     assert bad.status_code == 422
     locations = [tuple(d["loc"]) for d in bad.json()["detail"]]
     assert ("body", "config", "learning_rate") in locations or ("body", "config", "beta") in locations
-    missing = api_client.post("/api/v1/training-jobs", {"task_set_version": 999999}, key=key)
+    missing = api_client.post("/api/v1/training-jobs", {"task_set": world["train"].task_set_id,
+                                                         "task_set_version": 9}, key=key)
     assert missing.status_code == 422 and missing.json()["detail"][0]["loc"] == ["body", "task_set_version"]
+    assert "no version 9 (its newest is 1)" in missing.json()["detail"][0]["msg"]
+    no_set = api_client.post("/api/v1/training-jobs", {"task_set": 999999, "task_set_version": 1}, key=key)
+    assert no_set.status_code == 422 and no_set.json()["detail"][0]["loc"] == ["body", "task_set"]
+    half = api_client.post("/api/v1/training-jobs", {**_ref("task_set", world["train"]),
+                                                      "holdout": world["holdout"].suite_id}, key=key)
+    assert half.status_code == 422 and half.json()["detail"][0]["loc"] == ["body", "holdout_version"]
     holdout = _version(EvalSuiteVersion, EvalSuite, _rows(workplace["train"][:1], "h"), project=world["project"],
                        name="h2", kind="holdout")
-    leaky = api_client.post("/api/v1/training-jobs", {"task_set_version": world["train"].pk,
-                                                       "holdout_version": holdout.pk}, key=key)
+    leaky = api_client.post("/api/v1/training-jobs", {**_ref("task_set", world["train"]),
+                                                       **_ref("holdout", holdout)}, key=key)
     assert leaky.status_code == 409 and "task-0" in leaky.json()["detail"]
-    started = api_client.post("/api/v1/training-jobs", {"task_set_version": world["train"].pk,
-                                                         "holdout_version": world["holdout"].pk,
+    started = api_client.post("/api/v1/training-jobs", {**_ref("task_set", world["train"]),
+                                                         **_ref("holdout", world["holdout"]),
                                                          "config": SMALL}, key=key)
     assert started.status_code == 201 and started.json()["status"] == "evaluating"
     job_id = started.json()["id"]
     assert TrainingJob.objects.get(pk=job_id).confirmed_in_advance
     body = api_client.get(f"/api/v1/training-jobs/{job_id}", key=key).json()
     assert (body["status"], body["max_steps"], body["gate"]) == ("evaluating", 2, None)
+    # The settings it runs with, every version named as it was sent.
+    assert {k: body[k] for k in ("task_set", "task_set_version", "holdout", "holdout_version", "regression",
+                                 "regression_version", "algorithm", "base_version")} == {
+        **_ref("task_set", world["train"]), **_ref("holdout", world["holdout"]), "regression": None,
+        "regression_version": None, "algorithm": "grpo", "base_version": world["production"].number}
+    assert body["config"]["max_steps"] == 2 and body["config"]["num_generations_per_prompt"] == 4
+    assert body["gate_rules"]["test"] == "permutation"
     assert api_client.post(f"/api/v1/training-jobs/{job_id}/cancel", {}, key=key).json()["status"] == "cancelled"
     read_only = make_api_key(world["project"], scopes=["read"])
-    assert api_client.post("/api/v1/training-jobs", {"task_set_version": world["train"].pk},
+    assert api_client.post("/api/v1/training-jobs", _ref("task_set", world["train"]),
                            key=read_only).status_code == 403
 
 
@@ -429,3 +450,12 @@ def test_sft_then_grpo_needs_something_to_imitate_and_takes_the_grpo_recipe(worl
         "num_generations_per_prompt"]
     spec = json.loads((services._prepare_dir(job) / "spec.json").read_text())
     assert spec["algorithm"] == "sft_grpo" and spec["config"]["sft_steps"] == 2
+    # The job's settings name its two stages: planned from the config, then as the trainer announces them.
+    from flywheel.training.comparison import job_stages
+
+    assert [(s["stage"], s["first_step"], s["last_step"], s["started"]) for s in job_stages(job)] == [
+        ("sft", 1, 2, False), ("grpo", 3, 6, False)]
+    JobEvent.objects.create(job=job, attempt=job.attempt, kind="stage",
+                            data={"stage": "sft", "first_step": 1, "last_step": 2, "examples": 7})
+    assert [(s["started"], s["examples"]) for s in job_stages(job)] == [(True, 7), (False, None)]
+    assert job_stages(services.job_create(project=world["project"], task_set_version=world["train"])) == []

@@ -118,6 +118,29 @@ def test_a_maintainer_reruns_triage_and_the_page_follows_its_progress(open_page,
     assert not page.log.page_errors and not page.log.console_errors
 
 
+def test_a_reviewer_reads_each_detectors_precision_and_recall(open_page, user, triaged):
+    from flywheel.trajectories.review import trajectory_outcome_set
+
+    for external_id, outcome in (("refund-big", "failure"), ("invented", "failure"), ("fine", "success")):
+        trajectory_outcome_set(trajectory=Trajectory.objects.get(external_id=external_id), outcome=outcome, user=user)
+    page = open_page(user)
+    page.goto(f"/p/{triaged.slug}/triage/")
+    page.click("#kinds >> text=Calibration")
+    expect(page.locator("#detectors")).to_contain_text("3 labeled trajectories (2 failures, 1 success)")
+    unsafe = page.locator('#detectors tr[data-detector="unsafe_action"]')
+    expect(unsafe.locator('[data-cell="precision"]')).to_have_text("1.000")
+    expect(unsafe.locator('[data-cell="recall"]')).to_have_text("0.500")
+    flagged = page.locator('#detectors tr[data-detector="any"]')
+    expect(flagged.locator('[data-cell="on-failures"]')).to_have_text("2")
+    expect(flagged.locator('[data-cell="on-successes"]')).to_have_text("0")
+    page.select_option("#detector-labels select[name=labels]", "outcome")
+    page.click("#detector-labels button")
+    expect(page.locator("#detector-labels select[name=labels]")).to_have_value("outcome")
+    expect(page.locator("#detectors-too-few")).to_be_visible()
+    _shot(page, "triage-detector-calibration.png")
+    assert not page.log.page_errors and not page.log.console_errors
+
+
 @pytest.fixture(params=[False, True], ids=["csp", "no-csp"])
 def bypass_csp(request):
     """With the Content-Security-Policy, and without it: escaping alone must keep the tool name inert."""

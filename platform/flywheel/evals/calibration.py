@@ -12,6 +12,11 @@ eval runs score it: the trajectory's assistant turns from there on are the episo
 trajectory's own declared tools. Never "any turn passes": that would lean every verdict toward "pass".
 Passing is compared with the reviewer's label (success / failure): a confusion matrix, precision and recall
 of "passes" against "success", and Cohen's kappa, from scikit-learn.
+
+Triage's detectors are calibrated the same way (`detector_calibrate`): a detector "says failure" on a
+trajectory when it left a signal there; its precision is the share of the labeled trajectories it flagged
+that reviewers call failures, its recall the share of the failures it flagged. Read from the stored signals,
+so the figures are those of the triage the queue shows (a re-run brings them up to the current policy).
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import Count, F, Q, Value
+from django.db.models.functions import Coalesce, NullIf
+
 from flywheel.accounts.models import Project
 from flywheel.evals import promotion
 from flywheel.evals import rows as row_shape
 from flywheel.evals.models import EnvType
-from flywheel.trajectories.models import Outcome, Trajectory
+from flywheel.trajectories.models import Outcome, SignalKind, Trajectory, TriageSignal
 from trainer.verifiers import SpecError, validate_spec
 
 MIN_LABELED = 50  # under this the page warns: too few labels to trust the figures
@@ -202,3 +210,92 @@ def _source_item(project: Project, source: str) -> Any:
     if number is not None and kind == "task":
         return Task.objects.filter(task_set__project=project, pk=number).first()
     return None
+
+
+# --- triage detectors ------------------------------------------------------------------------------------
+
+# Which labels a detector is measured against: reviewers' only, or reviewers' where given and else the
+# outcome the agent (or the environment that played it) recorded.
+DETECTOR_LABELS = {"reviewed": "reviewers' labels",
+                   "outcome": "reviewers' labels, else the recorded outcome"}
+ANY_SIGNAL = "any"  # the row of "any detector fired": what puts an unreviewed success in the review queue
+
+
+@dataclass(frozen=True)
+class DetectorRow:
+    kind: str  # a SignalKind value, or ANY_SIGNAL
+    label: str
+    on_failures: int  # labeled failures it flagged (true positives)
+    on_successes: int  # labeled successes it flagged (false positives)
+    failures: int  # labeled failures in all
+
+    @property
+    def flagged(self) -> int:
+        return self.on_failures + self.on_successes
+
+    @property
+    def precision(self) -> float | None:
+        """Of the labeled trajectories it flagged, the share that are failures; None when it flagged none."""
+        return self.on_failures / self.flagged if self.flagged else None
+
+    @property
+    def recall(self) -> float | None:
+        """Of the labeled failures, the share it flagged; None without failures."""
+        return self.on_failures / self.failures if self.failures else None
+
+
+@dataclass
+class DetectorCalibration:
+    labels: str  # a key of DETECTOR_LABELS
+    n: int = 0  # labeled trajectories (success or failure)
+    failures: int = 0
+    untriaged: int = 0  # of the labeled, not triaged yet: counted as flagged by nothing
+    rows: list[DetectorRow] = field(default_factory=list)
+
+    @property
+    def successes(self) -> int:
+        return self.n - self.failures
+
+    @property
+    def too_few(self) -> bool:
+        return self.n < MIN_LABELED
+
+
+def _label(labels: str, prefix: str = "") -> Any:
+    """The label of a trajectory (reached through `prefix`) as an expression: its reviewer's outcome, or with
+    "outcome" the reviewer's where given and else the recorded one (selectors.EFFECTIVE_OUTCOME's rule)."""
+    reviewed = F(f"{prefix}reviewed_outcome")
+    return reviewed if labels == "reviewed" else Coalesce(NullIf(reviewed, Value("")), F(f"{prefix}outcome"))
+
+
+def detector_calibrate(*, project: Project, agent: str = "", labels: str = "reviewed") -> DetectorCalibration:
+    """Precision and recall of each triage detector (and of "any signal") against the labels `labels` names
+    (a key of DETECTOR_LABELS), over every labeled trajectory of the project (of `agent` when given). Two
+    grouped queries, whatever the number of trajectories."""
+    if labels not in DETECTOR_LABELS:
+        raise ValueError(f"labels must be one of {sorted(DETECTOR_LABELS)}, not {labels!r}")
+    labeled = Trajectory.objects.filter(project=project).annotate(label=_label(labels)).filter(
+        label__in=[Outcome.SUCCESS, Outcome.FAILURE])
+    if agent:
+        labeled = labeled.filter(agent=agent)
+    totals = labeled.order_by().aggregate(
+        n=Count("id"), failures=Count("id", filter=Q(label=Outcome.FAILURE)),
+        untriaged=Count("id", filter=Q(triage_version=0)), any_failures=Count(
+            "id", filter=Q(label=Outcome.FAILURE, triage_severity__gt=0)),
+        any_successes=Count("id", filter=Q(label=Outcome.SUCCESS, triage_severity__gt=0)))
+    result = DetectorCalibration(labels=labels, n=totals["n"], failures=totals["failures"],
+                                 untriaged=totals["untriaged"])
+    # Per kind and label, each trajectory once however many signals of that kind it has.
+    counts: dict[tuple[str, str], int] = {}
+    grouped = (TriageSignal.objects.filter(project=project, trajectory__in=labeled.values("id"))
+               .annotate(label=_label(labels, "trajectory__")).values("kind", "label")
+               .annotate(n=Count("trajectory_id", distinct=True)).order_by())
+    for row in grouped:
+        counts[(row["kind"], row["label"])] = row["n"]
+    for kind, text in SignalKind.choices:
+        result.rows.append(DetectorRow(kind, text, counts.get((kind, Outcome.FAILURE), 0),
+                                       counts.get((kind, Outcome.SUCCESS), 0), result.failures))
+    result.rows.append(DetectorRow(ANY_SIGNAL, "Any signal (flagged by triage)", totals["any_failures"],
+                                   totals["any_successes"], result.failures))
+    return result
+

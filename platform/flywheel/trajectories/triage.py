@@ -9,14 +9,29 @@ makes calls is scored by the tool_call verifier with no expected calls and the p
                         (only when it declares tools at all)
     schema_violation    arguments that break the tool's parameters schema        wrong_arguments   medium
     unsafe_action       a call matching a rule of the project's unsafe policy    unsafe_action     critical
+                        (unless the rule is `unless_requested` and the user asked for that call)
     tool_error          a tool result that reports an error (`ingest.is_tool_error`)  other        low
     loop                the same call with the same arguments 3 times or more   bad_planning      medium
-    no_final_answer     the last message is not an assistant answer with text    bad_planning      medium
-                        and no tool call (it ends on a call, a result, a user turn)
+    no_final_answer     the episode stops before the agent answers: it ends on   bad_planning      medium
+                        a tool result, a user turn, an empty assistant message, or
+                        a call after earlier calls (see below)
     negative_feedback   `feedback` says so (see `feedback_negative`)             other             medium
     human_intervention  `human_intervention` is set (not null, false or empty)  other             high
 
 The suggested category is the category of the signals present that comes first in CATEGORY_PRECEDENCE.
+
+What counts as a final answer: an assistant message with text and no call; a call of a final-answer tool
+(FINAL_ANSWER_TOOLS: smolagents' `final_answer`, OpenHands' `finish`), answered or not; and a record of one
+action, where the agent's only call ends the record and no tool result precedes it (one completion
+recorded, an agent whose application runs the call and confirms it itself, a single-turn eval's shape): the
+call is the answer, and the other detectors judge it. A call after earlier calls is an episode cut off
+mid-way. A user's short closing after the agent's answer ("Thanks!", "ok, bye") asks nothing more: the
+answer before it stands (CLOSING_WORDS; a question mark or any other word makes it a request). An
+assistant message whose text is a call (a Hermes `<tool_call>` block or a bare call object, as some serving
+stacks leave it) is read as that call, never as a final answer.
+
+Each detector's precision and recall against reviewers' labels are on the calibration page
+(`evals.calibration.detector_calibrate`; `bench/triage_calibration.py` prints them for a database).
 
 Triage runs on a worker: ingestion calls `triage_request` (one message per project, after the commit), and
 the task triages the project's untriaged trajectories (`triage_version = 0`) CHUNK at a time, each chunk
@@ -29,6 +44,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -52,10 +68,11 @@ from flywheel.trajectories.models import (
     TriageRunStatus,
     TriageSignal,
 )
-from flywheel.trajectories.triage_policy import policy_for, policy_spec
+from flywheel.trajectories.triage_policy import excusable, policy_for, policy_spec, verifier_rules
 from trainer.verifiers import compile_spec, parse_completion
-from trainer.verifiers.schemas import tool_index
-from trainer.verifiers.tool_call import score_tool_call
+from trainer.verifiers.parsing import OPEN_TAG
+from trainer.verifiers.schemas import ToolIndex, tool_index
+from trainer.verifiers.tool_call import UnsafeRule, score_tool_call, unsafe_calls
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +230,130 @@ def _raw_calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
     return out
 
 
+# --- what the user asked for ----------------------------------------------------------------------------
+
+# Tools whose call is the agent's final answer (smolagents' `final_answer`, OpenHands' `finish`).
+FINAL_ANSWER_TOOLS = frozenset({"final_answer", "finish"})
+# Words a request may use for the action a tool's name says; a verb outside these must be said as it is.
+VERB_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("delete", "remove", "erase", "destroy", "trash", "purge", "wipe"),
+    ("cancel", "call off", "abort"),
+    ("drop",),
+)
+_NEGATIONS = frozenset({"not", "never", "no", "dont", "don't", "doesn't", "without", "stop", "nor"})
+MAX_REQUEST_CHARS = 5000  # of the request read for a verb and the call's values
+# A user's last message made only of these words (at most CLOSING_MAX_WORDS, no question mark) closes the
+# conversation; one of CLOSING_ANCHORS must be in it ("so much" alone closes nothing).
+CLOSING_WORDS = frozenset({
+    "thanks", "thank", "you", "thx", "ty", "ok", "okay", "k", "great", "perfect", "cool", "bye", "goodbye",
+    "cheers", "awesome", "got", "it", "that's", "thats", "all", "nice", "appreciated", "appreciate", "much", "so",
+    "very", "a", "lot", "alright", "good", "fine", "wonderful", "excellent", "sounds", "lovely", "super", "again",
+    "have", "day", "bye-bye", "ciao", "merci", "danke", "gracias",
+})
+CLOSING_ANCHORS = frozenset({"thanks", "thank", "thx", "ty", "ok", "okay", "bye", "goodbye", "cheers", "perfect",
+                             "great", "appreciated", "merci", "danke", "gracias", "ciao"})
+CLOSING_MAX_WORDS = 8
+_NAME_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+_WORD = re.compile(r"[\w']+")
+
+
+def _verb_pattern(verb: str) -> str:
+    """A verb and its forms ("delete": deletes, deleted, deleting, deletion), the particle of a phrasal one."""
+    first, *rest = verb.split()
+    stem = first[:-1] if first.endswith("e") else first
+    return r"\b" + re.escape(stem) + r"\w*" + "".join(r"\s+" + re.escape(word) + r"\b" for word in rest)
+
+
+def _verbs_of(tool: str) -> list[str]:
+    """The verbs a request may use for what `tool` does: the groups of VERB_GROUPS its name's words are in,
+    else its name's first word."""
+    words = [w.lower() for w in _NAME_WORDS.findall(tool)]
+    verbs = [verb for group in VERB_GROUPS if any(w in group for w in words) for verb in group]
+    return verbs or words[:1]
+
+
+def _values(arguments: Any, out: list[str], depth: int = 0) -> None:
+    """The scalar values of a call's arguments as a request would write them (strings, numbers)."""
+    if depth > 8 or len(out) > 20:
+        out.append("\x00")  # too deep or too many to have been named: never excused
+        return
+    if isinstance(arguments, dict):
+        for value in arguments.values():
+            _values(value, out, depth + 1)
+    elif isinstance(arguments, list):
+        for value in arguments:
+            _values(value, out, depth + 1)
+    elif isinstance(arguments, str):
+        if arguments.strip():
+            out.append(arguments.strip())
+    elif isinstance(arguments, int | float) and not isinstance(arguments, bool):
+        out.append(str(int(arguments)) if float(arguments).is_integer() else str(arguments))
+
+
+def requested(call: dict[str, Any], request: str) -> bool:
+    """Whether the user's `request` asks for exactly this call: it says the tool's verb (or one of its
+    group: "remove" for `delete_task`), never negated anywhere ("don't delete"), and names every value of
+    the call's arguments (the task's id "T3", not "T31"). A call with no value names no record: not asked.
+
+    Conservative by design: a request that names the record only through a lookup ("delete the Lunch
+    email") does not excuse the delete, and a request that both asks and forbids does not either."""
+    request = request[:MAX_REQUEST_CHARS].replace("\u2019", "'")
+    values: list[str] = []
+    _values(call.get("arguments"), values)
+    if not values or not request:
+        return False
+    asked = False
+    for verb in _verbs_of(str(call.get("name") or "")):
+        for match in re.finditer(_verb_pattern(verb), request, re.IGNORECASE):
+            before = [w.lower() for w in _WORD.findall(request[max(0, match.start() - 40):match.start()])][-3:]
+            if any(w in _NEGATIONS or w.endswith("n't") for w in before):
+                return False
+            asked = True
+    if not asked:
+        return False
+    return all(
+        re.search(r"(?<![0-9A-Za-z])" + re.escape(value) + r"(?![0-9A-Za-z])", request, re.IGNORECASE)
+        for value in values
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Unsafe:
+    verifier: dict[str, Any]  # the tool_call spec the verifier scores with (triage's own key stripped)
+    strict: tuple[UnsafeRule, ...]  # the rules no request excuses
+    excusable: bool  # some rule is `unless_requested`
+
+
+_unsafe_cache: dict[int, tuple[dict[str, Any], _Unsafe]] = {}
+
+
+def _unsafe_of(spec: dict[str, Any]) -> _Unsafe:
+    """`spec` split for the verifier and for requests; cached by identity like the verifier's own cache (the
+    entry keeps `spec` alive, so its id is not reused while cached)."""
+    hit = _unsafe_cache.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    rules = spec.get("unsafe")
+    if not isinstance(rules, list):
+        split = _Unsafe(spec, compile_spec(spec).data.unsafe, False)
+    else:
+        strict = [rule for rule in rules if not excusable(rule)]
+        strict_spec = {"type": "tool_call", "expected_calls": [], "unsafe": verifier_rules(strict)}
+        split = _Unsafe({**spec, "unsafe": verifier_rules(rules)}, compile_spec(strict_spec).data.unsafe,
+                        len(strict) < len(rules))
+    if len(_unsafe_cache) >= 1000:
+        _unsafe_cache.clear()
+    _unsafe_cache[id(spec)] = (spec, split)
+    return split
+
+
+def _text_call(message: dict[str, Any]) -> bool:
+    """Whether an assistant message without structured calls holds a call in its text: a Hermes block, or
+    text that is a call object or list and nothing else. Prose that quotes JSON is left as an answer."""
+    text = content_text(message.get("content")).strip()
+    return OPEN_TAG in text or text[:1] in ("{", "[")
+
+
 def detect(
     *,
     messages: Any,
@@ -224,20 +365,29 @@ def detect(
     """Every signal of one trajectory, in message order (trajectory-wide ones last).
 
     `unsafe_spec` is `triage_policy.policy_spec(...)`: a tool_call verifier spec with the project's unsafe
-    rules. The same spec object should be passed for every trajectory: the verifier caches it by identity."""
+    rules (which may carry triage's `unless_requested`). The same spec object should be passed for every
+    trajectory: it is split and compiled once, cached by identity."""
     signals: list[Signal] = []
     messages = messages if isinstance(messages, list) else []
     declared = tools if isinstance(tools, list) and tools else None
     index_of_tools = tool_index(declared)
-    compiled = compile_spec(unsafe_spec).data
+    unsafe_rules = _unsafe_of(unsafe_spec)
+    compiled = compile_spec(unsafe_rules.verifier).data
     call_names: dict[str, str] = {}  # tool_call_id -> tool name, to name the tool of an error result
     seen: dict[tuple[str, str], list[int]] = {}  # (name, arguments) -> message indexes of that call
+    request = ""  # the latest user message: what the user asked for
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             continue
         role = message.get("role")
-        if role == "assistant" and (message.get("tool_calls") or message.get("function_call")):
+        if role == "user":
+            request = content_text(message.get("content"))
+        elif role == "assistant" and (
+            message.get("tool_calls") or message.get("function_call") or _text_call(message)
+        ):
             parsed = parse_completion(message)
+            if not parsed.calls and parsed.error is None:
+                continue  # text that only looked like a call: an answer
             for call in message.get("tool_calls") or ():
                 if isinstance(call, dict) and call.get("id") and isinstance(call.get("function"), dict):
                     call_names[str(call["id"])] = str(call["function"].get("name") or "")
@@ -261,8 +411,11 @@ def detect(
                 )
             unsafe = checks.get("unsafe", {})
             if unsafe.get("ok") is False:
-                calls = [{"tool": _excerpt(c["name"], 80), "rule": c["rule"]} for c in unsafe["calls"][:MAX_ITEMS]]
-                signals.append(Signal(SignalKind.UNSAFE_ACTION, index, {"calls": calls}))
+                flagged = [c for c in unsafe["calls"]
+                           if not _excused(parsed.calls[c["index"]], unsafe_rules, request, index_of_tools)]
+                calls = [{"tool": _excerpt(c["name"], 80), "rule": c["rule"]} for c in flagged[:MAX_ITEMS]]
+                if calls:
+                    signals.append(Signal(SignalKind.UNSAFE_ACTION, index, {"calls": calls}))
         elif role == "tool" and is_tool_error(message):
             name = call_names.get(str(message.get("tool_call_id") or "")) or str(message.get("name") or "")
             detail = {"tool": _excerpt(name, 80), "excerpt": _excerpt(content_text(message.get("content")).strip())}
@@ -291,9 +444,48 @@ def detect(
     return signals
 
 
+def _excused(call: dict[str, Any], rules: _Unsafe, request: str, tools: ToolIndex | None) -> bool:
+    """A call flagged unsafe that the user asked for, under a rule that allows it (and no rule that does not).
+    A call of a tool the trajectory does not declare, or that breaks its tool's schema, is not the call the
+    user asked for (`delete_email` with a `task_id`, when the user named a task)."""
+    if not rules.excusable or unsafe_calls(rules.strict, [call]):
+        return False
+    if tools is not None:
+        info = tools.get(call["name"])
+        if info is None or (not info.schema_problem and info.errors(call["arguments"], call["name"])):
+            return False
+    return requested(call, request)
+
+
+def closing(text: str) -> bool:
+    """Whether a user's message only closes the conversation ("Thanks!", "ok great, bye 👍")."""
+    if "?" in text or len(text) > 200:
+        return False
+    words = re.findall(r"[a-z'\-]+", text.lower().replace("\u2019", "'"))
+    return (0 < len(words) <= CLOSING_MAX_WORDS and all(w in CLOSING_WORDS for w in words)
+            and any(w in CLOSING_ANCHORS for w in words))
+
+
+def _answers(message: Any) -> bool:
+    """An assistant message that is a final answer: text, and no call."""
+    return (isinstance(message, dict) and message.get("role") == "assistant" and _call_names(message) is None
+            and bool(content_text(message.get("content")).strip()))
+
+
+def _call_names(message: dict[str, Any]) -> list[str] | None:
+    """The names of the calls an assistant message makes, or None when it makes none."""
+    if message.get("tool_calls") or message.get("function_call") or _text_call(message):
+        parsed = parse_completion(message)
+        if parsed.calls:
+            return [call["name"] for call in parsed.calls]
+        if parsed.error is not None:
+            return [name for name, _ in _raw_calls(message)]
+    return None
+
+
 def _no_final_answer(messages: list[Any]) -> str | None:
-    """Why the episode has no final answer, or None when its last message is an assistant's text without
-    tool calls."""
+    """Why the episode stops before the agent answers, or None when it has a final answer (see the module's
+    docstring for what counts as one)."""
     if not messages:
         return "there are no messages"
     last = messages[-1]
@@ -301,13 +493,23 @@ def _no_final_answer(messages: list[Any]) -> str | None:
         return "the last message is not a message object"
     role = last.get("role")
     if role == "assistant":
-        if last.get("tool_calls") or last.get("function_call"):
-            return "it ends on a tool call"
-        if not content_text(last.get("content")).strip():
-            return "the last assistant message is empty"
-        return None
+        names = _call_names(last)
+        if names is None:
+            return None if content_text(last.get("content")).strip() else "the last assistant message is empty"
+        if FINAL_ANSWER_TOOLS.intersection(names):
+            return None
+        earlier = messages[:-1]
+        if not any(isinstance(m, dict) and (m.get("role") == "tool" or m.get("role") == "assistant"
+                                            and _call_names(m) is not None) for m in earlier):
+            return None  # one action recorded: the call is the answer
+        return "it ends on a tool call, after earlier calls"
     if role == "tool":
+        answering = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "assistant"), None)
+        if answering is not None and FINAL_ANSWER_TOOLS.intersection(_call_names(answering) or ()):
+            return None
         return "it ends on a tool result"
+    if role == "user" and len(messages) > 1 and _answers(messages[-2]) and closing(content_text(last.get("content"))):
+        return None
     return f"it ends on a {_excerpt(role, 20)} message"
 
 

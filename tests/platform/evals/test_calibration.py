@@ -106,3 +106,132 @@ def test_a_workplace_case_is_scored_by_the_final_state_of_its_episode(ingest, su
     result = verifier_calibrate(project=project, verifier=case.verifier, source=f"case:{case.pk}")
     assert result.matrix == {"success": {"pass": 1, "fail": 0}, "failure": {"pass": 0, "fail": 1}}
     assert result.disagreements == []
+
+
+# --- triage detectors ------------------------------------------------------------------------------------
+
+DETECTOR_TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+                  for name in ("lookup_order", "delete_task")]
+
+
+def _turns(*tail: dict) -> list[dict]:
+    return [{"role": "user", "content": "Where is A-1001? And delete task T3."}, *tail]
+
+
+def _call(name: str, arguments: dict, call_id: str = "c1") -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+
+
+def _result(content: str, call_id: str = "c1") -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+ANSWER = {"role": "assistant", "content": "Shipped; T3 is deleted."}
+LOOKUP = [_call("lookup_order", {"order_id": "A-1001"}), _result('{"status": "shipped"}')]
+
+
+@pytest.fixture
+def labeled(ingest, label, project):
+    """Labeled trajectories whose signals are known, triaged; returns them by name."""
+    from flywheel.trajectories.triage import triage_project
+
+    records = {
+        # failures: one stops after the tool answered (and has a thumbs-down), one calls a tool it lacks, one
+        # is clean (no detector can see it).
+        "stops": (_turns(*LOOKUP), "failure", {"feedback": {"thumbs": "down"}}),
+        "invents": (_turns(_call("cancel_order", {"order_id": "A-1001"}), _result("{}"), ANSWER), "failure", {}),
+        "quiet": (_turns(*LOOKUP, ANSWER), "failure", {}),
+        # successes: clean; a tool error the agent recovered from; the delete the user asked for.
+        "clean": (_turns(*LOOKUP, ANSWER), "success", {}),
+        "recovers": (_turns(_call("lookup_order", {"order_id": "A1001"}), _result("Error: no such order"),
+                            *LOOKUP, ANSWER), "success", {}),
+        "asked": (_turns(_call("delete_task", {"task_id": "T3"}), _result("{}"), ANSWER), "success", {}),
+    }
+    out = {}
+    for name, (messages, outcome, extra) in records.items():
+        out[name] = ingest({"external_id": name, "agent": "bot", "outcome": "unknown", "messages": messages,
+                            "tools": DETECTOR_TOOLS, **extra})
+        label(out[name], outcome)
+    # Not labeled by a reviewer: out of every figure against reviewers' labels, in with recorded outcomes.
+    out["unreviewed"] = ingest({"external_id": "unreviewed", "agent": "other", "outcome": "failure",
+                                "messages": _turns(_call("delete_task", {"task_id": "T9"})), "tools": DETECTOR_TOOLS})
+    assert triage_project(project_id=project.pk) == 7
+    return out
+
+
+def _rows(result) -> dict[str, tuple]:
+    return {r.kind: (r.on_failures, r.on_successes, r.precision, r.recall) for r in result.rows}
+
+
+def test_each_detector_against_reviewers_labels(labeled, project):
+    from flywheel.evals.calibration import detector_calibrate
+
+    result = detector_calibrate(project=project)
+    assert (result.n, result.failures, result.successes, result.untriaged) == (6, 3, 3, 0)
+    rows = _rows(result)
+    assert rows["no_final_answer"] == (1, 0, 1.0, pytest.approx(1 / 3))
+    assert rows["undeclared_tool"] == (1, 0, 1.0, pytest.approx(1 / 3))
+    assert rows["negative_feedback"] == (1, 0, 1.0, pytest.approx(1 / 3))
+    assert rows["tool_error"] == (0, 1, 0.0, 0.0)  # fired on a success only
+    assert rows["unsafe_action"] == (0, 0, None, 0.0)  # the delete was asked for: no signal
+    assert rows["any"] == (2, 1, pytest.approx(2 / 3), pytest.approx(2 / 3))
+    assert list(rows)[-1] == "any" and len(rows) == 10
+
+
+def test_recorded_outcomes_as_labels_and_one_agent(labeled, project):
+    from flywheel.evals.calibration import detector_calibrate
+
+    result = detector_calibrate(project=project, labels="outcome")
+    assert (result.n, result.failures) == (7, 4)
+    # The unreviewed failure deletes a task nobody asked for.
+    assert _rows(result)["unsafe_action"] == (1, 0, 1.0, 0.25)
+    other = detector_calibrate(project=project, labels="outcome", agent="other")
+    assert (other.n, other.failures, _rows(other)["any"]) == (1, 1, (1, 0, 1.0, 1.0))
+    assert detector_calibrate(project=project, agent="other").n == 0
+    with pytest.raises(ValueError, match="labels must be one of"):
+        detector_calibrate(project=project, labels="votes")
+
+
+def test_the_calibration_page_shows_the_detectors(labeled, project, client_for, make_user, make_membership):
+    from django.urls import reverse
+
+    viewer = make_user("vera")
+    make_membership(viewer, project, "viewer")
+    url = reverse("calibration", args=[project.slug])
+    page = client_for(viewer).get(url)
+    html = page.content.decode()
+    assert page.status_code == 200 and 'id="detectors"' in html and 'id="detectors-too-few"' in html
+    row = html.split('data-detector="tool_error"')[1].split("</tr>")[0]
+    assert 'data-cell="on-successes">1<' in row and 'data-cell="precision">0.000<' in row
+    row = html.split('data-detector="unsafe_action"')[1].split("</tr>")[0]
+    assert 'data-cell="precision">—<' in row
+    recorded = client_for(viewer).get(url, {"labels": "outcome", "agent": "<b>other</b>"}).content.decode()
+    assert "&lt;b&gt;other&lt;/b&gt;" in recorded and "<b>other</b>" not in recorded
+    bad = client_for(viewer).get(url, {"labels": "votes"})
+    assert bad.status_code == 422 and 'data-field="labels"' in bad.content.decode()
+    outsider = make_user("olga")
+    assert client_for(outsider).get(url).status_code == 404
+
+
+def test_the_detectors_on_the_support_demo():
+    """The figures a newcomer sees after `make run` (labels: the outcomes written with each conversation)."""
+    from flywheel.accounts.demo import demo_seed
+    from flywheel.evals.calibration import detector_calibrate
+    from flywheel.trajectories.triage import triage_project
+
+    seed = demo_seed()
+    triage_project(project_id=seed.project.pk)
+    result = detector_calibrate(project=seed.project, labels="outcome")
+    assert (result.n, result.failures) == (11, 7)
+    rows = _rows(result)
+    # Every failure carries a signal. The one success flagged (demo-004) sent a malformed order id, got a tool
+    # error and recovered: both signals are right about the turn, the outcome is still a success.
+    assert rows == {
+        "invalid_arguments": (1, 0, 1.0, 1 / 7), "undeclared_tool": (1, 0, 1.0, 1 / 7),
+        "schema_violation": (2, 1, 2 / 3, 2 / 7), "tool_error": (5, 1, 5 / 6, 5 / 7),
+        "unsafe_action": (1, 0, 1.0, 1 / 7),  # the refund over the limit, though the user asked for it
+        "negative_feedback": (2, 0, 1.0, 2 / 7), "human_intervention": (1, 0, 1.0, 1 / 7),
+        "loop": (0, 0, None, 0.0), "no_final_answer": (1, 0, 1.0, 1 / 7),  # the user's unanswered complaint
+        "any": (7, 1, 7 / 8, 1.0),
+    }

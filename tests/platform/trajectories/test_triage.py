@@ -109,6 +109,75 @@ def test_a_tool_result_that_reports_an_error_names_its_tool():
     assert kinds([USER, call("get_order", {"order_id": "NW-12345"}), result('{"errors_seen": 0}'), ANSWER]) == []
 
 
+WORKPLACE_TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+                   for name in ("delete_task", "cancel_event", "update_task", "refund_order")]
+LIMITED = {**SPEC, "unsafe": [*triage_policy.DEFAULT_UNSAFE_RULES,
+                              {"name": "refund_order", "arguments": {"amount_eur": {"range": [100, None]}}}]}
+
+
+@pytest.mark.parametrize(
+    "request_text, name, arguments, unsafe",
+    [
+        ('Delete task T3 "Fix login".', "delete_task", {"task_id": "T3"}, False),
+        ('Remove "Fix login" (T3).', "delete_task", {"task_id": "T3"}, False),
+        ("please DELETE t3", "delete_task", {"task_id": "T3"}, False),
+        # What is truly unsafe stays flagged:
+        ('Delete task T3 "Fix login".', "delete_task", {"task_id": "T31"}, True),  # another record
+        ('Delete task T3 "Fix login".', "delete_task", {"task_id": "T4"}, True),
+        ('Mark T3 "Fix login" as done.', "delete_task", {"task_id": "T3"}, True),  # not asked to delete
+        ("Don't delete T3, mark it done.", "delete_task", {"task_id": "T3"}, True),  # forbidden
+        ("Delete T3 but don’t delete T4.", "delete_task", {"task_id": "T3"}, True),  # asks and forbids
+        ("Delete everything.", "delete_task", {}, True),  # names no record
+        ('Delete the "Fix login" task.', "delete_task", {"task_id": "T3"}, True),  # named only by a lookup
+        # A rule without `unless_requested` is never excused, asked or not.
+        ("Drop table T3", "drop_table", {"table": "T3"}, True),
+        ("Refund NW-40219, all 249 EUR of it.", "refund_order", {"order_id": "NW-40219", "amount_eur": 249}, True),
+        ("Refund 18 EUR on NW-40388.", "refund_order", {"order_id": "NW-40388", "amount_eur": 18}, False),
+    ],
+)
+def test_an_unsafe_call_the_user_asked_for_is_excused_only_under_its_rule(request_text, name, arguments, unsafe):
+    messages = [{"role": "user", "content": request_text}, call(name, arguments)]
+    signals = detect(messages=messages, tools=WORKPLACE_TOOLS, unsafe_spec=LIMITED)
+    assert [s.kind for s in signals if s.kind == "unsafe_action"] == (["unsafe_action"] if unsafe else [])
+
+
+def test_a_call_that_breaks_its_tools_schema_or_is_not_declared_is_never_excused():
+    tools = [{"type": "function", "function": {"name": "delete_email", "parameters": {
+        "type": "object", "required": ["email_id"], "properties": {"email_id": {"type": "string"}},
+        "additionalProperties": False}}}]
+    asked = {"role": "user", "content": 'Remove "Write test suite" (T1).'}
+    # The user named a task; the agent deletes an email, with the task's id: the wrong kind of record.
+    wrong_kind = call("delete_email", {"task_id": "T1"})
+    assert kinds([asked, wrong_kind], tools) == [("schema_violation", 1), ("unsafe_action", 1)]
+    assert kinds([asked, call("delete_task", {"task_id": "T1"})], tools) == [("undeclared_tool", 1), ("unsafe_action", 1)]
+    assert kinds([{"role": "user", "content": "Delete email E1."}, call("delete_email", {"email_id": "E1"})], tools) == []
+
+
+def test_the_request_is_the_latest_user_message_before_the_call():
+    later = [{"role": "user", "content": "Delete T3."}, {"role": "assistant", "content": "Sure?"},
+             {"role": "user", "content": "Actually, just mark it done."}, call("delete_task", {"task_id": "T3"})]
+    assert ("unsafe_action", 3) in kinds(later, WORKPLACE_TOOLS)
+    assert ("unsafe_action", 3) not in kinds([*later[2:3], *later[:1], later[3]], WORKPLACE_TOOLS)
+
+
+def test_a_rule_also_matched_without_the_key_keeps_the_call_unsafe():
+    spec = {**SPEC, "unsafe": [{"name": "delete_*", "unless_requested": True}, {"name": "delete_task"}]}
+    signals = detect(messages=[{"role": "user", "content": "Delete T3."}, call("delete_task", {"task_id": "T3"})],
+                     tools=WORKPLACE_TOOLS, unsafe_spec=spec)
+    assert [(s.kind, s.detail) for s in signals] == [("unsafe_action", {"calls": [{"tool": "delete_task", "rule": "delete_*"}]})]
+
+
+def test_unless_requested_must_be_a_boolean_and_is_kept():
+    with pytest.raises(ValidationError) as caught:
+        triage_policy.policy_parse('[{"name": "delete_*", "unless_requested": "yes"}]')
+    assert caught.value.message_dict["unsafe"] == ['rule [0]: unless_requested must be true or false, not "yes"']
+    rules = triage_policy.policy_parse('[{"name": "delete_*", "unless_requested": true}]')
+    assert rules == [{"name": "delete_*", "unless_requested": True}]
+    with pytest.raises(ValidationError) as caught:
+        triage_policy.policy_parse('[{"name": "delete_*", "unless_requested": true, "when": 1}]')
+    assert "rule [0]: unknown key(s) ['when']" in caught.value.message_dict["unsafe"][0]
+
+
 def test_unsafe_actions_by_the_default_policy():
     signals = detect(messages=[USER, call("delete_account", {"id": 1}), result("{}"), ANSWER], tools=TOOLS, unsafe_spec=SPEC)
     assert [(s.kind, s.message_index) for s in signals] == [("unsafe_action", 1)]
@@ -189,20 +258,68 @@ def test_a_loop_is_the_same_call_with_the_same_arguments_three_times():
     assert kinds(reordered) == [("loop", 3)]
 
 
+LOOKUP = [call("get_order", {"order_id": "NW-12345"}), result('{"status": "shipped"}')]
+
+
 @pytest.mark.parametrize(
-    "last, reason",
+    "tail, reason",
     [
-        (call("get_order", {"order_id": "NW-12345"}), "it ends on a tool call"),
-        (result("{}"), "it ends on a tool result"),
-        ({"role": "user", "content": "Hello?"}, "it ends on a user message"),
-        ({"role": "assistant", "content": "  "}, "the last assistant message is empty"),
+        ([*LOOKUP, call("get_order", {"order_id": "NW-12346"}, "c2")], "it ends on a tool call, after earlier calls"),
+        ([result("{}")], "it ends on a tool result"),
+        ([*LOOKUP], "it ends on a tool result"),
+        ([{"role": "user", "content": "Hello?"}], "it ends on a user message"),
+        ([{"role": "assistant", "content": "  "}], "the last assistant message is empty"),
     ],
 )
-def test_an_episode_without_a_final_answer(last, reason):
-    signals = detect(messages=[USER, last], tools=TOOLS, unsafe_spec=SPEC)
+def test_an_episode_without_a_final_answer(tail, reason):
+    signals = detect(messages=[USER, *tail], tools=TOOLS, unsafe_spec=SPEC)
     assert [(s.kind, s.message_index, s.detail) for s in signals if s.kind == "no_final_answer"] == [
-        ("no_final_answer", 1, {"reason": reason})
+        ("no_final_answer", len(tail), {"reason": reason})
     ]
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        # One action recorded: the agent's only call ends the record (a completion recorded, an application
+        # that runs the call and confirms it itself, the workplace demo's single-turn plays).
+        [call("get_order", {"order_id": "NW-12345"})],
+        [{"role": "assistant", "content": "Let me look.", "tool_calls": LOOKUP[0]["tool_calls"]}],
+        # A final-answer tool, answered or not (smolagents' final_answer, OpenHands' finish).
+        [*LOOKUP, call("final_answer", {"answer": "It shipped."}, "c2")],
+        [*LOOKUP, call("finish", {}, "c2"), result("ok", "c2")],
+    ],
+)
+def test_what_counts_as_a_final_answer(tail):
+    assert [s for s in detect(messages=[USER, *tail], tools=None, unsafe_spec=SPEC) if s.kind == "no_final_answer"] == []
+
+
+@pytest.mark.parametrize(
+    "closing, answered",
+    [
+        ("Thanks!", True),
+        ("ok great, thank you so much 👍", True),
+        ("Thanks! Bye", True),
+        ("Thanks, but has MY order shipped?", False),  # a question: a request left unanswered
+        ("thanks, now refund it", False),  # another request
+        ("so much", False),  # no word that closes
+    ],
+)
+def test_a_users_closing_after_the_answer_asks_nothing_more(closing, answered):
+    found = kinds([USER, *LOOKUP, ANSWER, {"role": "user", "content": closing}])
+    assert found == ([] if answered else [("no_final_answer", 4)])
+    # Without an answer before it, even a closing is left unanswered.
+    assert kinds([USER, *LOOKUP, {"role": "user", "content": closing}]) == [("no_final_answer", 3)]
+
+
+def test_a_call_left_in_the_text_is_a_call_not_an_answer():
+    hermes = {"role": "assistant", "content": '<tool_call>{"name": "delete_account", "arguments": {"id": 7}}</tool_call>'}
+    assert kinds([USER, *LOOKUP, hermes]) == [("unsafe_action", 3), ("no_final_answer", 3)]
+    broken = {"role": "assistant", "content": '{"name": "get_order", "arguments": {"order_id": '}
+    assert kinds([USER, broken]) == [("invalid_arguments", 1)]
+    # Prose that quotes JSON, or starts with a bracket, is an answer.
+    for text in ['Your order: {"name": "boots", "size": 42}', "[1] Returns: 60 days."]:
+        assert kinds([USER, *LOOKUP, {"role": "assistant", "content": text}]) == []
 
 
 def test_a_final_answer_in_content_parts_counts():
@@ -293,7 +410,8 @@ def test_the_task_works_in_chunks(project):
     assert Trajectory.objects.filter(triage_version=0).count() == 4
     assert triage.triage_project(project_id=project.pk) == 4
     assert TriageSignal.objects.filter(kind="schema_violation").count() == 7
-    assert TriageSignal.objects.filter(kind="no_final_answer").count() == 7
+    # One action recorded: the call is the answer, the schema detector judges it.
+    assert TriageSignal.objects.filter(kind="no_final_answer").count() == 0
 
 
 @pytest.mark.django_db
@@ -340,15 +458,13 @@ def test_an_otlp_export_that_grows_a_stored_trace_has_it_triaged_again(project, 
 
     sent = []
     monkeypatch.setattr(tasks.triage_project_task, "delay", lambda project_id: sent.append(project_id))
-    first = [USER, call("get_order", {"order_id": "NW-12345"})]
+    first = [USER, call("get_order", {"order_id": "NW-12345"}), result('{"status": "shipped"}')]
     ingest_trajectories(project=project, records=[record("trace", first)])
     triage.triage_project(project_id=project.pk)
-    assert signals_of(project, "trace") == [("no_final_answer", 1)]
+    assert signals_of(project, "trace") == [("no_final_answer", 2)]
     stored = Trajectory.objects.get(external_id="trace")
     sent.clear()
-    errors = trajectory_append(
-        trajectory=stored, record=record("trace", [*first, result('{"status": "shipped"}'), ANSWER]), seeded=2
-    )
+    errors = trajectory_append(trajectory=stored, record=record("trace", [*first, ANSWER]), seeded=3)
     assert errors == [] and sent == [project.pk]
     assert Trajectory.objects.get(external_id="trace").triage_version == 0
     triage.triage_project(project_id=project.pk)
@@ -532,3 +648,26 @@ def test_the_demo_projects_refund_over_its_limit_is_triaged_as_unsafe():
     unsafe = Trajectory.objects.filter(project=seed.project, signals__kind="unsafe_action").distinct()
     assert [t.metadata["summary"] for t in unsafe] == ["unsafe action: refund above the limit without approval"]
     assert unsafe[0].suggested_category == "unsafe_action"
+
+
+def test_the_workplace_demos_plays_are_judged_by_their_call():
+    """The workplace demo records each request with the one call the tiny model made (training.demo): a
+    right call carries no signal (no "no final answer", no unsafe delete when the delete was asked for);
+    a delete of another record, or one nobody asked for, is unsafe."""
+    from trainer.envs.workplace import generate_tasks
+
+    spec = triage_policy.policy_spec(TriagePolicy(pk=None, unsafe=triage_policy.DEFAULT_UNSAFE_RULES, version=1))
+    tasks = generate_tasks(60, seed=21, split="train", difficulty="single")
+    deletes = [t for t in tasks if t["origin"]["template"] == "delete_task"]
+    assert deletes and len(deletes) < len(tasks)
+    for task in tasks:
+        right = next(m for m in task["solution"] if m.get("tool_calls"))
+        assert detect(messages=[*task["messages"], right], tools=task["tools"], unsafe_spec=spec) == [], task["id"]
+    for task in deletes:
+        asked = json.loads(task["solution"][0]["tool_calls"][0]["function"]["arguments"])["task_id"]
+        other = next(t["id"] for t in task["env"]["initial_state"]["tasks"] if t["id"] != asked)
+        wrong = call("delete_task", {"task_id": other})
+        assert kinds([*task["messages"], wrong], task["tools"]) == [("unsafe_action", 2)]
+    update = next(t for t in tasks if t["origin"]["template"] == "set_status")
+    task_id = json.loads(update["solution"][0]["tool_calls"][0]["function"]["arguments"])["task_id"]
+    assert kinds([*update["messages"], call("delete_task", {"task_id": task_id})], None) == [("unsafe_action", 2)]

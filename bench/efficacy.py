@@ -9,6 +9,10 @@ Per seed: production's holdout success before, the candidate's after (both measu
 measured the same way; the gain is the candidate's success minus production's on the same cases.
 
     .venv/bin/python bench/efficacy.py [--seeds 0 1 2] [--model DIR] [--workdir DIR]
+        [--algorithm sft_grpo] [--config max_steps=50 sft_steps=10 ...]
+
+`--algorithm` and `--config` (GRPOConfig fields, JSON values, over the project's recipe) try another recipe on
+the same seeded project; run the default beside it for the named baseline (the button's recipe).
 
 SQLite and a scratch folder; nothing outside it is touched. The last line is JSON:
 {"seeds", "holdout_before", "holdout_after", "gain", "gate_passed", "minutes", ...}.
@@ -33,7 +37,17 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--model", help="a built demo model (else built once into --workdir/tiny-demo)")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a new temporary one)")
+    parser.add_argument("--algorithm", default="grpo", help="grpo (the button's), sft, dpo or sft_grpo")
+    parser.add_argument("--config", nargs="*", default=[], metavar="FIELD=VALUE",
+                        help="GRPOConfig fields over the project's recipe (values read as JSON)")
     args = parser.parse_args()
+    overrides = {}
+    for item in args.config:
+        name, _, value = item.partition("=")
+        try:
+            overrides[name] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[name] = value
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="flywheel-efficacy-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -79,7 +93,7 @@ def main() -> int:
             project=project, task_set_version=suites["task_set"].versions.order_by("-number").first(),
             holdout_version=suites["holdout"].versions.order_by("-number").first(),
             regression_version=suites["regression"].versions.order_by("-number").first(),
-            config={"seed": seed}, user=user, confirm=True)
+            algorithm=args.algorithm, config={**overrides, "seed": seed}, user=user, confirm=True)
         job = TrainingJob.objects.get(pk=job.pk)
         decision = GateDecision.objects.filter(job=job).first()
         minutes = (time.perf_counter() - t) / 60
@@ -108,7 +122,7 @@ def main() -> int:
     def mean(key: str) -> float | None:
         return round(statistics.mean(r[key] for r in judged), 4) if judged else None
 
-    print(json.dumps({"seeds": len(args.seeds), "holdout_before": mean("holdout_before"),
+    print(json.dumps({"algorithm": args.algorithm, "config": overrides, "seeds": len(args.seeds), "holdout_before": mean("holdout_before"),
                       "holdout_after": mean("holdout_after"), "gain": mean("gain"),
                       "gain_min": min((r["gain"] for r in judged), default=None),
                       "gate_passed": sum(bool(r.get("gate_passed")) for r in results),

@@ -117,6 +117,13 @@ def _isolate_session(config: pytest.Config) -> TestSession:
     os.environ["FLYWHEEL_TRIAGE"] = "false"
     settings.FLYWHEEL_TRIAGE = False
 
+    # The suite's stand-in servers (webhook receivers, environment servers, judge endpoints) listen on
+    # 127.0.0.1: the operator's outbound allowlist lists that address, as a deployment lists its internal hosts.
+    # Only the address: "localhost" and every other loopback or private address stay refused
+    # (tests/platform/test_outbound.py overrides the list to test refusals of 127.0.0.1 itself).
+    os.environ["FLYWHEEL_OUTBOUND_ALLOWLIST"] = "127.0.0.1"
+    settings.FLYWHEEL_OUTBOUND_ALLOWLIST = ["127.0.0.1"]
+
     # PBKDF2's deliberate slowness costs about a second a user on two busy cores; tests need no such defence.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
@@ -350,6 +357,10 @@ class ApiClient:
         """POST `data` as JSON, or `body` as it is with `content_type`."""
         payload = body if body is not None else json.dumps(data)
         return self.client.post(path, payload, content_type=content_type, headers=self._headers(key, headers))
+
+    def put(self, path: str, data: Any = None, *, key: Any = _UNSET) -> Any:
+        """PUT `data` as JSON."""
+        return self.client.put(path, json.dumps(data), content_type="application/json", headers=self._headers(key, None))
 
     def post_ndjson(self, path: str, records: Iterable[dict[str, Any]], *, key: Any = _UNSET) -> Any:
         body = "".join(json.dumps(record) + "\n" for record in records)

@@ -1,8 +1,12 @@
 """Checkpoints in the job directory: the adapter, optimizer and RNG states, and where the run stood.
 
-Layout: `checkpoints/step-000010/{adapter/, optimizer.pt, scheduler.pt, rng.pt, state.json}`,
+Layout: `checkpoints/step-000010/{adapter/, optimizer.pt, scheduler.pt, rng.pt, rng.json, state.json}`,
 `adapters/best/`, `adapters/last/`. A checkpoint is written to a temporary folder and renamed, so a run
 killed while saving never leaves a half-written "latest" for the retry to trip on.
+
+Every file is read without unpickling code: the `.pt` files hold only tensors and plain containers and are
+loaded with `weights_only=True`; Python's RNG states are JSON. A checkpoint written before `rng.json` existed
+(its `rng.pt` holding the Python states as tuples of ints) still loads: the safe loader reads those too.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ def save_checkpoint(job_dir: Path, step: int, model: PeftModel, optimizer: torch
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     if scheduler is not None:
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rng, tmp / "rng.pt")
+    torch.save({k: v for k, v in rng.items() if k in _TENSOR_RNG}, tmp / "rng.pt")
+    (tmp / "rng.json").write_text(json.dumps({k: _listed(v) for k, v in rng.items() if k not in _TENSOR_RNG}))
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -65,16 +70,40 @@ def load_checkpoint(path: Path, model: PeftModel, optimizer: torch.optim.Optimiz
                     scheduler: LRScheduler | None = None) -> tuple[dict, dict]:
     weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
     set_peft_model_state_dict(model, weights)
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-    rng = torch.load(path / "rng.pt", weights_only=False)
+    optimizer.load_state_dict(_load(path / "optimizer.pt"))
+    rng = _load(path / "rng.pt")
+    if (path / "rng.json").exists():
+        rng.update({k: _tupled(v) for k, v in json.loads((path / "rng.json").read_text()).items()})
     state = json.loads((path / "state.json").read_text())
     if scheduler is not None:
         if (path / "scheduler.pt").exists():
-            scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+            scheduler.load_state_dict(_load(path / "scheduler.pt"))
         else:  # a checkpoint from before schedules: the schedule is a function of the step
             for _ in range(state["step"]):
                 scheduler.step()
     return state, rng
+
+
+def _load(path: Path) -> Any:
+    """A checkpoint file read by torch's safe loader: tensors and plain containers, never code."""
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:  # the safe loader refuses anything but tensors and plain containers
+        raise ValueError(f"checkpoint file {path} cannot be read safely (tensors and plain containers only): "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+
+# RNG states that are tensors stay in rng.pt; Python's (nested tuples of ints) go to rng.json.
+_TENSOR_RNG = frozenset({"torch", "cuda"})
+
+
+def _listed(value: Any) -> Any:
+    return [_listed(v) for v in value] if isinstance(value, tuple | list) else value
+
+
+def _tupled(value: Any) -> Any:
+    """random.setstate wants the nested tuples back that JSON turned into lists."""
+    return tuple(_tupled(v) for v in value) if isinstance(value, list) else value
 
 
 def discard_after(job_dir: Path, step: int) -> list[Path]:

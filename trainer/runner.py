@@ -145,7 +145,9 @@ class JobRunner:
             metrics, cases = evaluate_rows(
                 self.engine, self.tokenizer, sampled, samples_per_prompt=cfg.eval_samples_per_prompt,
                 temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,
-                max_seq_len=cfg.max_seq_len,
+                # The policy's turns of each sample, as `python -m trainer evaluate` keeps them: the checkpoint
+                # inspector shows them beside production's on the same prompts.
+                max_seq_len=cfg.max_seq_len, keep_messages=True,
             )
             out_dir = self.job / "evals"
             out_dir.mkdir(exist_ok=True)

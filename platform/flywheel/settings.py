@@ -55,6 +55,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "flywheel.accounts.middleware.ContentSecurityPolicyMiddleware",
+    # Under DEBUG, the project's 404 page instead of Django's technical one (whose inline style the CSP blocks).
+    "flywheel.accounts.middleware.NotFoundPageMiddleware",
     # Last, as django-axes asks: it turns a refused login into the lockout page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -216,6 +218,17 @@ FLYWHEEL_UPLOAD_LEASE_S = get_env("FLYWHEEL_UPLOAD_LEASE_S", 300, cast=float)
 FLYWHEEL_TRIAGE = get_env("FLYWHEEL_TRIAGE", True, cast=bool)
 # Name new clustering suggestions with the llm_judge verifier's OpenAI-compatible endpoint (off: keyword labels).
 FLYWHEEL_CLUSTER_NAMING = get_env("FLYWHEEL_CLUSTER_NAMING", False, cast=bool)
+# Where the platform and the trainer may send requests (webhooks, vLLM, environment servers, the llm_judge
+# endpoint): private, loopback and link-local addresses are refused unless listed here (hostnames, *.suffix
+# names, IP addresses, CIDR networks; comma separated), e.g. "vllm.internal,10.0.5.0/24". Public addresses are
+# allowed unless FLYWHEEL_OUTBOUND_PUBLIC is false. Checked on the resolved address at send time; redirects
+# are never followed (flywheel.outbound).
+FLYWHEEL_OUTBOUND_ALLOWLIST = get_list("FLYWHEEL_OUTBOUND_ALLOWLIST", [])
+FLYWHEEL_OUTBOUND_PUBLIC = get_env("FLYWHEEL_OUTBOUND_PUBLIC", True, cast=bool)
+# Environment servers a maintainer may register (the trainer's `http` environment): URL prefixes, comma
+# separated, e.g. "http://envs.internal:8000/,https://gym.example.com/". Empty: none may be registered. A server
+# on a private address must also be allowed by FLYWHEEL_OUTBOUND_ALLOWLIST.
+FLYWHEEL_ENV_URL_ALLOWLIST = get_list("FLYWHEEL_ENV_URL_ALLOWLIST", [])
 # A reviewer's claim on a review-queue item lasts this long; an expired claim may be taken by another.
 FLYWHEEL_QUEUE_CLAIM_S = get_env("FLYWHEEL_QUEUE_CLAIM_S", 600, cast=int)
 # A running training job's worker writes a heartbeat this often; a job silent for the timeout is failed by the
@@ -235,6 +248,8 @@ MLFLOW_TRACKING_URI = get_env("MLFLOW_TRACKING_URI", f"sqlite:///{VAR_DIR / 'mlf
 MLFLOW_ARTIFACT_ROOT = get_env("MLFLOW_ARTIFACT_ROOT", str(VAR_DIR / "mlartifacts"))
 FLYWHEEL_JOBS_DIR = Path(get_env("FLYWHEEL_JOBS_DIR", str(VAR_DIR / "jobs")))
 FLYWHEEL_MODELS_DIR = Path(get_env("FLYWHEEL_MODELS_DIR", str(VAR_DIR / "models")))
+# Registering a base model asks every worker to check its folder and waits this long for their answers.
+FLYWHEEL_MODEL_CHECK_TIMEOUT_S = get_env("FLYWHEEL_MODEL_CHECK_TIMEOUT_S", 2.0, cast=float)
 
 LOGGING = {
     "version": 1,

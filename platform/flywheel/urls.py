@@ -16,6 +16,7 @@ urlpatterns = [
     path("", include("flywheel.accounts.urls")),
     path("p/<slug:project_slug>/", include("flywheel.trajectories.urls")),
     path("p/<slug:project_slug>/", include("flywheel.trajectories.upload_urls")),
+    path("p/<slug:project_slug>/", include("flywheel.trajectories.connect_urls")),
     path("p/<slug:project_slug>/", include("flywheel.failures.urls")),
     path("p/<slug:project_slug>/", include("flywheel.failures.clustering.urls")),
     path("p/<slug:project_slug>/", include("flywheel.evals.urls")),

@@ -16,7 +16,8 @@ in and out, every call a POST:
 The assistant message is sent parsed (calls with ids and JSON-string arguments, as the transcript holds
 them); unparseable output is sent as its text. A request that fails to connect, times out, or gets HTTP 429
 or 5xx is retried (`retries` times, backing off); `turn` lets a server answer a repeated /step from its
-record instead of applying it twice. Any other failure, or an answer that breaks the protocol, raises
+record instead of applying it twice. Requests go through `trainer.outbound`: a server on a private or
+loopback address must be listed in FLYWHEEL_OUTBOUND_ALLOWLIST, and redirects are not followed. Any other failure, or an answer that breaks the protocol, raises
 `EnvServerError` naming the task, the URL and the call. At most `max_concurrency` requests are in flight to
 one URL (the first row seen for a URL sets it); the episode runner steps episodes of such environments
 concurrently. `/reset` must answer the same opening messages for every session of one row: GRPO compares
@@ -31,10 +32,9 @@ import json
 import math
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
+from trainer import outbound
 from trainer.envs.base import StepResult, max_turns, parse_turn
 from trainer.verifiers import FAILURES, Score
 
@@ -164,23 +164,25 @@ class HttpEnv:
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(min(BACKOFF_S * 2 ** (attempt - 1), 5.0))
-            request = urllib.request.Request(self.url + path, data=data, method="POST",
-                                             headers={"Content-Type": "application/json"})
             try:
-                with self._limit, urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    raw = response.read(MAX_RESPONSE_BYTES + 1)
-            except urllib.error.HTTPError as exc:
-                last = f"HTTP {exc.code}{_detail(exc)}"
-                if exc.code in RETRY_STATUS:
-                    continue
-                raise self._error(path, f"answered {last}") from None
-            except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-                if isinstance(reason, TimeoutError):
-                    last = f"timed out after {self.timeout_s:g} s"
-                else:
-                    last = reason if isinstance(reason, str) else f"{type(reason).__name__}: {reason}"
+                with self._limit:
+                    response = outbound.request(self.url + path, body=data, timeout=self.timeout_s,
+                                                headers={"Content-Type": "application/json"},
+                                                max_bytes=MAX_RESPONSE_BYTES)
+            except outbound.OutboundError as exc:  # an address not allowed, a redirect: retrying changes nothing
+                raise self._error(path, f"not sent: {exc}") from None
+            except TimeoutError:
+                last = f"timed out after {self.timeout_s:g} s"
                 continue
+            except (http.client.HTTPException, OSError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            raw = response.body
+            if not response.ok:
+                last = f"HTTP {response.status}{_detail(raw)}"
+                if response.status in RETRY_STATUS:
+                    continue
+                raise self._error(path, f"answered {last}")
             if len(raw) > MAX_RESPONSE_BYTES:
                 raise self._error(path, f"the answer is larger than {MAX_RESPONSE_BYTES} bytes")
             try:
@@ -197,11 +199,8 @@ class HttpEnv:
         return EnvServerError(f"task {self.task.get('id')!r}: environment server {self.url}: POST {path} {what}")
 
 
-def _detail(exc: urllib.error.HTTPError) -> str:
-    try:
-        text = exc.read(500).decode("utf-8", "replace").strip()
-    except Exception:  # noqa: BLE001 (the status alone is still worth reporting)
-        text = ""
+def _detail(raw: bytes) -> str:
+    text = raw[:500].decode("utf-8", "replace").strip()
     return f" ({_short(text, 200)})" if text else ""
 
 

@@ -2,17 +2,18 @@
 
 Off by default. It runs only once enabled, by `configure_llm_judge(endpoint=..., model=...)` or the
 environment variables FLYWHEEL_LLM_JUDGE_ENDPOINT and FLYWHEEL_LLM_JUDGE_MODEL (FLYWHEEL_LLM_JUDGE_API_KEY
-optional). Rewards from a judge are not reproducible the way the other verifiers' are; prefer those.
+optional). The endpoint is called through `trainer.outbound`: on a private or loopback address it must be
+listed in FLYWHEEL_OUTBOUND_ALLOWLIST. Rewards from a judge are not reproducible the way the other verifiers' are; prefer those.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from trainer import outbound
 from trainer.verifiers.base import Score, short
 
 _config: dict[str, Any] = {}
@@ -20,6 +21,10 @@ _config: dict[str, Any] = {}
 
 class LLMJudgeDisabled(RuntimeError):
     """Raised when an llm_judge spec is scored while no judge endpoint is configured."""
+
+
+class JudgeError(RuntimeError):
+    """The judge endpoint answered with an error status or something that is not a JSON object."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,25 @@ def _settings() -> dict[str, Any]:
     }
 
 
+def judge_chat(settings: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """POST a chat completion to the judge endpoint through the outbound guard (no private address unless
+    listed, no redirect); raises JudgeError on any answer but a 2xx JSON object."""
+    headers = {}
+    if settings.get("api_key"):
+        headers["Authorization"] = f"Bearer {settings['api_key']}"
+    url = settings["endpoint"] + "/chat/completions"
+    response = outbound.post_json(url, body, headers=headers, timeout=settings["timeout"])
+    if not response.ok:
+        raise JudgeError(f"llm_judge endpoint {url} answered HTTP {response.status}")
+    try:
+        reply = response.json()
+    except ValueError as exc:
+        raise JudgeError(f"llm_judge endpoint {url} answered something that is not JSON ({exc})") from None
+    if not isinstance(reply, dict):
+        raise JudgeError(f"llm_judge endpoint {url} answered JSON that is not an object")
+    return reply
+
+
 def compile_judge(spec: dict, problems: list[str]) -> JudgeSpec:
     for key in sorted(set(spec) - {"type", "rubric", "threshold", "model"}):
         problems.append(f"unknown key {key!r} (expected rubric, threshold, model)")
@@ -82,14 +106,7 @@ def score_judge(spec: JudgeSpec, answer: str, calls: list[dict]) -> Score:
         "messages": [{"role": "user", "content": prompt}],
         "temperature": 0,
     }
-    headers = {"Content-Type": "application/json"}
-    if settings.get("api_key"):
-        headers["Authorization"] = f"Bearer {settings['api_key']}"
-    request = urllib.request.Request(
-        settings["endpoint"] + "/chat/completions", data=json.dumps(body).encode(), headers=headers, method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=settings["timeout"]) as response:
-        reply = json.load(response)
+    reply = judge_chat(settings, body)
     text = reply["choices"][0]["message"]["content"] or ""
     try:
         verdict = json.loads(text.strip().strip("`").removeprefix("json").strip())

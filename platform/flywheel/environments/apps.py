@@ -5,3 +5,17 @@ class EnvironmentsConfig(AppConfig):
     name = "flywheel.environments"
     label = "environments"
     verbose_name = "Environment tasks"
+
+    def ready(self) -> None:
+        # Episodes the platform scores in its own process (promotion, calibration) run the trainer's
+        # environments, whose requests must obey the operator's settings, not the process environment.
+        from django.core.exceptions import ImproperlyConfigured
+
+        from flywheel.outbound import policy
+        from trainer.outbound import set_policy_source
+
+        try:
+            policy()  # a malformed FLYWHEEL_OUTBOUND_ALLOWLIST entry stops the start, naming the entry
+        except ValueError as exc:
+            raise ImproperlyConfigured(str(exc)) from None
+        set_policy_source(policy)

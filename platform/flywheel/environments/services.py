@@ -1,23 +1,123 @@
-"""Writes on task sets. Versions, freezing and removal are the same functions as for eval suites
-(`flywheel.evals.services`); tasks come in by promotion (`flywheel.evals.promotion`) or as variants
-(`flywheel.environments.variants`)."""
+"""Writes on task sets and environment servers. Versions, freezing and removal are the same functions as for
+eval suites (`flywheel.evals.services`); tasks come in by promotion (`flywheel.evals.promotion`) or as variants
+(`flywheel.environments.variants`).
+
+An environment server (the trainer's `http` environment) is registered only at a URL the operator lists in
+FLYWHEEL_ENV_URL_ALLOWLIST, and only once it answered `POST /reset` through the outbound guard (which refuses
+private and loopback addresses FLYWHEEL_OUTBOUND_ALLOWLIST does not list). Its task sets' tasks run there."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
+from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
+from flywheel import outbound
 from flywheel.accounts.models import Project
-from flywheel.environments.models import TaskSet
+from flywheel.environments.models import EnvironmentServer, TaskSet
 from flywheel.evals.services import clean_name
 
+# How long registration waits for the server's /reset.
+PROBE_TIMEOUT_S = 10.0
 
-def task_set_create(*, project: Project, name: str, description: str = "", user: Any = None) -> TaskSet:
+
+def task_set_create(*, project: Project, name: str, description: str = "", user: Any = None,
+                    server: EnvironmentServer | None = None) -> TaskSet:
+    """A task set; with `server`, its tasks run on that environment server."""
     name = clean_name(name)
+    if server is not None and server.project_id != project.pk:
+        raise ValidationError({"server": "That environment server belongs to another project."})
     try:
         with transaction.atomic():
-            return TaskSet.objects.create(project=project, name=name, description=description, created_by=user)
+            return TaskSet.objects.create(project=project, name=name, description=description, created_by=user,
+                                          server=server)
     except IntegrityError:
         raise ValidationError({"name": f"This project already has a task set named {name!r}."}) from None
+
+
+# --- environment servers -------------------------------------------------------------------------------------
+
+
+def _origin_and_path(url: str) -> tuple[str, str, int | None, str]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port, parts.path.rstrip("/")
+
+
+def env_url_allowed(url: str) -> bool:
+    """Whether `url` is at or under one of FLYWHEEL_ENV_URL_ALLOWLIST's URL prefixes (same scheme, host and port;
+    the path at or below the entry's)."""
+    try:
+        scheme, host, port, path = _origin_and_path(url)
+    except ValueError:
+        return False
+    for entry in getattr(settings, "FLYWHEEL_ENV_URL_ALLOWLIST", []) or []:
+        try:
+            e_scheme, e_host, e_port, e_path = _origin_and_path(entry)
+        except ValueError:
+            continue
+        if (scheme, host, port) == (e_scheme, e_host, e_port) and (path == e_path or path.startswith(e_path + "/")):
+            return True
+    return False
+
+
+def environment_server_check(url: str) -> None:
+    """What registration asks of a URL: well formed, listed by the operator, reachable through the outbound
+    guard, and answering `POST /reset` with a session. Raises ValidationError on the field `url`."""
+    try:
+        URLValidator(schemes=["http", "https"])(url)
+    except ValidationError:
+        raise ValidationError({"url": "Enter an http:// or https:// URL."}) from None
+    if not env_url_allowed(url):
+        raise ValidationError({"url": f"{url} is not in FLYWHEEL_ENV_URL_ALLOWLIST: the operator lists the "
+                                      "environment servers that may be registered."})
+    probe = {"task": {"id": "flywheel-probe", "messages": [{"role": "user", "content": "ping"}], "tools": [],
+                      "env": {"type": "http", "url": url}}}
+    target = url.rstrip("/") + "/reset"
+    try:
+        response = outbound.post_json(target, probe, timeout=PROBE_TIMEOUT_S)
+    except outbound.OutboundError as exc:
+        raise ValidationError({"url": f"Not checked: {exc}."}) from None
+    except OSError as exc:  # refused, unreachable, timed out
+        raise ValidationError({"url": f"The server did not answer POST {target}: {type(exc).__name__}: {exc}."}) from None
+    except Exception as exc:  # noqa: BLE001 (a broken HTTP answer is the server's fault, told as such)
+        raise ValidationError({"url": f"The server's answer to POST {target} is broken: {exc}."}) from None
+    if not response.ok:
+        raise ValidationError({"url": f"The server answered POST {target} with HTTP {response.status}."})
+    try:
+        answer = json.loads(response.body)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or answer.get("session_id") in (None, "") or isinstance(answer.get("session_id"), bool):
+        raise ValidationError({"url": f"The server's answer to POST {target} is not a JSON object with a "
+                                      "\"session_id\": is it an environment server (trainer.envs.http_env)?"})
+
+
+def environment_server_register(*, project: Project, name: str, url: str, description: str = "",
+                                user: Any = None) -> EnvironmentServer:
+    """Register a team's environment server once it answered `/reset` (ValidationError naming the field)."""
+    name = clean_name(name)
+    url = url.strip()
+    if project.environment_servers.filter(url=url).exists():
+        raise ValidationError({"url": "This environment server is registered already."})
+    environment_server_check(url)
+    try:
+        with transaction.atomic():
+            return EnvironmentServer.objects.create(project=project, name=name, url=url, description=description,
+                                                    created_by=user, checked_at=timezone.now())
+    except IntegrityError:
+        raise ValidationError({"name": f"This project already has an environment server named {name!r}."}) from None
+
+
+def environment_server_recheck(*, server: EnvironmentServer) -> EnvironmentServer:
+    """Ask the server's /reset again (the allowlists may have changed since it was registered)."""
+    environment_server_check(server.url)
+    server.checked_at = timezone.now()
+    server.save(update_fields=["checked_at"])
+    return server
+

@@ -1,5 +1,5 @@
 """Task-set pages under /p/<project_slug>/: the same views as eval suites (flywheel.evals.views), plus
-synthetic variants of a task."""
+synthetic variants of a task and the environment servers."""
 
 from django.urls import path
 
@@ -20,4 +20,9 @@ urlpatterns = [
     path("tasks/<int:task_set_id>/v/<int:number>/", task_set(views.version_detail), name="taskset_version"),
     path("tasks/<int:task_set_id>/v/<int:number>.jsonl", task_set(views.version_export), name="taskset_export"),
     path("tasks/<int:task_set_id>/v/<int:number>/freeze", task_set(views.version_freeze), name="taskset_freeze"),
+    path("environments/", env_views.environment_servers, name="environment_servers"),
+    path("environments/register", env_views.environment_server_register, name="environment_server_register"),
+    path("environments/<int:server_id>/check", env_views.environment_server_recheck, name="environment_server_recheck"),
+    path("environments/<int:server_id>/task-sets", env_views.environment_server_task_set,
+         name="environment_server_task_set"),
 ]

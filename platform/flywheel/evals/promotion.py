@@ -45,6 +45,7 @@ from flywheel.evals.models import EnvType
 from flywheel.evals.services import version_create
 from flywheel.trajectories.ingest import is_tool_error
 from flywheel.trajectories.models import Trajectory
+from trainer.envs.http_env import EnvServerError
 from trainer.verifiers import Score, parse_completion, validate_spec
 from trainer.verifiers.base import short
 from trainer.verifiers.matchers import Compiler, is_matcher, is_optional
@@ -545,6 +546,13 @@ def promotion_check(*, trajectory: Trajectory, data: Mapping[str, Any], target: 
     agent = parse_completion(check.original)
     spec, reference, reference_calls = _verifier_and_reference(check, agent.calls)
     env = _env(check, messages, index, reference_calls)
+    server_env = getattr(target, "server_env", None)  # a task set's; an eval suite has no server
+    on_server = server_env(max_turns=check.values["max_turns"]) if server_env is not None else None
+    if on_server is not None:
+        # A task set bound to an environment server: the episode runs there, whatever env type was chosen.
+        check.errors.pop("observations", None)
+        check.errors.pop("initial_state", None)
+        env = on_server
     if check.errors or spec is None:
         return check
     check.reference = reference
@@ -554,7 +562,7 @@ def promotion_check(*, trajectory: Trajectory, data: Mapping[str, Any], target: 
         check.original_score = score_output(row, check.original)
         if reference is not None:
             check.reference_score = score_output(row, reference)
-    except ValueError as exc:  # the trainer refuses the row (an env it lacks, a bad env block): say where
+    except (ValueError, EnvServerError) as exc:  # the trainer refuses the row, or its server failed: say where
         check.error("env_type", str(exc))
         return check
     check.row = row

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from flywheel import outbox
+from flywheel import outbound, outbox
 from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
 from flywheel.supervise import supervise
 
@@ -153,7 +153,8 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
     stderr_path = folder / f"stderr-{run.attempt}.log"
     try:
         status, cancelled = supervise(
-            command, cwd=folder, env={**os.environ, "PYTHONUNBUFFERED": "1", "FLYWHEEL_ENV_ENTRY_POINTS": "0"},
+            command, cwd=folder, env={**os.environ, "PYTHONUNBUFFERED": "1", "FLYWHEEL_ENV_ENTRY_POINTS": "0",
+                                         **outbound.subprocess_env()},
             stderr_path=stderr_path, on_event=on_event, on_tick=on_tick,
             on_start=lambda pid: EvalRun.objects.filter(pk=run.pk).update(pid=pid))
         if cancelled:

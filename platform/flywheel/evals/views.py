@@ -267,17 +267,27 @@ def _target_groups(project: Project) -> list[tuple[str, list[tuple[str, str]]]]:
     return [(label, options) for label, options in groups if options]
 
 
+# The form's text fields: where one is wrong, the page shows back what was typed, not its parse's default.
+_TEXT_FIELDS = ("expected_calls", "reference_calls", "expected_answer", "reference_answer", "expected_state",
+                "observations", "initial_state", "max_turns")
+
+
 def _form_context(request: HttpRequest, project: Project, trajectory: Trajectory, values: dict[str, Any],
-                  target_value: str, check: promotion.PromotionCheck | None = None) -> dict[str, Any]:
+                  target_value: str, check: promotion.PromotionCheck | None = None,
+                  not_saved: list[str] | None = None) -> dict[str, Any]:
     index = values.get("message_index")
+    fields = {k: _text(v) for k, v in values.items()}
+    if request.method == "POST" and check is not None:
+        fields |= {name: request.POST[name] for name in _TEXT_FIELDS if name in check.errors and name in request.POST}
     messages_ = trajectory.messages if isinstance(trajectory.messages, list) else []
     context_messages = messages_[:index] if isinstance(index, int) else []
     return {
         "project": project, "trajectory": trajectory, "check": check,
         "original_rows": check_rows(check.original_score) if check and check.original_score else [],
         "reference_rows": check_rows(check.reference_score) if check and check.reference_score else [],
-        "fields": {k: _text(v) for k, v in values.items()},
+        "fields": fields,
         "values": values,
+        "not_saved": not_saved or [],
         "errors": check.errors if check else {},
         "targets": selectors.promotion_targets(project=project),
         "target_groups": _target_groups(project),
@@ -310,6 +320,7 @@ def promotion_form(request: HttpRequest, project: Project, trajectory_id: int) -
         check.error("target", "choose the suite or task set to promote into")
         return render(request, "evals/promote.html",
                       _form_context(request, project, trajectory, check.values, target_value, check), status=422)
+    not_saved: list[str] = []
     if request.POST.get("action") == "save":
         try:
             item, _ = promotion.trajectory_promote(
@@ -317,15 +328,17 @@ def promotion_form(request: HttpRequest, project: Project, trajectory_id: int) -
                 accept_passing_original=request.POST.get("accept_passing_original") == "on")
         except promotion.PromotionRefused as refused:
             check = refused.check
+            not_saved = check.reasons() or ["the checks did not pass"]
         else:
             kind = _kind_of(target)
             messages.success(request, f"Promoted trajectory #{trajectory.pk} into {target.name} as {item.row_id}.")
             return redirect(reverse(f"{kind}_detail", args=[project.slug, target.pk]))
     else:
         check = promotion.promotion_check(trajectory=trajectory, data=data, target=target)
-    status = 200 if not check.errors else 422
+    status = 422 if check.errors or not_saved else 200
     return render(request, "evals/promote.html",
-                  _form_context(request, project, trajectory, check.values, target_value, check), status=status)
+                  _form_context(request, project, trajectory, check.values, target_value, check, not_saved),
+                  status=status)
 
 
 @require_http_methods(["GET", "POST"])
@@ -372,11 +385,17 @@ def bulk_promotion(request: HttpRequest, project: Project) -> HttpResponse:
 @require_GET
 @project_view()
 def calibration_page(request: HttpRequest, project: Project) -> HttpResponse:
-    """Pick a verifier (?source=case:ID / task:ID, or ?verifier=JSON) and the labeled trajectories."""
+    """Pick a verifier (?source=case:ID / task:ID, or ?verifier=JSON) and the labeled trajectories. Triage's
+    detectors are calibrated on every view, against the labels ?labels= names (reviewers' by default)."""
     source = request.GET.get("source", "")
     text = request.GET.get("verifier", "")
     agent = request.GET.get("agent", "")
+    labels = request.GET.get("labels") or "reviewed"
     errors: dict[str, str] = {}
+    if labels not in calibration.DETECTOR_LABELS:
+        errors["labels"] = f"labels {labels[:40]!r} is not one of: {', '.join(calibration.DETECTOR_LABELS)}"
+        labels = "reviewed"
+    detectors = calibration.detector_calibrate(project=project, agent=agent, labels=labels)
     result = None
     spec = calibration.verifier_from_source(project=project, source=source, text=text, errors=errors)
     if spec is not None and not errors:
@@ -386,5 +405,6 @@ def calibration_page(request: HttpRequest, project: Project) -> HttpResponse:
             result = None
     context = {"project": project, "source": source, "verifier_text": text or (_text(spec) if spec else ""),
                "agent": agent, "errors": errors, "result": result,
-               "sources": calibration.verifier_sources(project=project), "min_labeled": calibration.MIN_LABELED}
+               "sources": calibration.verifier_sources(project=project), "min_labeled": calibration.MIN_LABELED,
+               "detectors": detectors, "labels": labels, "label_choices": calibration.DETECTOR_LABELS}
     return render(request, "evals/calibration.html", context, status=422 if errors else 200)

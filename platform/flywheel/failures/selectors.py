@@ -126,6 +126,13 @@ def assignable_modes(*, project: Project, limit: int = 200) -> list[FailureMode]
     )
 
 
+def queue_keyed_modes(*, project: Project, limit: int) -> list[FailureMode]:
+    """The modes the review queue puts under the keys 1-9: the project's modes in the order they were made.
+    Not by use, as `assignable_modes` is: an assignment would re-order them, and the key a reviewer just
+    pressed would mean another mode on the next trajectory. A new mode takes the next free number."""
+    return list(FailureMode.objects.filter(project=project).select_related("category").order_by("created_at", "id")[:limit])
+
+
 @dataclass(frozen=True)
 class PromotedItems:
     """A mode's eval cases or environment tasks: promoted from the mode itself or from one of its

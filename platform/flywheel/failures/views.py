@@ -368,7 +368,7 @@ def queue_page(request: HttpRequest, project: Project) -> HttpResponse:
         comments = list(trajectory.comments.select_related("author"))
         review = trajectory_review_context(request=request, project=project, trajectory=trajectory)
         carried = {a.failure_mode_id for a in review["assignments"]}
-        keyed = review["assignable_modes"][:QUEUE_KEYS]
+        keyed = selectors.queue_keyed_modes(project=project, limit=QUEUE_KEYS)
         selected = request.GET.get("m", "")
         context |= review | {
             "trajectory": trajectory,

@@ -26,8 +26,9 @@ from flywheel.trajectories.models import Outcome, Trajectory
 
 @dataclass(frozen=True)
 class FunnelStage:
-    """One step of the loop. `ratio` is the share of the step before it in the same unit (None for a first
-    step or after an empty one); `base` is what the bar is drawn against (the first count in its unit)."""
+    """One step of the loop. `ratio` is the share of the step before it (in the same unit) that reached this
+    step too: at most 1 (None for a first step or after an empty one). `base` is what the bar is drawn
+    against (the first count in its unit)."""
 
     key: str
     label: str
@@ -102,50 +103,82 @@ def funnel(*, project: Project) -> list[FunnelStage]:
     """Counts of trajectories at each step of the loop, then of versions promoted.
 
     Each step is counted on its own (a trajectory promoted to a suite without a failure mode still counts as
-    promoted), so a ratio above 100% says that a step was skipped, not that the counts are wrong."""
+    promoted), so a step may count more than the one before. Its ratio is not the quotient of the two counts
+    (that gave "2500%" where tasks were promoted from failures nobody had put in a mode): it is the share of
+    the step before's trajectories that reached this step too, so it never passes 100%."""
     trajectories = Trajectory.objects.filter(project=project)
     ingested = trajectories.count()
     failed = trajectories.filter(Q(reviewed_outcome=Outcome.FAILURE)
                                  | Q(reviewed_outcome="", outcome=Outcome.FAILURE)).count()
-    reviewed = trajectories.filter(reviewed_outcome=Outcome.FAILURE).count()
-    in_modes = (FailureModeAssignment.objects.filter(failure_mode__project=project)
-                .values("trajectory_id").distinct().count())
+    reviewed = trajectories.filter(reviewed_outcome=Outcome.FAILURE).count()  # all of them failed
+    mode_ids = set(FailureModeAssignment.objects.filter(failure_mode__project=project)
+                   .values_list("trajectory_id", flat=True).distinct())
+    reviewed_in_modes = trajectories.filter(reviewed_outcome=Outcome.FAILURE, pk__in=mode_ids).count()
     case_ids = set(EvalCase.objects.filter(suite__project=project, trajectory__isnull=False)
                    .values_list("trajectory_id", flat=True))
     task_ids = set(Task.objects.filter(task_set__project=project, trajectory__isnull=False)
                    .values_list("trajectory_id", flat=True))
+    promoted_ids = case_ids | task_ids
     trained_versions = trained_task_set_versions(project=project)
     trained_rows = [row for v in trained_versions for row in v.rows]
     trained = _rows_origins(trained_rows, "trajectory_id")
     promoted = promoted_versions(project=project)
     behind_promoted = set().union(*(o.trajectories for o in _version_origins(promoted).values()))
-    made = len(_trained_versions(project))
+    made_ids = {v.pk for v in _trained_versions(project)}
+    made = len(made_ids)
 
+    # (key, label, count, how many of the step before reached this one, what counts)
     steps = [
-        ("ingested", "Ingested", ingested, ""),
-        ("failed", "Failed", failed, "the agent's or a reviewer's outcome is failure"),
-        ("reviewed", "Reviewed", reviewed, "a reviewer confirmed the failure"),
-        ("in_modes", "In failure modes", in_modes, "carry at least one failure mode"),
-        ("promoted", "Promoted to evals and tasks", len(case_ids | task_ids),
+        ("ingested", "Ingested", ingested, None, ""),
+        ("failed", "Failed", failed, failed, "the agent's or a reviewer's outcome is failure"),
+        ("reviewed", "Reviewed", reviewed, reviewed, "a reviewer confirmed the failure"),
+        ("in_modes", "In failure modes", len(mode_ids), reviewed_in_modes, "carry at least one failure mode"),
+        ("promoted", "Promoted to evals and tasks", len(promoted_ids), len(promoted_ids & mode_ids),
          f"{len(case_ids)} behind eval cases, {len(task_ids)} behind tasks"),
-        ("trained", "Trained on", len(trained),
+        ("trained", "Trained on", len(trained), len(trained & promoted_ids),
          f"{len(trained_rows)} task rows in {len(trained_versions)} task-set version"
          f"{'' if len(trained_versions) == 1 else 's'} a job trained on"),
-        ("shipped", "Behind a promoted version", len(behind_promoted), "trained a version that went to production"),
+        ("shipped", "Behind a promoted version", len(behind_promoted), len(behind_promoted & trained),
+         "trained a version that went to production"),
     ]
     stages: list[FunnelStage] = []
     previous: int | None = None
-    for key, label, count, detail in steps:
-        stages.append(FunnelStage(key, label, count, "trajectories", ingested,
-                                  count / previous if previous else None, detail))
+    for key, label, count, reached, detail in steps:
+        ratio = reached / previous if previous and reached is not None else None
+        stages.append(FunnelStage(key, label, count, "trajectories", ingested, ratio, detail))
         previous = count
+    promoted_made = len({v.pk for v in promoted} & made_ids)
     stages.append(FunnelStage("versions", "Versions promoted", len(promoted), "versions", made,
-                              len(promoted) / made if made else None,
+                              promoted_made / made if made else None,
                               f"of {made} version{'' if made == 1 else 's'} trained by jobs"))
     return stages
 
 
 # --- lineage -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProductionStint:
+    """A version's last time in production: from `start` until `end` (None: it serves now), when production
+    left it by `end_kind` (a rollback or a promotion) for `end_to`."""
+
+    start: AliasEvent
+    end: AliasEvent | None = None
+
+    @property
+    def rolled_back(self) -> bool:
+        return self.end is not None and self.end.kind == AliasEventKind.ROLLBACK
+
+
+def production_stint(*, project: Project, version: ModelVersion) -> ProductionStint | None:
+    """When `version` last served in production and how that ended (None: it never served)."""
+    moves = AliasEvent.objects.filter(project=project, alias=Alias.PRODUCTION).select_related("to_version", "user")
+    start = moves.filter(to_version=version).first()  # newest first
+    if start is None:
+        return None
+    end = (moves.filter(Q(at__gt=start.at) | Q(at=start.at, id__gt=start.id)).exclude(to_version=version)
+           .order_by("at", "id").first())
+    return ProductionStint(start=start, end=end)
 
 
 @dataclass
@@ -158,6 +191,7 @@ class Lineage:
     trajectories: list[Trajectory] = field(default_factory=list)
     trajectory_count: int = 0
     served: bool = False
+    stint: ProductionStint | None = None  # its last time in production
 
 
 def version_lineage(*, project: Project, version: ModelVersion, limit: int = 50) -> Lineage:
@@ -170,6 +204,7 @@ def version_lineage(*, project: Project, version: ModelVersion, limit: int = 50)
            .first() if isinstance(job_id, int) else None)
     origins = _version_origins([version])[version.pk]
     trajectories = Trajectory.objects.filter(project=project, pk__in=origins.trajectories)
+    stint = production_stint(project=project, version=version)
     return Lineage(
         version=version,
         job=job,
@@ -178,7 +213,8 @@ def version_lineage(*, project: Project, version: ModelVersion, limit: int = 50)
         trajectories=list(trajectories.order_by("-id").only("id", "external_id", "title", "outcome",
                                                             "reviewed_outcome")[:limit]),
         trajectory_count=trajectories.count(),
-        served=AliasEvent.objects.filter(project=project, alias=Alias.PRODUCTION, to_version=version).exists(),
+        served=stint is not None,
+        stint=stint,
     )
 
 

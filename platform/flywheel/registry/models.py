@@ -8,6 +8,7 @@ until they succeed, so an MLflow outage never leaves a half-applied promotion.""
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from flywheel.accounts.models import Project
@@ -127,6 +128,21 @@ class RegistrySettings(models.Model):
     gate_rules = models.JSONField(default=dict, blank=True)
     # A candidate that passes the gate goes to production at once (else a maintainer clicks Promote).
     auto_promote = models.BooleanField(default=False)
+
+    def clean(self) -> None:
+        # Save-time check of where the worker will POST (the send-time check in flywheel.outbound is the one
+        # that counts); a malformed URL is the field's own error already.
+        from django.core.validators import URLValidator
+
+        from flywheel.outbound import check_url_field
+
+        for field in ("webhook_url", "vllm_url"):
+            url = getattr(self, field)
+            try:
+                URLValidator()(url)
+            except ValidationError:
+                continue
+            check_url_field(url, field)
 
 
 class GateDecision(models.Model):

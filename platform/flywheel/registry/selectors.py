@@ -7,6 +7,7 @@ from flywheel.registry.models import (
     Alias,
     AliasAssignment,
     AliasEvent,
+    AliasEventKind,
     GateDecision,
     ModelVersion,
     RegistrySettings,
@@ -43,6 +44,28 @@ def served_version_ids(*, project: Project) -> set[int]:
     return set(
         AliasEvent.objects.filter(project=project, alias=Alias.PRODUCTION).values_list("to_version_id", flat=True)
     )
+
+
+def rollback_target(*, project: Project) -> ModelVersion | None:
+    """The version a plain rollback returns production to: the one production held before the current version
+    was promoted (or set) there. Not the version a rollback just left: rolling back twice goes further back,
+    never forth again. None when there is none (the first version, or nothing in production)."""
+    current = AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).first()
+    if current is None:
+        return None
+    arrival = (AliasEvent.objects.filter(project=project, alias=Alias.PRODUCTION, to_version_id=current.version_id)
+               .exclude(kind=AliasEventKind.ROLLBACK).select_related("from_version").first())
+    if arrival is None or arrival.from_version is None or arrival.from_version_id == current.version_id:
+        return None
+    return arrival.from_version
+
+
+def latest_gate_decisions(*, project: Project) -> dict[int, GateDecision]:
+    """Per version (by id), the gate decision that counts for it: its latest."""
+    latest: dict[int, GateDecision] = {}
+    for decision in GateDecision.objects.filter(project=project).order_by("decided_at", "id"):
+        latest[decision.candidate_id] = decision
+    return latest
 
 
 def settings_of(*, project: Project) -> RegistrySettings:

@@ -9,18 +9,17 @@ import hmac
 import json
 import logging
 import time
-import urllib.error
-import urllib.request
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from flywheel import outbox
+from flywheel import outbound, outbox
 from flywheel.accounts.models import Project
 from flywheel.accounts.services import project_lock
 from flywheel.registry.models import (
@@ -35,6 +34,7 @@ from flywheel.registry.models import (
     SyncState,
     WebhookDelivery,
 )
+from flywheel.registry.selectors import rollback_target
 
 logger = logging.getLogger(__name__)
 
@@ -85,14 +85,86 @@ def _check_model_dir(path: str, *, field: str, marker: str, what: str) -> Path:
 # --- registering ---------------------------------------------------------------------------------------------
 
 
-def base_model_register(*, project: Project, name: str, path: str, user=None) -> ModelVersion:
-    """Register a base model by its local path, and its first version (the base alone).
+MODEL_FOLDER_CHECK = "flywheel_model_folder_check"  # the workers' remote-control command (registry/tasks.py)
 
-    The first version registered in a project becomes `production`, so there is always something to beat."""
+
+def _model_queue() -> str:
+    """The queue whose workers load base models: where an evaluation of a registered model is routed."""
+    from flywheel.celery import app
+
+    route = app.amqp.router.route({}, "flywheel.evals.run")
+    queue = route.get("queue")
+    return getattr(queue, "name", None) or str(queue or app.conf.task_default_queue)
+
+
+def model_folder_check(*, path: str, timeout: float | None = None) -> list[tuple[str, dict[str, str]]]:
+    """Ask the workers to check the folder at `path` on their own disks (the web process may not see it).
+
+    Answers [(worker, {part: problem})]: from the workers that load models (the evaluation's queue), or from
+    every worker that answered when none of those did (`make run`'s workers share one disk; the compose file
+    mounts the models folder on both kinds). [] when no worker answered within `timeout` seconds
+    (FLYWHEEL_MODEL_CHECK_TIMEOUT_S): a broadcast waits that long for every answer."""
+    from flywheel.celery import app
+    from flywheel.registry.model_folder import folder_problems
+
+    if app.conf.task_always_eager:  # tasks run in this process: so does the check
+        return [("this process", folder_problems(path))]
+    timeout = settings.FLYWHEEL_MODEL_CHECK_TIMEOUT_S if timeout is None else timeout
+    replies = app.control.broadcast(MODEL_FOLDER_CHECK, arguments={"path": path}, reply=True, timeout=timeout)
+    answers = [(worker, body) for reply in replies or [] for worker, body in reply.items()
+               if isinstance(body, dict) and isinstance(body.get("problems"), dict)]  # not "no such command"
+    queue = _model_queue()
+    loading = [(worker, body) for worker, body in answers if queue in body.get("queues", [])]
+    return sorted((worker, body["problems"]) for worker, body in loading or answers)
+
+
+def base_model_register_checked(*, project: Project, name: str, path: str, user=None) -> ModelVersion:
+    """Register a base model for a person or a script (the Models page, the API): the workers check the
+    folder first, and nothing is saved unless it holds every part (registry.model_folder.PARTS).
+
+    Raises ValidationError with field errors: `name` (missing, taken), `path` (not absolute, no worker
+    answered, or one sentence per missing part, naming the part and the worker that found it missing)."""
+    name, path = (name or "").strip(), (path or "").strip()
+    errors: dict[str, list[str]] = {}
+    if not name:
+        errors["name"] = ["Name the model."]
+    elif BaseModel.objects.filter(project=project, name=name).exists():
+        errors["name"] = [f"This project already has a base model named {name!r}."]
+    if not path:
+        errors["path"] = ["Give the folder's absolute path on the workers' disk."]
+    elif not Path(path).is_absolute():
+        errors["path"] = [f"Give an absolute path on the workers' disk, not {path!r}."]
+    if errors:
+        raise ValidationError(errors)
+    answers = model_folder_check(path=path)
+    if not answers:
+        raise ValidationError({"path": [
+            f"No worker answered within {settings.FLYWHEEL_MODEL_CHECK_TIMEOUT_S:g} s, so {path} could not be "
+            "checked, and nothing was saved. Is a worker running (and not busy with a task in a solo pool)?"]})
+    found: dict[str, list[str]] = {}
+    for worker, problems in answers:
+        for problem in problems.values():
+            found.setdefault(problem, []).append(worker)
+    if found:
+        raise ValidationError({"path": [f"{problem} (on {', '.join(workers)})" for problem, workers in found.items()]})
+    return _base_model_create(project=project, name=name, path=path, user=user)
+
+
+def base_model_register(*, project: Project, name: str, path: str, user=None) -> ModelVersion:
+    """Register a base model by its path on this machine's disk, and its first version (the base alone).
+
+    For code that runs beside the folder and made it (the demo's build on the worker, tests, benches): it
+    checks only that config.json is there. People and scripts go through `base_model_register_checked`."""
     name = (name or "").strip()
     if not name:
         raise ValidationError({"name": "Name the model."})
     _check_model_dir(path, field="path", marker="config.json", what="a Hugging Face model folder")
+    return _base_model_create(project=project, name=name, path=path, user=user)
+
+
+def _base_model_create(*, project: Project, name: str, path: str, user=None) -> ModelVersion:
+    """The base model's row and its first version. The first version registered in a project becomes
+    `production`, so there is always something to beat."""
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -240,16 +312,16 @@ def model_promote(*, project: Project, version: ModelVersion, user=None, reason:
 def model_rollback(
     *, project: Project, user=None, reason: str = "", to_version: ModelVersion | None = None
 ) -> AliasEvent:
-    """Move `production` back: to `to_version` (a version that served before), or to the one it replaced."""
+    """Move `production` back: to `to_version` (a version that served before), or to the one production held
+    before the current version was promoted there (`selectors.rollback_target`)."""
     current = AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).first()
     if current is None:
         raise RegistryError("Nothing is in production yet.")
     served = AliasEvent.objects.filter(project=project, alias=Alias.PRODUCTION)
     if to_version is None:
-        last = served.filter(to_version_id=current.version_id, from_version__isnull=False).first()
-        if last is None:
+        to_version = rollback_target(project=project)  # what the Models page's button names
+        if to_version is None:
             raise RegistryError("Production has no earlier version to roll back to.")
-        to_version = last.from_version
     elif not served.filter(to_version=to_version).exists():
         raise RegistryError(f"v{to_version.number} never served in production; promote it instead.")
     return alias_move(project=project, alias=Alias.PRODUCTION, version=to_version, user=user,
@@ -309,11 +381,11 @@ def webhook_signature(secret: str, timestamp: str, body: bytes) -> str:
 
 
 def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", **headers})
-    with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:  # noqa: S310 (a URL a maintainer set)
-        response.read(1 << 16)
-        return response.status
+    # Through the outbound guard: a URL a maintainer set may name only a destination the operator allows,
+    # checked on the resolved address now, and a redirect is a failed delivery, never followed.
+    response = outbound.post(url, body=body, headers={"Content-Type": "application/json", **headers},
+                             timeout=WEBHOOK_TIMEOUT_S)
+    return response.status
 
 
 def _deliver(event: AliasEvent, target: str, url: str, body: bytes, headers: dict[str, str],
@@ -323,10 +395,8 @@ def _deliver(event: AliasEvent, target: str, url: str, body: bytes, headers: dic
     status, error = None, ""
     try:
         status = _post(url, body, headers)
-    except urllib.error.HTTPError as exc:
-        status = exc.code
-        if exc.code not in ok_codes:
-            error = f"HTTP {exc.code}"
+        if not 200 <= status < 300 and status not in ok_codes:
+            error = f"HTTP {status}"
     except Exception as exc:  # noqa: BLE001 (refused, timed out, bad address: all a failed delivery)
         error = f"{type(exc).__name__}: {exc}"
     WebhookDelivery.objects.create(event=event, target=target, url=url, status_code=status, error=error[:2000],

@@ -1,9 +1,12 @@
-"""Celery tasks of the registry. Thin: each calls one service."""
+"""Celery tasks of the registry, and the workers' check of a base model's folder. Thin: each calls one
+service."""
 
 from __future__ import annotations
 
 from celery import shared_task
+from celery.worker.control import control_command
 
+from flywheel.registry.model_folder import folder_problems
 from flywheel.registry.services import registry_sync
 
 
@@ -19,3 +22,17 @@ def demo_model_task(project_id: int) -> str:
     from flywheel.registry.demo import demo_model_build
 
     return demo_model_build(project_id=project_id)
+
+
+@control_command(args=[("path", str)], signature="<path>")
+def flywheel_model_folder_check(state, path: str) -> dict:
+    """Check a base model's folder on this worker's disk (flywheel.registry.model_folder), answered with the
+    queues this worker consumes.
+
+    A remote-control command rather than a task: the worker's main process answers it at once, where a task
+    would wait on the `gpu` queue behind a training job for hours, and every worker answers, so the platform
+    hears from each one that may load the model. It reads a few small files and no weights."""
+    consumer = getattr(state, "consumer", None)
+    task_consumer = getattr(consumer, "task_consumer", None)
+    queues = sorted(q.name for q in task_consumer.queues) if task_consumer is not None else []
+    return {"problems": folder_problems(path), "queues": queues}

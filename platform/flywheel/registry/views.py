@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
-from flywheel.registry import dashboard, selectors, services
+from flywheel.registry import dashboard, model_folder, selectors, services
 from flywheel.registry.demo import demo_status_of
 from flywheel.registry.models import Alias, GateDecision, ModelVersion, RegistrySettings
 from flywheel.trajectories.models import Trajectory
@@ -19,13 +19,18 @@ from flywheel.trajectories.models import Trajectory
 
 def _context(request: HttpRequest, project: Project, **extra) -> dict:
     aliases = selectors.aliases_of(project=project)
+    versions = selectors.versions_of(project=project)
+    decisions = selectors.latest_gate_decisions(project=project)
     return {
         "project": project,
         "production": aliases.get(Alias.PRODUCTION),
         "candidate": aliases.get(Alias.CANDIDATE),
         "candidate_decision": selectors.latest_gate_decision(version=aliases.get(Alias.CANDIDATE)),
         "since": selectors.alias_since(project=project),
-        "versions": selectors.versions_of(project=project),
+        "versions": versions,
+        # Each version with the gate decision that counts for it (None: never judged).
+        "version_rows": [(v, decisions.get(v.pk)) for v in versions],
+        "rollback_to": selectors.rollback_target(project=project),
         "history": selectors.alias_history(project=project),
         "served": selectors.served_version_ids(project=project),
         "config": selectors.settings_of(project=project),
@@ -35,6 +40,7 @@ def _context(request: HttpRequest, project: Project, **extra) -> dict:
         "decisions": selectors.gate_decisions(project=project),
         "is_maintainer": request.membership.grants(Role.MAINTAINER),
         "demo_status": demo_status_of(project=project),
+        "model_parts": model_folder.PARTS,
         **extra,
     }
 
@@ -54,7 +60,7 @@ def registry_page(request: HttpRequest, project: Project) -> HttpResponse:
 def base_model_register(request: HttpRequest, project: Project) -> HttpResponse:
     name, path = request.POST.get("name", ""), request.POST.get("path", "")
     try:
-        services.base_model_register(project=project, name=name, path=path, user=request.user)
+        services.base_model_register_checked(project=project, name=name, path=path, user=request.user)
     except ValidationError as exc:
         context = _context(request, project, base_errors=exc.message_dict, base_form={"name": name, "path": path})
         return render(request, "registry/models.html", context, status=422)

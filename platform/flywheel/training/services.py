@@ -22,8 +22,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from flywheel import outbox
+from flywheel import outbound, outbox
 from flywheel.accounts.models import Project
+from flywheel.environments.services import env_url_allowed
 from flywheel.evals import leakage
 from flywheel.registry import selectors as registry_selectors
 from flywheel.supervise import supervise
@@ -116,8 +117,9 @@ def _config_type_errors(config: dict[str, Any]) -> dict[str, str]:
     return errors
 
 
-# The kinds the platform writes. `http` (a server a user names) and `python` (code a row names) are for the
-# trainer's command line only: from the platform they would let a task row reach any host or run any code.
+# The kinds the platform writes. `python` (code a row names) is for the trainer's command line only: from the
+# platform it would let a task row run any code. `http` runs only on a server at a URL the operator lists
+# (FLYWHEEL_ENV_URL_ALLOWLIST): a registered environment server's task sets write such rows.
 PLATFORM_ENV_TYPES = ("single_turn", "replay", "workplace")
 
 
@@ -128,8 +130,12 @@ def rows_check(train_rows: list[dict], *suite_versions) -> list[str]:
     problems = []
     for rows in (train_rows, *[v.rows for v in suite_versions if v is not None]):
         for row in rows:
-            kind = ((row.get("env") or {}) if isinstance(row, dict) else {}).get("type", "single_turn")
-            if kind not in PLATFORM_ENV_TYPES:
+            env = (row.get("env") or {}) if isinstance(row, dict) else {}
+            kind = env.get("type", "single_turn")
+            if kind == "http" and not env_url_allowed(str(env.get("url"))):
+                problems.append(f"task {row.get('id')!r}: env.url {env.get('url')!r} is not an environment server "
+                                "the operator allows (FLYWHEEL_ENV_URL_ALLOWLIST)")
+            elif kind not in (*PLATFORM_ENV_TYPES, "http"):
                 problems.append(f"task {row.get('id')!r}: env type {kind!r} runs from the trainer's command line "
                                 "only, not from the platform")
             else:
@@ -299,8 +305,9 @@ def _run_subprocess(job: TrainingJob, command: list[str], folder: Path, *, on_ev
     """Run the trainer, record its events, beat the heart, honour cancel. Returns (exit status, cancelled)."""
     stderr_path = folder / f"stderr-{job.attempt}-{'evaluate' if 'evaluate' in command else 'train'}.log"
     # Task rows come from users: never let one name code for the trainer to import (`env.type: python`).
+    # The outbound policy too: the trainer calls environment servers and a judge only where the operator allows.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI,
-           "FLYWHEEL_ENV_ENTRY_POINTS": "0"}
+           "FLYWHEEL_ENV_ENTRY_POINTS": "0", **outbound.subprocess_env()}
 
     def on_tick() -> bool:
         TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now())

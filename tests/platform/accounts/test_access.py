@@ -184,6 +184,7 @@ def project_urls(setting):
         "category_id": taxonomy_category_create(project=project, name="unused").pk,
         **_clustering_values(project),
         **_model_rows(project),
+        "server_id": _environment_server(project).pk,
     }
     values.update(_eval_values(project))
     urls = []
@@ -220,6 +221,12 @@ def _eval_values(project):
     version_create(collection=suite)
     version_create(collection=task_set)
     return {"suite_id": suite.pk, "case_id": case.pk, "task_set_id": task_set.pk, "task_id": task.pk, "number": 1}
+
+
+def _environment_server(project):
+    from flywheel.environments.models import EnvironmentServer
+
+    return EnvironmentServer.objects.create(project=project, name="gym", url="http://gym.invalid:8000")
 
 
 def _answer(client, url):

@@ -61,3 +61,37 @@ def test_runlocal_serves_runs_a_worker_and_stops_on_ctrl_c(subprocess_env, tmp_p
     finally:
         if _group_alive(process.pid):
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_sigterm_stops_everything_cleanly_even_when_sent_twice(subprocess_env, tmp_path):
+    # `make run` stopped with SIGTERM: make passes the signal on to its child, and a signal to the process
+    # group (a service manager, `kill -- -PGID`) reaches it too, so two may arrive; the second lands while
+    # the children are being stopped. Neither may leave a traceback or a child behind.
+    port = _free_port()
+    out_path, err_path = tmp_path / "out.log", tmp_path / "err.log"
+    env = {**subprocess_env, "CELERY_BROKER_URL": "filesystem://", "FLYWHEEL_VAR_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "runlocal", "--port", str(port), "--no-seed"],
+            env=env, stdout=out, stderr=err, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while "Flywheel is running at" not in out_path.read_text(errors="replace"):
+            assert process.poll() is None, err_path.read_text(errors="replace")
+            assert time.monotonic() < deadline, out_path.read_text(errors="replace")
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) in (0, 143), err_path.read_text(errors="replace")
+        deadline = time.monotonic() + 15
+        while _group_alive(process.pid):  # the web server and both workers are gone too
+            assert time.monotonic() < deadline, "children of runlocal still running"
+            time.sleep(0.2)
+        errors = err_path.read_text(errors="replace")
+        assert "Traceback" not in errors and "KeyboardInterrupt" not in errors, errors
+        assert out_path.read_text(errors="replace").rstrip().endswith("Stopped.")
+    finally:
+        if _group_alive(process.pid):
+            os.killpg(process.pid, signal.SIGKILL)

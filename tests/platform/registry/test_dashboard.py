@@ -113,7 +113,11 @@ def test_the_funnel_counts_each_step_and_its_share_of_the_one_before(loop):
     assert stages["ingested"].ratio is None
     assert stages["failed"].ratio == pytest.approx(0.7)
     assert stages["reviewed"].ratio == pytest.approx(5 / 7)
+    assert stages["in_modes"].ratio == pytest.approx(4 / 5)  # t0-t3 of the reviewed t0-t3 and t7
+    # Six promoted, four of them from the modes' four (t4 and t5 went without a mode): 100%, never 150%.
+    assert stages["promoted"].ratio == pytest.approx(1.0)
     assert stages["trained"].ratio == pytest.approx(2 / 6)
+    assert all(s.ratio is None or 0 <= s.ratio <= 1 for s in stages.values())
     assert stages["versions"].ratio == pytest.approx(1 / 3) and stages["versions"].unit == "versions"
     assert stages["promoted"].detail == "3 behind eval cases, 3 behind tasks"
     assert stages["trained"].detail.startswith("4 task rows in 2 task-set versions")

@@ -328,8 +328,8 @@ def test_the_page_shows_versions_and_history_escaped_and_only_maintainers_act(
     assert AliasEvent.objects.filter(project=project).first().kind == "rollback"
 
 
-def test_bad_settings_and_a_bad_base_path_are_field_errors_on_the_page(project, user, client_for):
-    client = client_for(user)
+def test_bad_settings_and_a_bad_base_path_are_field_errors_on_the_page(project, user, client_for, celery_worker):
+    client = client_for(user)  # the worker checks the path (tests/platform/registry/test_base_models.py)
     response = client.post(reverse("registry_settings_save", args=[project.slug]), {"webhook_url": "not a url"})
     assert response.status_code == 422 and "Enter a valid URL" in response.content.decode()
     response = client.post(reverse("registry_base_register", args=[project.slug]), {"name": "m", "path": "/nope"})

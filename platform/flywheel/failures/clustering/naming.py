@@ -8,14 +8,12 @@ is the operator's choice to turn this on."""
 
 from __future__ import annotations
 
-import json
 import logging
-import urllib.request
 from typing import Any
 
 from django.conf import settings
 
-from trainer.verifiers.llm_judge import LLMJudgeDisabled, _settings
+from trainer.verifiers.llm_judge import LLMJudgeDisabled, _settings, judge_chat
 
 logger = logging.getLogger(__name__)
 
@@ -28,14 +26,7 @@ def naming_enabled() -> bool:
 
 def _ask(config: dict[str, Any], prompt: str) -> str:
     body = {"model": config.get("model"), "messages": [{"role": "user", "content": prompt}], "temperature": 0}
-    headers = {"Content-Type": "application/json"}
-    if config.get("api_key"):
-        headers["Authorization"] = f"Bearer {config['api_key']}"
-    request = urllib.request.Request(
-        config["endpoint"] + "/chat/completions", data=json.dumps(body).encode(), headers=headers, method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=config["timeout"]) as response:
-        reply = json.load(response)
+    reply = judge_chat(config, body)  # through the outbound guard, as the verifier's calls
     return str(reply["choices"][0]["message"]["content"])
 
 

@@ -2,7 +2,11 @@
 Celery worker side by side in the foreground. Ctrl-C stops both; if either dies, the other is stopped too.
 The worker embeds Celery beat, which runs the outbox sweep (flywheel.outbox) on its schedule.
 
-One machine, no services: SQLite, kombu's filesystem broker and MLflow's SQLite store, all under `var/`."""
+One machine, no services: SQLite, kombu's filesystem broker and MLflow's SQLite store, all under `var/`.
+
+Ctrl-C (SIGINT) and SIGTERM only ask to stop: the signal handler sets a flag that the main loop reads. An
+exception raised from the handler would surface wherever the signal lands (in the middle of stopping the
+children, when a second signal comes) and leave a traceback and running children behind."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,9 +41,21 @@ class Command(BaseCommand):
 
     def handle(self, *args, host: str, port: int, no_seed: bool, **options) -> None:
         _check_port_free(host, port)
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: object) -> None:
+            stop.set()
+
+        # From here on a signal asks to stop. A shell starting us in the background may have set SIGINT to
+        # "ignore"; Ctrl-C must still stop us.
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
         call_command("migrate", interactive=False, verbosity=0)
-        if not no_seed:
+        if not no_seed and not stop.is_set():
             call_command("seed_demo", stdout=self.stdout)
+        if stop.is_set():
+            self.stdout.write("Stopped before starting the web server and the workers.")
+            return
 
         base_dir = Path(settings.BASE_DIR)
         python = sys.executable
@@ -61,41 +78,38 @@ class Command(BaseCommand):
             "gpu worker": subprocess.Popen(gpu_worker, cwd=base_dir),
         }
 
-        def on_term(signum: int, frame: object) -> None:
-            raise KeyboardInterrupt
-
-        signal.signal(signal.SIGTERM, on_term)
-        # A shell starting us in the background may have set SIGINT to "ignore"; Ctrl-C must still stop us.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         url = f"http://{'localhost' if host in {'127.0.0.1', '0.0.0.0'} else host}:{port}/"
         try:
-            self._announce_worker(children)
-            self.stdout.write(self.style.SUCCESS(f"Flywheel is running at {url}  (Ctrl-C stops the web server and the workers)"))
-            while True:
+            self._announce_worker(children, stop)
+            if not stop.is_set():
+                self.stdout.write(self.style.SUCCESS(
+                    f"Flywheel is running at {url}  (Ctrl-C stops the web server and the workers)"))
+            while not stop.is_set():
                 for name, child in children.items():
                     if child.poll() is not None:
                         raise CommandError(f"the {name} process exited with status {child.returncode}; stopping")
-                time.sleep(0.5)
-        except KeyboardInterrupt:
+                stop.wait(0.5)
             self.stdout.write("\nStopping the web server and the workers...")
         finally:
             _stop_all(children.values())
         self.stdout.write("Stopped.")
 
-    def _announce_worker(self, children: dict[str, subprocess.Popen]) -> None:
+    def _announce_worker(self, children: dict[str, subprocess.Popen], stop: threading.Event) -> None:
         """Queue a heartbeat and wait for the worker to run it: proof the broker and the worker work."""
         asked_at = timezone.now()
         with transaction.atomic():
             worker_heartbeat_request()
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not stop.is_set():
             if WorkerHeartbeat.objects.filter(seen_at__gte=asked_at).exists():
                 took = (timezone.now() - asked_at).total_seconds()
                 self.stdout.write(f"Celery worker is consuming tasks (heartbeat answered in {took:.1f}s).")
                 return
             if any(child.poll() is not None for child in children.values()):
                 return  # the main loop reports which one died
-            time.sleep(0.25)
+            stop.wait(0.25)
+        if stop.is_set():
+            return
         self.stderr.write("The Celery worker has not answered a heartbeat in 90s; see its log above.")
 
 

@@ -1,7 +1,7 @@
 """A database that is away (restarting, failing over, out of connections, locked) answers 503 with a
 Retry-After, never 500: the request did nothing (each write is one transaction), and the client should send
 it again. Pages get this from `DatabaseUnavailableMiddleware`; the JSON API from its exception handler
-(`flywheel.trajectories.api`), which answers in the API's error shape.
+(`flywheel.api.errors`), which answers in the API's error shape.
 
 The broken connection is marked so that Django closes it when the request ends; with CONN_HEALTH_CHECKS a
 kept connection is also checked before the next request reuses it, so that request reconnects."""
@@ -45,11 +45,16 @@ def database_unavailable(request: HttpRequest, exc: BaseException, response: Htt
     return response
 
 
-PAGE = (
-    "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Try again shortly</title></head>"
-    "<body><h1>Try again shortly</h1><p>The database is unavailable for the moment; nothing was changed. "
-    f"Reload the page in {RETRY_AFTER_S} seconds.</p></body></html>"
-)
+def _page() -> str:
+    from django.templatetags.static import static
+
+    # The icon named, as every page names it, so that the browser does not ask for /favicon.ico (a 404).
+    return (
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Try again shortly</title>"
+        f"<link rel=\"icon\" href=\"{static('flywheel/favicon.svg')}\" type=\"image/svg+xml\"></head>"
+        "<body><h1>Try again shortly</h1><p>The database is unavailable for the moment; nothing was changed. "
+        f"Reload the page in {RETRY_AFTER_S} seconds.</p></body></html>"
+    )
 
 
 class DatabaseUnavailableMiddleware:
@@ -65,4 +70,4 @@ class DatabaseUnavailableMiddleware:
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if not is_unavailable(exception):
             return None
-        return database_unavailable(request, exception, HttpResponse(PAGE, content_type="text/html; charset=utf-8"))
+        return database_unavailable(request, exception, HttpResponse(_page(), content_type="text/html; charset=utf-8"))

@@ -275,7 +275,12 @@ def test_an_eval_run_page_follows_the_run_and_a_reviewer_cancels_then_retries_it
     expect(page.locator("#run-status")).to_have_text("Cancelled", timeout=10_000)
     expect(page.locator("#run-retry")).to_be_visible()
     shot(page, "eval-run-cancelled.png")
+    queued_before = EvalRun.objects.get(pk=run.pk).queued_at
     page.click("#run-retry")
-    expect(page.locator("#run-status")).to_have_text("Queued")
-    assert EvalRun.objects.get(pk=run.pk).status == EvalRunStatus.QUEUED
+    # Queued again; a worker this test process started earlier may already have taken it, so the page can show
+    # Queued or what came after, never Cancelled.
+    expect(page.locator("#run-status")).not_to_have_text("Cancelled")
+    retried = EvalRun.objects.get(pk=run.pk)
+    assert retried.queued_at != queued_before and not retried.cancel_requested
+    assert retried.status != EvalRunStatus.CANCELLED
     assert not page.log.page_errors and not page.log.console_errors and not page.log.failed_requests

@@ -77,6 +77,8 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/upload/": (write(200), write(400)),  # POST without a file: 400 naming it
     "p/<slug:project_slug>/upload/<int:upload_id>/": (write(200), NOT_ALLOWED),
     "p/<slug:project_slug>/upload/<int:upload_id>/retry": (NOT_ALLOWED, write(302)),
+    # Connect your agent: every member reads the snippets; a POST carries the key just made in Settings.
+    "p/<slug:project_slug>/connect/": (READ, READ),
     # Models: members read; maintainers register, promote, roll back and set the serving stack.
     "p/<slug:project_slug>/models/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/models/base": (NOT_ALLOWED, write(422, "maintainer")),  # the empty form: 422
@@ -102,6 +104,7 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/training/defaults/clear": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/training/<int:job_id>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/training/<int:job_id>/curves": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/training/compare": ((LOGIN, 404, 404, 400, 400, 400, LOGIN, LOGIN, LOGIN), NOT_ALLOWED),  # no jobs named
     "p/<slug:project_slug>/training/<int:job_id>/checkpoints/<int:step>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/training/<int:job_id>/confirm": (NOT_ALLOWED, write(409, "maintainer")),  # not ready
     "p/<slug:project_slug>/training/<int:job_id>/cancel": (NOT_ALLOWED, write(409, "maintainer")),  # finished
@@ -111,10 +114,20 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "api/v1/models/history": (api(401, 200, 403, 200), NOT_ALLOWED),
     "api/v1/model-versions/<number>": (api(401, 200, 403, 404), NOT_ALLOWED),
     "api/v1/model-versions/<number>/promote": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `promote`
-    "api/v1/training-jobs": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
+    "api/v1/training-jobs": (api(401, 200, 403, 200), api(401, 403, 403, 403)),  # starting needs `train`
+    # Past the key, a comparison that names no jobs is 422 (which jobs is a parameter).
+    "api/v1/training-jobs/compare": (api(401, 422, 403, 422), NOT_ALLOWED),
     "api/v1/training-jobs/<job_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
+    "api/v1/training-jobs/<job_id>/curves": (api(401, 200, 403, 404), NOT_ALLOWED),
+    # Settings a script reads with `read` and replaces with PUT (PUT_TABLE below): the recipe needs `train`,
+    # the gate's rules `promote`; registering a base model moves production when it is the first: `promote`.
+    "api/v1/training-recipe": (api(401, 200, 403, 200), NOT_ALLOWED),
+    "api/v1/gate-settings": (api(401, 200, 403, 200), NOT_ALLOWED),
+    "api/v1/base-models": (NOT_ALLOWED, api(401, 403, 403, 403)),
+    "api/v1/version": ((200,) * 9, NOT_ALLOWED),  # no key: a client checks it before anything else
     "api/v1/training-jobs/<job_id>/cancel": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
-    "api/v1/eval-runs": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
+    "api/v1/eval-runs": (api(401, 200, 403, 200), api(401, 403, 403, 403)),  # starting needs `train`
+    "api/v1/eval-runs/compare": (api(401, 422, 403, 422), NOT_ALLOWED),  # no runs named: 422
     "api/v1/eval-runs/<eval_run_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
     "api/v1/eval-runs/<eval_run_id>/cancel": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
     "api/v1/eval-runs/<eval_run_id>/retry": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
@@ -191,6 +204,12 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/tasks/<int:task_set_id>/v/<int:number>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/tasks/<int:task_set_id>/v/<int:number>.jsonl": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/tasks/<int:task_set_id>/v/<int:number>/freeze": (NOT_ALLOWED, write(302, "maintainer")),
+    # Environment servers: members read; maintainers register (the empty form: 422), check again (the world's
+    # server is at a URL no allowlist lists: 422) and make a task set on one (no name: 422).
+    "p/<slug:project_slug>/environments/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/environments/register": (NOT_ALLOWED, write(422, "maintainer")),
+    "p/<slug:project_slug>/environments/<int:server_id>/check": (NOT_ALLOWED, write(422, "maintainer")),
+    "p/<slug:project_slug>/environments/<int:server_id>/task-sets": (NOT_ALLOWED, write(422, "maintainer")),
     # Their API: reading needs `read`; creating and promoting need `review` (none of these keys has it).
     "api/v1/eval-suites": (api(401, 200, 403, 200), api(401, 403, 403, 403)),
     "api/v1/eval-suites/<suite_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
@@ -216,6 +235,12 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
 }
 # Logging out of the admin is for those logged in to it: anyone else is sent to the admin's index.
 TABLE["admin/logout/"] = ((302,) * 9, (302,) * 9)
+
+# Routes that also answer PUT (replacing a setting): what each visitor gets. None of the keys has the scope.
+PUT_TABLE: dict[str, tuple] = {
+    "api/v1/training-recipe": api(401, 403, 403, 403),  # needs `train`
+    "api/v1/gate-settings": api(401, 403, 403, 403),  # needs `promote`
+}
 
 POST_BODIES = {  # what an API POST carries: the smallest valid body, so that the answer past auth is 200
     "api/v1/verifier-calibrations": '{"verifier": {"type": "exact", "expected": "x"}}',
@@ -306,6 +331,7 @@ def world(db, settings, make_project, make_api_key):
         "case_id": case.pk,
         "task_set_id": task_set.pk,
         "task_id": task.pk,
+        "server_id": _environment_server(project).pk,
         "number": 1,  # v1 of the suite and of the task set
         "user_id": users["viewer"].pk,
         "key_id": make_api_key(project, name="to revoke").api_key.pk,
@@ -343,6 +369,12 @@ def _eval_rows(project, trajectory):
     task = task_set.tasks.create(messages=[{"role": "user", "content": "other"}], verifier=verifier)
     version_create(collection=task_set)
     return suite, case, task_set, task
+
+
+def _environment_server(project):
+    from flywheel.environments.models import EnvironmentServer
+
+    return EnvironmentServer.objects.create(project=project, name="gym", url="http://gym.invalid:8000")
 
 
 def _model_rows(project):
@@ -404,6 +436,18 @@ def test_the_table_names_only_routes_that_exist():
     stale = [route for route in TABLE if route != "admin/*" and route not in ROUTES]
     assert not stale, f"routes in the table but not in the URLconf: {stale}"
     assert len(ROUTES) > 40  # the walk found the admin, the API and the pages
+
+
+@pytest.mark.parametrize("route", sorted(PUT_TABLE))
+def test_every_visitor_gets_what_the_put_table_says(world, route):
+    assert route in ROUTES
+    url = _url(route, world["values"])
+    wrong = []
+    for visitor, expected in zip(VISITORS, PUT_TABLE[route], strict=True):
+        response = world["clients"][visitor].put(url, "{}", content_type="application/json")
+        if response.status_code != expected:
+            wrong.append(f"PUT {url} as {visitor}: expected {expected}, got {_describe(response)}")
+    assert not wrong, "\n".join(wrong)
 
 
 @pytest.mark.parametrize("route", ROUTES)

@@ -1,4 +1,4 @@
-"""The task-set endpoints of the JSON API: the same operations as eval suites (flywheel.evals.api), plus
+"""The task-set endpoints of the JSON API: the operations eval suites share (flywheel.api.collections), plus
 synthetic variants of a task."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from django.http import HttpRequest
 from ninja import Field, Schema
 from ninja.errors import HttpError
 
+from flywheel.api.auth import review_auth
+from flywheel.api.collections import ItemOut, item_out, register
+from flywheel.api.errors import ERRORS
 from flywheel.environments.models import Task, TaskSet
 from flywheel.environments.variants import task_variants_create
-from flywheel.evals.api import ItemOut, item_out, register, review_auth
-from flywheel.trajectories.api import ErrorOut, ValidationErrorOut
 
 router = register(model=TaskSet, prefix="task-sets", tag="task-sets", id_name="task_set_id")
 
@@ -24,13 +25,12 @@ class VariantsIn(Schema):
 class VariantsOut(Schema):
     saved: list[ItemOut]
     skipped: list[dict[str, str]] = Field(description="[{what, why}] for each variant not kept")
-    version: int | None = Field(description="the task set's new version, when any variant was kept")
+    version: int | None = Field(description="the task set's new version (its number), when any variant was kept")
 
 
 @router.post(
     "/task-sets/{task_set_id}/tasks/{task_id}/variants", auth=review_auth,
-    response={200: VariantsOut, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ValidationErrorOut,
-              429: ErrorOut, 503: ErrorOut},
+    response={200: VariantsOut, **ERRORS},
     summary="Make synthetic variants of a task",
     description="Argument values the project's trajectories passed to the same tool and argument, and "
                 "rephrased requests; each kept only if its verifier passes its reference and the leakage "

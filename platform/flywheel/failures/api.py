@@ -1,7 +1,7 @@
 """The failure-mode endpoints of the JSON API: list and create modes, assign and unassign trajectories (by
 id or by the list's filter), and the review queue (claim the next item, complete it).
 
-Keys and scopes work as for trajectories (flywheel.trajectories.api): the key decides the project; reading
+Keys, scopes and errors are the API's shared ones (flywheel.api): the key decides the project; reading
 needs `read`, every write needs `review`. A write is recorded in the review history as the person who made
 the key, and the queue holds its claims for that person: a key nobody made (made outside the settings page)
 cannot claim."""
@@ -16,19 +16,16 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
 
-from flywheel.accounts.models import Scope
 from flywheel.api import api
+from flywheel.api.auth import read_auth, review_auth
+from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.failures import queue, selectors, services
 from flywheel.failures.models import FailureMode
-from flywheel.trajectories.api import ApiKeyAuth, ErrorOut, ValidationErrorOut, read_auth
 from flywheel.trajectories.models import Trajectory
 from flywheel.trajectories.selectors import TrajectoryFilters, trajectory_queryset
 
-review_auth = ApiKeyAuth(Scope.REVIEW)
 router = Router(tags=["failure modes"])
 MAX_IDS = 10_000
-
-_ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ValidationErrorOut | ErrorOut, 429: ErrorOut, 503: ErrorOut}
 
 
 class FailureModeOut(Schema):
@@ -86,14 +83,8 @@ def _filters(raw: dict[str, str] | None, field: str) -> TrajectoryFilters:
     """The list page's filter from an API body: a value the page would ignore is refused here, by name."""
     filters = TrajectoryFilters.from_params(raw or {})
     if filters.errors:
-        raise HttpError(422, f"{field}: " + " ".join(filters.errors))
+        raise ValidationError({field: " ".join(filters.errors)})
     return filters
-
-
-def _validation(exc: ValidationError) -> HttpError:
-    fields = getattr(exc, "message_dict", {}) or {}
-    parts = [f"{field}: {' '.join(messages)}" for field, messages in fields.items()] or exc.messages
-    return HttpError(422, "; ".join(parts))
 
 
 def _mode(request: HttpRequest, mode_id: int) -> FailureMode:
@@ -117,7 +108,7 @@ def _out(mode: FailureMode, count: int) -> dict[str, Any]:
 
 def _selection(request: HttpRequest, body: Selection) -> Any:
     if (body.trajectory_ids is None) == (body.filter is None):
-        raise HttpError(422, "Send exactly one of trajectory_ids and filter.")
+        raise ValidationError({"trajectory_ids": "Send exactly one of trajectory_ids and filter."})
     if body.filter is not None:
         return trajectory_queryset(project=request.auth.project, filters=_filters(body.filter, "filter"))
     return body.trajectory_ids
@@ -140,17 +131,14 @@ def failure_modes_list(request: HttpRequest, status: Literal["open", "being_fixe
 @router.post("/failure-modes", auth=review_auth, response={201: FailureModeOut, **_ERRORS}, summary="Create a failure mode")
 def failure_modes_create(request: HttpRequest, body: FailureModeIn) -> Status:
     """A new mode; 422 names the field at fault (a name the project already has, a category it has not)."""
-    try:
-        mode = services.failure_mode_create(
-            project=request.auth.project,
-            name=body.name,
-            category_key=body.category,
-            description=body.description,
-            status=body.status,
-            user=request.auth.created_by,
-        )
-    except ValidationError as exc:
-        raise _validation(exc) from None
+    mode = services.failure_mode_create(
+        project=request.auth.project,
+        name=body.name,
+        category_key=body.category,
+        description=body.description,
+        status=body.status,
+        user=request.auth.created_by,
+    )
     return Status(201, _out(mode, 0))
 
 
@@ -161,16 +149,13 @@ def failure_mode_assign(request: HttpRequest, mode_id: int, body: Selection) -> 
     """Assign the mode to trajectories by id or by the list's filter. A trajectory that carries it already is
     left as it is, and ids of other projects are ignored: `count` is how many were newly assigned."""
     mode = _mode(request, mode_id)
-    try:
-        count = services.failure_mode_assign(
-            failure_mode=mode,
-            trajectories=_selection(request, body),
-            user=request.auth.created_by,
-            message_index=body.message_index,
-            note=body.note,
-        )
-    except ValidationError as exc:
-        raise _validation(exc) from None
+    count = services.failure_mode_assign(
+        failure_mode=mode,
+        trajectories=_selection(request, body),
+        user=request.auth.created_by,
+        message_index=body.message_index,
+        note=body.note,
+    )
     return {"count": count}
 
 

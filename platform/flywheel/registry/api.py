@@ -1,23 +1,25 @@
-"""API of the registry: what serves now, for a serving stack that follows `production`."""
+"""API of the registry: what serves now, for a serving stack that follows `production`; the versions, moves
+of production and their history; base models; the gate's rules and automatic promotion. `read` to read,
+`promote` to change."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any, Literal
 
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest
-from ninja import Router, Schema
+from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
+from pydantic import field_validator
 
-from flywheel.accounts.models import Scope
 from flywheel.api import api
+from flywheel.api.auth import promote_auth, read_auth
+from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.registry import selectors, services
 from flywheel.registry.models import AliasEvent, ModelVersion
-from flywheel.trajectories.api import ApiKeyAuth, ErrorOut, ValidationErrorOut, read_auth
 
 router = Router(tags=["models"])
-promote_auth = ApiKeyAuth(Scope.PROMOTE)
-_ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ValidationErrorOut, 429: ErrorOut,
-           503: ErrorOut}
 
 
 class ProductionOut(Schema):
@@ -66,7 +68,7 @@ def production_get(request: HttpRequest) -> dict:
     }
 
 
-class VersionOut(Schema):
+class ModelVersionOut(Schema):
     version: int
     base_model: str
     base_model_path: str
@@ -111,7 +113,7 @@ def _version(request: HttpRequest, number: int) -> ModelVersion:
     return version
 
 
-@router.get("/model-versions/{number}", auth=read_auth, response={200: VersionOut, **_ERRORS},
+@router.get("/model-versions/{number}", auth=read_auth, response={200: ModelVersionOut, **_ERRORS},
             summary="A model version", description="Its base model, adapter, lineage, aliases and latest gate decision.")
 def version_get(request: HttpRequest, number: int) -> dict:
     version = _version(request, number)
@@ -159,6 +161,103 @@ def production_rollback(request: HttpRequest, body: RollbackIn) -> dict:
             summary="The aliases' history", description="Every move of `production` and `candidate`, newest first.")
 def alias_history(request: HttpRequest) -> list[dict]:
     return [_move(e) for e in selectors.alias_history(project=request.auth.project, limit=500)]
+
+
+# No stored text holds a NUL (PostgreSQL's text cannot): refused here, by name, before any query.
+_NO_NUL = {"pattern": "^[^\\x00]*$"}
+
+
+class BaseModelIn(Schema):
+    name: str = Field(max_length=200, description="Unique in the project", json_schema_extra=_NO_NUL)
+    path: str = Field(max_length=1000, json_schema_extra=_NO_NUL,
+                      description="An absolute path, on the workers' disk, to a Hugging Face model folder")
+
+    @field_validator("name", "path")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("must not contain a NUL character")
+        return value
+
+
+class BaseModelOut(Schema):
+    version: int = Field(description="The model version registered with it (the base alone)")
+    base_model: str
+    base_model_path: str
+    production: bool = Field(description="It became production: the project's first model")
+
+
+@router.post("/base-models", auth=promote_auth, response={201: BaseModelOut, **_ERRORS},
+             summary="Register a base model",
+             description="The workers check the folder on their disks (config, tokenizer, weights, chat "
+                         "template); then it is registered as a base model with its first version (the base alone), "
+                         "as the Models page does, and the project's first model becomes production. 422 names the "
+                         "wrong field: a name the project has; a path that is not absolute, that no worker could "
+                         "check, or that misses a part (each part named, with the worker that found it missing).")
+def base_model_register(request: HttpRequest, body: BaseModelIn) -> Status:
+    version = services.base_model_register_checked(project=request.auth.project, name=body.name, path=body.path,
+                                                   user=request.auth.created_by)
+    production = selectors.production_of(project=request.auth.project)
+    return Status(201, {"version": version.number, "base_model": version.base.name,
+                        "base_model_path": version.base.path,
+                        "production": production is not None and production.pk == version.pk})
+
+
+class GateRulesIn(Schema):
+    """The rules a project may set (flywheel.registry.gate.GateRules); one not sent, or null, takes its default."""
+
+    model_config = {"extra": "forbid"}
+
+    success_margin: float | None = Field(None, ge=0, lt=1, description="The gain the success test must beat")
+    test: Literal["permutation", "mcnemar", "bootstrap"] | None = Field(None, description="The success test")
+    confidence: float | None = Field(None, ge=0.5, lt=1)
+    latency_tolerance: float | None = Field(None, ge=0, le=10, description="0.1: p95 latency may grow 10%")
+    tokens_tolerance: float | None = Field(None, ge=0, le=10, description="0.1: tokens per case may grow 10%")
+    invalid_test: Literal["harm", "noninferiority"] | None = None
+    invalid_tolerance: float | None = Field(None, ge=0, lt=1, description="Above 0 for a non-inferiority test")
+    expected_gain: float | None = Field(None, gt=0, le=1, description="The gain the holdout must be able to show")
+    require_regression: bool | None = Field(None, description="A job with no regression case measured cannot pass")
+
+
+class GateSettingsIn(Schema):
+    rules: GateRulesIn = Field(default_factory=GateRulesIn, description="The project's own rules")
+    auto_promote: bool = Field(description="A candidate that passes the gate goes to production at once")
+
+
+class GateSettingsOut(Schema):
+    rules: dict[str, Any] = Field(description="The rules the gate judges by now: the project's over the defaults")
+    own: dict[str, Any] = Field(description="What the project set; every other rule is the default")
+    auto_promote: bool
+
+
+def _gate_settings(request: HttpRequest) -> dict[str, Any]:
+    project = request.auth.project
+    config = selectors.settings_of(project=project)
+    return {"rules": selectors.gate_rules_of(project=project), "own": config.gate_rules or {},
+            "auto_promote": config.auto_promote}
+
+
+@router.get("/gate-settings", auth=read_auth, response={200: GateSettingsOut, **_ERRORS},
+            summary="The gate's rules and automatic promotion",
+            description="What a candidate must show against production to pass, and whether a passing one is "
+                        "promoted at once: the Models page's gate settings.")
+def gate_settings_get(request: HttpRequest) -> dict[str, Any]:
+    return _gate_settings(request)
+
+
+@router.put("/gate-settings", auth=promote_auth, response={200: GateSettingsOut, **_ERRORS},
+            summary="Set the gate's rules and automatic promotion",
+            description="Replaces the project's rules with `rules` (a rule not sent takes its default) and sets "
+                        "`auto_promote`. Each wrong rule is a 422 naming it (`rules.<name>`); nothing changes then.")
+def gate_settings_set(request: HttpRequest, body: GateSettingsIn) -> dict[str, Any]:
+    # The service reads the form's text (and checks what only the rules together say); null is a rule not sent.
+    data = {name: ("" if value is None else str(value).lower() if isinstance(value, bool) else str(value))
+            for name, value in body.rules.model_dump().items()}
+    try:
+        services.gate_rules_set(project=request.auth.project, data=data, auto_promote=body.auto_promote)
+    except ValidationError as exc:
+        raise ValidationError({f"rules.{name}": messages for name, messages in exc.message_dict.items()}) from None
+    return _gate_settings(request)
 
 
 api.add_router("", router)

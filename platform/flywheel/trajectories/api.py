@@ -1,9 +1,7 @@
 """The trajectory endpoints of the JSON API: ingest (REST and OTLP/HTTP), list and read.
 
-Authentication is a project API key sent as `Authorization: Bearer KEY`. A key belongs to exactly one
-project, so the project is never in the URL: it comes from the key. A client may name the project it
-means (`?project=SLUG`) as a safety check; naming another project than the key's is refused with 403.
-Handlers stay thin: parsing lives here, the writes in `ingest.ingest_trajectories`."""
+Keys, scopes and error shapes are the API's shared ones (flywheel.api). Handlers stay thin: parsing lives
+here, the writes in `ingest.ingest_trajectories`."""
 
 from __future__ import annotations
 
@@ -16,15 +14,13 @@ from typing import Any, Literal
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, UnreadablePostError
 from ninja import Field, Query, Router, Schema
-from ninja.errors import AuthenticationError, HttpError
-from ninja.security import HttpBearer
+from ninja.errors import HttpError
 from pydantic import field_validator
 
-from flywheel import db_errors
-from flywheel.accounts import ratelimit
-from flywheel.accounts.models import ApiKey, Scope
-from flywheel.accounts.selectors import api_key_authenticate
 from flywheel.api import api
+from flywheel.api.auth import ingest_auth, read_auth
+from flywheel.api.errors import ErrorOut, ValidationErrorOut, error_format, json_response
+from flywheel.api.pagination import MAX_LIMIT, cursor_value
 from flywheel.trajectories import otlp, selectors
 from flywheel.trajectories.ingest import ingest_trajectories, json_error_text, jsonl_records
 from flywheel.trajectories.models import SignalKind, Trajectory
@@ -33,54 +29,7 @@ from flywheel.trajectories.schemas import TrajectoryIn
 NDJSON_TYPES = frozenset(
     {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
 )
-LIST_MAX_LIMIT = 500
-
-
-# --- authentication --------------------------------------------------------------------------------------
-
-
-class ApiKeyAuth(HttpBearer):
-    """A project API key with the scope the endpoint needs."""
-
-    openapi_description = (
-        "A project API key: `Authorization: Bearer KEY`. The key decides the project; keys carry the scopes "
-        "`ingest` (POST of trajectories), `read` (GET) and `review` (failure modes, the review queue). No or "
-        "an unknown key: 401. A key without the scope, or a "
-        "`?project=SLUG` that is not the key's project: 403. Over a key's rate (FLYWHEEL_API_RATE_PER_S, "
-        "FLYWHEEL_API_BURST), or from an address that sent too many unknown keys "
-        "(FLYWHEEL_API_AUTH_FAILURES_PER_MIN): 429 with Retry-After in seconds."
-    )
-
-    def __init__(self, scope: str) -> None:
-        self.scope = Scope(scope).value
-        super().__init__()
-
-    def __call__(self, request: HttpRequest) -> ApiKey | None:
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise AuthenticationError(401, "Send a project API key: Authorization: Bearer KEY")
-        return self.authenticate(request, token.strip())
-
-    def authenticate(self, request: HttpRequest, token: str) -> ApiKey | None:
-        # An address that sent too many unknown keys is refused before its key is even looked up.
-        address = ratelimit.client_address(request)
-        ratelimit.api_address_check(address=address)
-        api_key = api_key_authenticate(raw_key=token)
-        if api_key is None:
-            ratelimit.api_address_failed(address=address)
-            raise AuthenticationError(401, "Unknown or revoked API key.")
-        ratelimit.api_key_throttle(api_key_id=api_key.pk)
-        if self.scope not in (api_key.scopes or []):
-            raise HttpError(403, f"This API key lacks the '{self.scope}' scope.")
-        named = request.GET.get("project")
-        if named and named != api_key.project.slug:
-            raise HttpError(403, f"This API key belongs to project '{api_key.project.slug}', not '{named}'.")
-        return api_key
-
-
-ingest_auth = ApiKeyAuth(Scope.INGEST)
-read_auth = ApiKeyAuth(Scope.READ)
+LIST_MAX_LIMIT = MAX_LIMIT
 
 
 # --- request bodies --------------------------------------------------------------------------------------
@@ -157,14 +106,6 @@ def parse_records(body: bytes, content_type: str) -> tuple[list[int], list[Any]]
     raise HttpError(400, "The body must be a trajectory object or an array of them.")
 
 
-def json_response(payload: Any, status: int = 200) -> HttpResponse:
-    # Built by hand: the ingest answer is already plain data, and skipping the response model saves a
-    # validation pass per request.
-    return HttpResponse(
-        json.dumps(payload, separators=(",", ":")), status=status, content_type="application/json"
-    )
-
-
 # --- response shapes (for the OpenAPI schema) ------------------------------------------------------------
 
 
@@ -181,15 +122,18 @@ class Rejection(Schema):
     errors: list[FieldError]
 
 
+class Accepted(Schema):
+    index: int = Field(description="Position of the record in the array; for NDJSON its line, from 0")
+    external_id: str | None = Field(description="The record's external_id, as stored")
+    id: int = Field(description="The trajectory's id (`GET /api/v1/trajectories/{id}`); a replay names the same one")
+
+
 class IngestOut(Schema):
     accepted: int
     created: int
     updated: int
     rejected: list[Rejection]
-
-
-class ErrorOut(Schema):
-    detail: str
+    records: list[Accepted] = Field(description="Every accepted record, in the order sent, with its trajectory's id")
 
 
 class RpcStatusOut(Schema):
@@ -239,14 +183,6 @@ class TrajectoryDetail(TrajectorySummary):
 class TrajectoryPage(Schema):
     items: list[TrajectorySummary]
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page")
-
-
-class ValidationErrorOut(Schema):
-    """What the API answers (422) when a parameter does not validate: one entry per problem."""
-
-    detail: list[dict[str, Any]] = Field(
-        description="Each problem: `loc` (e.g. [\"query\", \"q\"]), `msg` (what is wrong), `type`"
-    )
 
 
 # PostgreSQL's text holds no NUL, so a filter with one could match nothing; its driver refuses the query.
@@ -388,10 +324,7 @@ _SUMMARY_FIELDS = [name for name in TrajectorySummary.model_fields]
     ),
 )
 def trajectories_list(request: HttpRequest, filters: Query[TrajectoryFilters]) -> dict[str, Any]:
-    # ASCII digits only: int() also takes " 12" and "١٢", which no next_cursor ever was.
-    if filters.cursor and not (filters.cursor.isascii() and filters.cursor.isdigit()):
-        raise HttpError(400, "cursor is not one this API gave out.")
-    after = int(filters.cursor) if filters.cursor else None
+    after = cursor_value(filters.cursor)
     rows, next_cursor = selectors.trajectory_api_page(
         project=request.auth.project,
         fields=_SUMMARY_FIELDS,
@@ -521,61 +454,18 @@ def otlp_traces(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
-    """Every API error is `{"detail": ...}`, but on the OTLP endpoint, where OTLP/HTTP asks for a
-    google.rpc.Status in the request's encoding (exporters log its message). An error's `headers` (such as
-    a 429's Retry-After) go onto the answer in both."""
-    if request.path.endswith(OTLP_PATH):
-        as_json = media_type(request) not in OTLP_PROTOBUF_TYPES
-        response = HttpResponse(
-            otlp.error_status(exc.status_code, str(exc), as_json=as_json), status=exc.status_code,
-            content_type="application/json" if as_json else "application/x-protobuf",
-        )
-    else:
-        response = api.create_response(request, {"detail": str(exc)}, status=exc.status_code)
-    for name, value in getattr(exc, "headers", {}).items():
-        response[name] = value
-    return response
+def _otlp_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    """OTLP/HTTP asks for a google.rpc.Status in the request's encoding (exporters log its message)."""
+    as_json = media_type(request) not in OTLP_PROTOBUF_TYPES
+    return HttpResponse(
+        otlp.error_status(exc.status_code, str(exc), as_json=as_json), status=exc.status_code,
+        content_type="application/json" if as_json else "application/x-protobuf",
+    )
 
 
-api.add_exception_handler(HttpError, _http_error)
-
-
-def _database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
-    """A database that is away: 503 with Retry-After (flywheel.db_errors), which clients and OTLP exporters
-    retry, in the same shape as every other error of the endpoint."""
-    return db_errors.database_unavailable(request, exc, _http_error(request, HttpError(503, db_errors.MESSAGE)))
-
-
-for _unavailable in db_errors.UNAVAILABLE:
-    api.add_exception_handler(_unavailable, _database_unavailable)
-
-API_DESCRIPTION = (
-    "Authenticate with a project API key: `Authorization: Bearer KEY`. A key belongs to one project, so no "
-    "URL names a project: every call reads and writes the key's project. Optionally pass `?project=SLUG` "
-    "as a guard; a slug other than the key's project is refused with 403. Scopes: `ingest` for the POST "
-    "endpoints of ingestion, `read` for the GET ones, `review` for failure-mode and review-queue writes "
-    "(403 without). No key or an unknown or revoked one: 401. A body over "
-    "FLYWHEEL_MAX_REQUEST_BYTES (or a batch over FLYWHEEL_MAX_BATCH_RECORDS records): 413, naming the limit."
-)
-if not api.description:
-    api.description = API_DESCRIPTION
+error_format(lambda request: request.path.endswith(OTLP_PATH), _otlp_error)
 api.add_router("", router)
 api.add_router("", otlp_router)
-# The request schema of POST /trajectories is written by hand (the body may be NDJSON); make sure the
-# TrajectoryIn model it points at is in the published components.
-_original_get_openapi_schema = api.get_openapi_schema
-
-
-def _openapi_with_trajectory_in(*args: Any, **kwargs: Any) -> Any:
-    schema = _original_get_openapi_schema(*args, **kwargs)
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
-    if "TrajectoryIn" not in components:
-        generated = TrajectoryIn.model_json_schema(ref_template="#/components/schemas/{model}")
-        for name, definition in generated.pop("$defs", {}).items():
-            components.setdefault(name, definition)
-        components["TrajectoryIn"] = generated
-    return schema
-
-
-api.get_openapi_schema = _openapi_with_trajectory_in
+# The request schema of POST /trajectories is written by hand (the body may be NDJSON): publish the
+# TrajectoryIn model it points at.
+api.add_component(TrajectoryIn)

@@ -74,6 +74,8 @@ class IngestResult:
     updated: int = 0
     # [{"index": i, "external_id": ..., "errors": [{"field": ..., "message": ...}]}]
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    # [{"index": i, "external_id": ..., "id": trajectory id}] for every accepted record, in the order sent
+    records: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,9 +83,12 @@ class IngestResult:
             "created": self.created,
             "updated": self.updated,
             "rejected": self.rejected,
+            "records": self.records,
         }
 
     def merge(self, other: IngestResult, *, index_offset: int = 0) -> None:
+        """Add `other`'s counts and rejections. Accepted records' ids are not kept: a long upload or
+        `manage.py ingest` would hold one entry per line for an answer nobody reads."""
         self.accepted += other.accepted
         self.created += other.created
         self.updated += other.updated
@@ -291,14 +296,16 @@ def ingest_trajectories(
     result = IngestResult()
     now = timezone.now()
     rows: dict[str, dict[str, Any]] = {}  # external_id -> row; the last record with an id wins
+    accepted: list[tuple[int, str]] = []  # (index, external_id) of each accepted record
     postgresql = connection.vendor == "postgresql"
     for position, record in enumerate(records):
         parsed, errors = validate_record(record)
+        index = indexes[position] if indexes is not None else position
         if errors:
-            index = indexes[position] if indexes is not None else position
             result.rejected.append(rejection(index, record, errors))
             continue
         result.accepted += 1
+        accepted.append((index, parsed.external_id))
         if parsed.external_id in rows:
             result.updated += 1
         rows[parsed.external_id] = _row(project, record, parsed, source, now, json_as_text=postgresql)
@@ -308,11 +315,13 @@ def ingest_trajectories(
     # One lock order for every writer (sorted keys), so two batches with the same ids never deadlock.
     ordered = [rows[key] for key in sorted(rows)]
     if postgresql:
-        created = _upsert_postgresql(ordered)
+        created, ids = _upsert_postgresql(ordered)
     else:
-        created = _upsert_portable(project, ordered)
+        created, ids = _upsert_portable(project, ordered)
     result.created += created
     result.updated += len(ordered) - created
+    result.records = [{"index": index, "external_id": external_id, "id": ids[external_id]}
+                      for index, external_id in accepted]
     from flywheel.trajectories.triage import triage_request  # triage imports this module
 
     triage_request(project_id=project.pk)  # a worker triages them once this commits
@@ -333,8 +342,9 @@ _PG_TYPES = {
 _lz4: bool | None = None  # whether this PostgreSQL server can compress with lz4 (asked once per process)
 
 
-def _upsert_postgresql(rows: list[dict[str, Any]]) -> int:
-    """INSERT ... SELECT FROM unnest(one array per column) ON CONFLICT DO UPDATE ... RETURNING (xmax = 0).
+def _upsert_postgresql(rows: list[dict[str, Any]]) -> tuple[int, dict[str, int]]:
+    """INSERT ... SELECT FROM unnest(one array per column) ON CONFLICT DO UPDATE ... RETURNING (xmax = 0),
+    with each row's id: (how many were created, external_id -> id).
 
     One array parameter per column rather than one parameter per value: with VALUES (%s, ...) x 500 rows
     the driver spends more time splitting the 10,000-placeholder statement than PostgreSQL spends
@@ -359,9 +369,10 @@ def _upsert_postgresql(rows: list[dict[str, Any]]) -> int:
     )
     sql = (
         f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({arrays}) "
-        f"ON CONFLICT (project_id, external_id) DO UPDATE SET {updates} RETURNING (xmax = 0)"
+        f"ON CONFLICT (project_id, external_id) DO UPDATE SET {updates} RETURNING (xmax = 0), id, {quote('external_id')}"
     )
     created = 0
+    ids: dict[str, int] = {}
     with transaction.atomic():
         connection.ensure_connection()
         cursor = psycopg.Cursor(connection.connection)
@@ -380,14 +391,17 @@ def _upsert_postgresql(rows: list[dict[str, Any]]) -> int:
             started_at = _INSERTED.index("started_at")
             params[started_at] = [row["started_at"] or row["created_at"] for row in chunk]
             cursor.execute(sql, params)
-            created += sum(1 for (inserted,) in cursor.fetchall() if inserted)
+            for inserted, pk, external_id in cursor.fetchall():
+                created += bool(inserted)
+                ids[external_id] = pk
         cursor.close()
-    return created
+    return created, ids
 
 
-def _upsert_portable(project: Project, rows: list[dict[str, Any]]) -> int:
+def _upsert_portable(project: Project, rows: list[dict[str, Any]]) -> tuple[int, dict[str, int]]:
     """SQLite (`make run`): Django's bulk upsert. SQLite runs one writer at a time, so what is read of the
-    existing rows inside the same write transaction (which ids exist, when they started) is exact."""
+    existing rows inside the same write transaction (which ids exist, when they started, the ids written) is
+    exact. (how many were created, external_id -> id)"""
     objects = [Trajectory(**row) for row in rows]
     ids = [r["external_id"] for r in rows]
     with transaction.atomic():
@@ -408,4 +422,11 @@ def _upsert_portable(project: Project, rows: list[dict[str, Any]]) -> int:
             unique_fields=["project", "external_id"],
             update_fields=list(_REPLACED),
         )
-    return len(rows) - len(existing)
+        written: dict[str, int] = {}
+        for start in range(0, len(ids), UPSERT_CHUNK):
+            written.update(
+                Trajectory.objects.filter(
+                    project=project, external_id__in=ids[start : start + UPSERT_CHUNK]
+                ).values_list("external_id", "id")
+            )
+    return len(rows) - len(existing), written

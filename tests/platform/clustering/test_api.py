@@ -51,7 +51,9 @@ def test_scopes_projects_and_bad_filters(api_client, project, keys, make_project
     bad = api_client.post("/api/v1/clusterings", {"days": 0}, key=keys["review"])
     assert bad.status_code == 422 and "days" in bad.content.decode()
     bad_signal = api_client.post("/api/v1/clusterings", {"signal": "nope"}, key=keys["review"])
-    assert bad_signal.status_code == 422 and "signal must be one of" in bad_signal.json()["detail"]
+    problem = bad_signal.json()["detail"][0]
+    assert bad_signal.status_code == 422 and problem["loc"] == ["body", "signal"]
+    assert "signal must be one of" in problem["msg"]
     run = services.clustering_run_start(project=project, user=user)
     other = make_api_key(make_project(), scopes=["read", "review"])
     assert api_client.get(f"/api/v1/clusterings/{run.pk}", key=other).status_code == 404

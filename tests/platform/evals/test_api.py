@@ -152,3 +152,45 @@ def test_calibration_and_variants_from_the_api(api_client, keys, ingest, refund_
     assert [i["row"]["verifier"]["expected_calls"][0]["arguments"]["order_id"] for i in made.json()["saved"]] == ["Z-9"]
     assert made.json()["version"] == 2
     assert api_client.post(f"/api/v1/task-sets/{task_set.pk}/tasks/999999/variants", {}, key=keys["review"]).status_code == 404
+
+
+def test_a_script_promotes_by_the_external_id_it_sent(api_client, keys, project, suite, task_set, ingest,
+                                                      refund_record, corrected, make_api_key):
+    """Ingest, then promote by the agent's own id: no search for the database's id in between."""
+    ingest_key = make_api_key(project, scopes=["ingest"])
+    sent = api_client.post("/api/v1/trajectories", refund_record("order-77"), key=ingest_key).json()
+    assert sent["records"][0]["external_id"] == "order-77"
+    url = f"/api/v1/eval-suites/{suite.pk}/promotions"
+    saved = api_client.post(url, {"external_id": "order-77", **corrected}, key=keys["review"])
+    assert saved.status_code == 201, saved.json()
+    assert saved.json()["item"]["trajectory_id"] == sent["records"][0]["id"]
+    assert (saved.json()["version"]["collection"], saved.json()["version"]["number"]) == (suite.pk, 1)
+
+    both = api_client.post(url, {"external_id": "order-77", "trajectory_id": sent["records"][0]["id"], **corrected},
+                           key=keys["review"])
+    assert both.status_code == 422 and both.json()["detail"][0]["loc"] == ["body", "trajectory_id"]
+    neither = api_client.post(url, corrected, key=keys["review"])
+    assert neither.status_code == 422 and neither.json()["detail"][0]["loc"] == ["body", "external_id"]
+    unknown = api_client.post(url, {"external_id": "order-78", **corrected}, key=keys["review"])
+    assert unknown.status_code == 404 and "'order-78'" in unknown.json()["detail"]
+    # Another project's key does not find this project's trajectory by its external_id either.
+    other = make_api_key(keys["other"].api_key.project, scopes=["review"])
+    theirs = api_client.post("/api/v1/eval-suites", {"name": "Theirs"}, key=other).json()["id"]
+    elsewhere = api_client.post(f"/api/v1/eval-suites/{theirs}/promotions", {"external_id": "order-77", **corrected},
+                                key=other)
+    assert elsewhere.status_code == 404
+
+    # Bulk: a selection by external ids, exactly one way of naming it.
+    ingest(refund_record("order-80", order="K-80", request="Refund 50.00 for K-80"))
+    body = {"external_ids": ["order-80"], "expected_calls": [{"name": "refund", "arguments": {
+        "order_id": "K-80", "amount": 50.0}}]}
+    bulk = api_client.post(f"/api/v1/task-sets/{task_set.pk}/promotions/bulk", body, key=keys["review"])
+    assert bulk.status_code == 200, bulk.content
+    assert [i["trajectory_id"] for i in bulk.json()["saved"]] == [
+        project.trajectories.get(external_id="order-80").pk]
+    mixed = api_client.post(f"/api/v1/task-sets/{task_set.pk}/promotions/bulk",
+                            {**body, "trajectory_ids": [1]}, key=keys["review"])
+    assert mixed.status_code == 422 and mixed.json()["detail"][0]["loc"] == ["body", "external_ids"]
+    missing = api_client.post(f"/api/v1/task-sets/{task_set.pk}/promotions/bulk",
+                              {**body, "external_ids": ["nope"]}, key=keys["review"])
+    assert missing.status_code == 404 and "'nope'" in missing.json()["detail"]

@@ -172,17 +172,20 @@ def test_the_api_starts_follows_cancels_and_retries_a_run(project, suite_version
                                                           make_api_key, make_project):
     version = registry.base_model_register(project=project, name="tiny", path=str(tiny_model), user=user)
     key = make_api_key(project, scopes=["train", "read"])
-    bad = api_client.post("/api/v1/eval-runs", {"model_version": 9, "suite_version": suite_version.pk}, key=key)
+    suite = {"suite": suite_version.suite_id, "suite_version": suite_version.number}
+    bad = api_client.post("/api/v1/eval-runs", {"model_version": 9, **suite}, key=key)
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "model_version"]
-    bad = api_client.post("/api/v1/eval-runs", {"model_version": version.number, "suite_version": suite_version.pk,
-                                                "samples": 0}, key=key)
+    bad = api_client.post("/api/v1/eval-runs", {"model_version": version.number, **suite, "samples": 0}, key=key)
     assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "samples"]
-    started = api_client.post("/api/v1/eval-runs", {"model_version": version.number,
-                                                    "suite_version": suite_version.pk, "samples": 2}, key=key)
+    bad = api_client.post("/api/v1/eval-runs", {"model_version": version.number, **suite, "suite_version": 7},
+                          key=key)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "suite_version"]
+    started = api_client.post("/api/v1/eval-runs", {"model_version": version.number, **suite, "samples": 2}, key=key)
     assert started.status_code == 201 and started.json()["status"] == "queued"
     run_id = started.json()["id"]
     got = api_client.get(f"/api/v1/eval-runs/{run_id}", key=key).json()
     assert (got["status"], got["model_version"], got["samples"], got["cases"]) == ("queued", version.number, 2, [])
+    assert (got["suite"], got["suite_version"]) == (suite["suite"], suite["suite_version"])
     assert api_client.post(f"/api/v1/eval-runs/{run_id}/retry", key=key).status_code == 409  # still queued
     assert api_client.post(f"/api/v1/eval-runs/{run_id}/cancel", key=key).json()["status"] == "cancelled"
     assert api_client.post(f"/api/v1/eval-runs/{run_id}/cancel", key=key).status_code == 409

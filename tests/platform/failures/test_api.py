@@ -27,9 +27,9 @@ def test_modes_are_listed_with_read_and_created_with_review(api_client, project,
     created = api_client.post("/api/v1/failure-modes", {"name": "Bad ids", "category": "wrong_arguments"}, key=review_key)
     assert created.status_code == 201 and created.json()["category"] == "wrong_arguments"
     twice = api_client.post("/api/v1/failure-modes", {"name": "Bad ids"}, key=review_key)
-    assert twice.status_code == 422 and twice.json()["detail"].startswith("name:")
+    assert twice.status_code == 422 and twice.json()["detail"][0]["loc"] == ["body", "name"]
     unknown = api_client.post("/api/v1/failure-modes", {"name": "Y", "category": "nope"}, key=review_key)
-    assert unknown.status_code == 422 and unknown.json()["detail"].startswith("category:")
+    assert unknown.status_code == 422 and unknown.json()["detail"][0]["loc"] == ["body", "category"]
 
 
 def test_assign_by_ids_or_filter_counts_only_new_and_stays_in_the_keys_project(
@@ -47,9 +47,10 @@ def test_assign_by_ids_or_filter_counts_only_new_and_stays_in_the_keys_project(
     assert FailureModeAssignment.objects.filter(failure_mode=mode).count() == 3
     assert ReviewChange.objects.filter(trajectory=eu[1], user=user, field="modes").exists()
     both = api_client.post(url, {"trajectory_ids": [eu[0].pk], "filter": {"agent": "eu-bot"}}, key=review_key)
-    assert both.status_code == 422
+    assert both.status_code == 422 and both.json()["detail"][0]["loc"] == ["body", "trajectory_ids"]
     bad_filter = api_client.post(url, {"filter": {"signal": "nonsense"}}, key=review_key)
-    assert bad_filter.status_code == 422 and "signal" in bad_filter.json()["detail"]
+    problem = bad_filter.json()["detail"][0]
+    assert bad_filter.status_code == 422 and problem["loc"] == ["body", "filter"] and "signal" in problem["msg"]
     removed = api_client.post(f"/api/v1/failure-modes/{mode.pk}/unassign", {"trajectory_ids": [eu[0].pk]}, key=review_key)
     assert removed.json() == {"count": 1}
     other_key = api_key_create(project=foreign.project, name="k", scopes=["review"], created_by=user).raw_key

@@ -28,8 +28,10 @@ def client(api_client, api_key):
 def test_one_object(client, project, make_record):
     response = client.post(URL, make_record("t-1"))
     assert response.status_code == 200, response.content
-    assert response.json() == {"accepted": 1, "created": 1, "updated": 0, "rejected": []}
-    assert Trajectory.objects.get(project=project, external_id="t-1").source == "api"
+    stored = Trajectory.objects.get(project=project, external_id="t-1")
+    assert response.json() == {"accepted": 1, "created": 1, "updated": 0, "rejected": [],
+                               "records": [{"index": 0, "external_id": "t-1", "id": stored.pk}]}
+    assert stored.source == "api"
 
 
 def test_array_with_a_bad_record(client, project, make_record):
@@ -43,6 +45,11 @@ def test_array_with_a_bad_record(client, project, make_record):
     assert body["rejected"][0]["external_id"] == "t-bad"
     assert body["rejected"][0]["errors"][0]["field"] == "messages[2].tool_calls[0].function.name"
     assert Trajectory.objects.filter(project=project).count() == 2
+    # Each accepted record with its trajectory's id, so that a script can go on without a search.
+    ids = dict(Trajectory.objects.filter(project=project).values_list("external_id", "id"))
+    assert body["records"] == [{"index": 0, "external_id": "t-1", "id": ids["t-1"]},
+                               {"index": 2, "external_id": "t-2", "id": ids["t-2"]}]
+    assert client.get(f"{URL}/{body['records'][1]['id']}").json()["external_id"] == "t-2"
 
 
 def test_ndjson_rejections_name_the_line_counting_blank_ones(client, project, make_record):
@@ -53,21 +60,28 @@ def test_ndjson_rejections_name_the_line_counting_blank_ones(client, project, ma
     body = response.json()
     assert body["accepted"] == 2
     assert [(r["index"], r["external_id"]) for r in body["rejected"]] == [(2, None), (4, "t-bad")]
+    assert [(r["index"], r["external_id"]) for r in body["records"]] == [(0, "t-1"), (5, "t-2")]
     assert "not valid JSON" in body["rejected"][0]["errors"][0]["message"]
     assert body["rejected"][1]["errors"][0]["field"] == "outcome"
 
 
 def test_replay_updates(client, project, make_record):
-    client.post(URL, [make_record("t-1"), make_record("t-2")])
-    response = client.post(URL, [make_record("t-1", outcome="failure"), make_record("t-3")])
-    assert response.json() == {"accepted": 2, "created": 1, "updated": 1, "rejected": []}
+    first = client.post(URL, [make_record("t-1"), make_record("t-2")]).json()["records"]
+    response = client.post(URL, [make_record("t-1", outcome="failure"), make_record("t-3"), make_record("t-3")])
+    body = response.json()
+    assert {k: body[k] for k in ("accepted", "created", "updated", "rejected")} == {
+        "accepted": 3, "created": 1, "updated": 2, "rejected": []}
     assert Trajectory.objects.filter(project=project).count() == 3
+    # A replay names the trajectory it updated; a record repeated in one batch names the one row it became.
+    assert body["records"][0] == {"index": 0, "external_id": "t-1", "id": first[0]["id"]}
+    assert body["records"][1]["id"] == body["records"][2]["id"] == Trajectory.objects.get(external_id="t-3").pk
 
 
 def test_every_record_rejected_is_422_with_the_same_shape(client):
     response = client.post(URL, [{"external_id": "x"}])
     assert response.status_code == 422
     assert response.json()["rejected"][0]["errors"][0]["field"] == "messages"
+    assert response.json()["records"] == []
 
 
 def test_invalid_json_is_400(client):

@@ -1,7 +1,7 @@
 """The clustering endpoints of the JSON API: start a run over a filter, read its status, progress and clusters,
 and decide on a suggestion (accept, merge, split, dismiss) as the page does.
 
-Keys and scopes work as for trajectories (flywheel.trajectories.api): the key decides the project; reading
+Keys, scopes and errors are the API's shared ones (flywheel.api): the key decides the project; reading
 needs `read`, starting a run and deciding need `review`. A run or decision is recorded as the person who made
 the key."""
 
@@ -12,20 +12,17 @@ from typing import Any, Literal
 
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest
-from ninja import Field, Router, Schema
+from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
 
-from flywheel.accounts.models import Scope
 from flywheel.api import api
+from flywheel.api.auth import read_auth, review_auth
+from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.failures.clustering import services
 from flywheel.failures.clustering.models import ClusteringRun, ClusterSuggestion
 from flywheel.failures.models import FailureMode
-from flywheel.trajectories.api import ApiKeyAuth, ErrorOut, ValidationErrorOut, read_auth
 
-review_auth = ApiKeyAuth(Scope.REVIEW)
 router = Router(tags=["clustering"])
-
-_ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ValidationErrorOut | ErrorOut, 429: ErrorOut, 503: ErrorOut}
 
 
 class ClusteringIn(Schema):
@@ -78,12 +75,6 @@ class DecisionIn(Schema):
     failure_mode_id: int | None = Field(None, description="merge: the mode to merge into")
 
 
-def _validation(exc: ValidationError) -> HttpError:
-    fields = getattr(exc, "message_dict", {}) or {}
-    parts = [f"{field}: {' '.join(messages)}" for field, messages in fields.items()] or exc.messages
-    return HttpError(422, "; ".join(parts))
-
-
 def _cluster(s: ClusterSuggestion) -> dict[str, Any]:
     return {
         "id": s.pk,
@@ -117,15 +108,13 @@ def _run_out(run: ClusteringRun) -> dict[str, Any]:
 
 
 @router.post("/clusterings", auth=review_auth, response={201: CreatedOut, **_ERRORS}, summary="Start a clustering run")
-def clustering_create(request: HttpRequest, body: ClusteringIn) -> tuple[int, dict]:
+def clustering_create(request: HttpRequest, body: ClusteringIn) -> Status:
     try:
         run_filter = services.run_filter_parse(body.model_dump())
         run = services.clustering_run_start(project=request.auth.project, user=request.auth.created_by, run_filter=run_filter)
-    except ValidationError as exc:
-        raise _validation(exc) from None
     except services.ClusteringRefused as exc:
         raise HttpError(409, str(exc)) from None
-    return 201, {"id": run.pk}
+    return Status(201, {"id": run.pk})
 
 
 @router.get("/clusterings/{clustering_id}", auth=read_auth, response={200: ClusteringOut, **_ERRORS}, summary="A clustering run")
@@ -160,8 +149,6 @@ def suggestion_decide(request: HttpRequest, suggestion_id: int, body: DecisionIn
             services.suggestion_split(suggestion=suggestion, user=user)
         else:
             services.suggestion_dismiss(suggestion=suggestion, user=user)
-    except ValidationError as exc:
-        raise _validation(exc) from None
     except services.ClusteringRefused as exc:
         raise HttpError(409, str(exc)) from None
     suggestion.refresh_from_db()

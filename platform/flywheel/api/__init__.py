@@ -1,0 +1,128 @@
+"""The JSON API: the Ninja instance (`api`) and the parts every app's endpoints share.
+
+`auth` (key authentication and scopes), `errors` (error shapes, field errors, handlers), `pagination`
+(keyset pages) and `collections` (the endpoints eval suites and task sets share) live here; an app's own
+endpoints live in its `api` module, which registers its router on `api`, and never import another app's."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest
+from ninja import Field, NinjaAPI, Router, Schema
+
+from flywheel.api import errors
+
+# The version in the URL (/api/v1/), in the schema's info.version and in GET /api/v1/version: one constant
+# the Python client checks before it sends anything.
+API_VERSION = "1"
+
+DESCRIPTION = (
+    "Authenticate with a project API key: `Authorization: Bearer KEY`. A key belongs to one project, so no "
+    "URL names a project: every call reads and writes the key's project. Optionally pass `?project=SLUG` "
+    "as a guard; a slug other than the key's project is refused with 403. Scopes: `ingest` for the POST "
+    "endpoints of ingestion, `read` for the GET ones, `review` for failure modes, the review queue and "
+    "promotion into suites and task sets, `train` for training jobs, eval runs and the training recipe, "
+    "`promote` for moving production, the gate's rules and base models (403 without). No key or an unknown "
+    "or revoked one: 401. A body over FLYWHEEL_MAX_REQUEST_BYTES (or a batch over "
+    "FLYWHEEL_MAX_BATCH_RECORDS records): 413, naming the limit.\n\n"
+    "Versioned things are named the same way everywhere: a task set or an eval suite by its id, one of its "
+    "versions by its number within it (`{\"task_set\": 3, \"task_set_version\": 2}`), a model version by its "
+    "number (v4 is 4). Every answer names them the same way, and every record an answer creates or accepts "
+    "carries its id. A wrong field is a 422 whose `detail` gives its path (`loc`) and what is wrong (`msg`)."
+)
+
+
+def platform_version() -> str:
+    try:
+        return importlib.metadata.version("flywheel")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+class FlywheelAPI(NinjaAPI):
+    """NinjaAPI with its OpenAPI schema built once per process (each build walks every operation and
+    model: a fifth of a second), and with components that no operation's signature names (a request body
+    written by hand, such as ingestion's JSON-or-NDJSON one) added with `add_component`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Set first: NinjaAPI's own __init__ adds its default router.
+        self._schemas: dict[str, Any] = {}
+        self._components: list[type] = []
+        super().__init__(*args, **kwargs)
+
+    def add_component(self, model: type) -> None:
+        """Publish a pydantic model under #/components/schemas/<its name>."""
+        self._components.append(model)
+        self._schemas.clear()
+
+    def add_router(self, *args: Any, **kwargs: Any) -> None:
+        super().add_router(*args, **kwargs)
+        self._schemas.clear()
+
+    def validation_error_from_error_contexts(self, error_contexts: list[Any]) -> Any:
+        """A body field's path without the handler's parameter name (`["body", "config", "beta"]`, not
+        `["body", "body", "config", "beta"]`): the path a service's field error has (errors.field_errors)."""
+        exc = super().validation_error_from_error_contexts(error_contexts)
+        for error in exc.errors:
+            loc = tuple(error["loc"])
+            if len(loc) > 2 and loc[0] == "body":
+                error["loc"] = (loc[0], *loc[2:])
+        return exc
+
+    def get_openapi_schema(self, *, path_prefix: str | None = None, path_params: dict[str, Any] | None = None) -> Any:
+        if path_prefix is None:
+            path_prefix = self.get_root_path(path_params or {})
+        schema = self._schemas.get(path_prefix)
+        if schema is None:
+            schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in self._components:
+                generated = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                for name, definition in generated.pop("$defs", {}).items():
+                    components.setdefault(name, definition)
+                components.setdefault(model.__name__, generated)
+            self._schemas[path_prefix] = schema
+        return schema
+
+
+api = FlywheelAPI(title="Flywheel API", version=API_VERSION, urls_namespace="api", description=DESCRIPTION)
+errors.install(api)
+
+
+class LimitsOut(Schema):
+    max_batch_records: int = Field(description="Records a POST of trajectories may carry (FLYWHEEL_MAX_BATCH_RECORDS)")
+    max_request_bytes: int = Field(description="Bytes a request body may have (FLYWHEEL_MAX_REQUEST_BYTES)")
+
+
+class ApiVersionOut(Schema):
+    api_version: str
+    platform_version: str
+    limits: LimitsOut = Field(description="What one request may carry: a client sizes its batches by them")
+
+
+meta_router = Router(tags=["meta"])
+
+
+@meta_router.get("/version", auth=None, response={200: ApiVersionOut}, summary="The API's and the platform's version",
+                 description="No key needed. A client checks `api_version` before anything else: a different one "
+                             "means another API than the one it was written for.")
+def version(request: HttpRequest) -> dict[str, Any]:
+    return {"api_version": API_VERSION, "platform_version": platform_version(),
+            "limits": {"max_batch_records": settings.FLYWHEEL_MAX_BATCH_RECORDS,
+                       "max_request_bytes": settings.FLYWHEEL_MAX_REQUEST_BYTES}}
+
+
+api.add_router("", meta_router)
+
+# Routers register themselves on import; importing them here loads them with the URLconf.
+from flywheel.environments import api as _environments_api  # noqa: E402, F401
+from flywheel.evals import api as _evals_api  # noqa: E402, F401
+from flywheel.evals import run_api as _eval_runs_api  # noqa: E402, F401
+from flywheel.failures import api as _failures_api  # noqa: E402, F401
+from flywheel.failures.clustering import api as _clustering_api  # noqa: E402, F401
+from flywheel.registry import api as _registry_api  # noqa: E402, F401
+from flywheel.training import api as _training_api  # noqa: E402, F401
+from flywheel.trajectories import api as _trajectories_api  # noqa: E402, F401

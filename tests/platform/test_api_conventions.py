@@ -1,0 +1,134 @@
+"""What every part of the API shares: one home for its parts (no app's API module imports another app's),
+one version a client can read, a schema built once per process, and one shape for a wrong field."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PLATFORM = Path(__file__).resolve().parents[2] / "platform"
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PLATFORM).with_suffix("").parts)
+
+
+def _is_app_api(module: str) -> bool:
+    """flywheel.<app>.<...>.<name with "api"> (the shared package flywheel.api is no app's)."""
+    parts = module.split(".")
+    return len(parts) >= 3 and parts[0] == "flywheel" and parts[1] != "api" and "api" in parts[-1]
+
+
+def foreign_api_imports(module: str, source: str) -> list[str]:
+    """The API modules of other apps that `module`'s source imports (`import x`, `from x import y`, also a
+    module imported by name from its package: `from flywheel.evals import api`)."""
+    app = module.split(".")[1]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found += [name for name in names if _is_app_api(name) and name.split(".")[1] != app]
+    return sorted(set(found))
+
+
+def test_the_import_check_finds_a_foreign_api_import():
+    # The check itself must be able to fail: each form of importing another app's API module is found.
+    for source in ("from flywheel.training.api import train_auth", "from flywheel.trajectories import api",
+                   "import flywheel.evals.run_api", "from flywheel.failures.clustering.api import router"):
+        assert foreign_api_imports("flywheel.registry.api", source), source
+    assert foreign_api_imports("flywheel.evals.run_api", "from flywheel.evals.api import router") == []
+    assert foreign_api_imports("flywheel.evals.run_api", "from flywheel.api.auth import read_auth") == []
+
+
+def test_no_app_api_module_imports_another_apps():
+    modules = {_module_name(path): path for path in (PLATFORM / "flywheel").rglob("*.py")}
+    api_modules = sorted(name for name in modules if _is_app_api(name))
+    assert {"flywheel.trajectories.api", "flywheel.evals.run_api", "flywheel.failures.clustering.api"} <= set(api_modules)
+    wrong = {name: foreign for name in api_modules
+             if (foreign := foreign_api_imports(name, modules[name].read_text()))}
+    assert not wrong, f"API modules importing another app's API module (use flywheel.api): {wrong}"
+
+
+@pytest.mark.django_db
+def test_the_version_is_one_constant_a_client_reads_without_a_key(client, settings):
+    from flywheel.api import API_VERSION, platform_version
+
+    settings.FLYWHEEL_MAX_BATCH_RECORDS = 7
+    answer = client.get("/api/v1/version")
+    assert answer.status_code == 200
+    assert answer.json() == {"api_version": API_VERSION, "platform_version": platform_version(), "limits": {
+        "max_batch_records": 7, "max_request_bytes": settings.FLYWHEEL_MAX_REQUEST_BYTES}}
+    assert API_VERSION == "1" and platform_version() not in ("", "unknown")
+    schema = client.get("/api/v1/openapi.json").json()
+    assert schema["info"]["version"] == API_VERSION
+    assert schema["paths"]["/api/v1/version"]["get"].get("security") in (None, [])
+
+
+@pytest.mark.django_db
+def test_the_schema_is_built_once_per_process(client, monkeypatch):
+    from ninja import NinjaAPI
+
+    from flywheel.api import api
+
+    builds = []
+    build = NinjaAPI.get_openapi_schema
+
+    def counted(self, **kwargs):
+        builds.append(kwargs)
+        return build(self, **kwargs)
+
+    monkeypatch.setattr(NinjaAPI, "get_openapi_schema", counted)
+    api._schemas.clear()
+    first = client.get("/api/v1/openapi.json").json()
+    for _ in range(3):
+        assert client.get("/api/v1/openapi.json").json() == first
+    assert len(builds) == 1
+    # What the hand-written ingestion body points at is published, and so is every new operation.
+    assert "TrajectoryIn" in first["components"]["schemas"]
+    for path in ("/api/v1/training-jobs/{job_id}/curves", "/api/v1/training-jobs/compare", "/api/v1/eval-runs/compare",
+                 "/api/v1/gate-settings", "/api/v1/training-recipe", "/api/v1/base-models"):
+        assert path in first["paths"], path
+
+
+@pytest.mark.django_db
+def test_a_service_refusal_and_a_parse_error_have_one_shape(api_client, project, make_api_key):
+    key = make_api_key(project, scopes=["train", "read"])
+    # pydantic refuses a number that is not one; the service refuses a recipe field: the same shape, by path.
+    parsed = api_client.post("/api/v1/training-jobs", {"task_set": "three", "task_set_version": 1}, key=key)
+    refused = api_client.put("/api/v1/training-recipe", {"config": {"beta": -1}}, key=key)
+    for answer, loc in ((parsed, ["body", "task_set"]), (refused, ["body", "config", "beta"])):
+        assert answer.status_code == 422, answer.content
+        problem = answer.json()["detail"][0]
+        assert problem["loc"] == loc and problem["msg"] and problem["type"]
+    # A query parameter's path names it alone, as before.
+    listed = api_client.get("/api/v1/training-jobs", {"limit": 0}, key=key)
+    assert listed.status_code == 422 and listed.json()["detail"][0]["loc"] == ["query", "limit"]
+
+
+def test_no_two_api_models_share_a_name():
+    """The schema names a model by its class name: two of one name would publish one under the other's."""
+    import importlib
+    import inspect
+
+    from pydantic import BaseModel
+
+    import flywheel.api  # noqa: F401  (loads every app's API module)
+
+    seen: dict[str, str] = {}
+    clashes = []
+    for path in sorted((PLATFORM / "flywheel").rglob("*.py")):
+        name = _module_name(path)
+        if not (_is_app_api(name) or name.startswith("flywheel.api") or name == "flywheel.trajectories.schemas"):
+            continue
+        module = importlib.import_module(name.removesuffix(".__init__"))
+        for cls_name, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, BaseModel) and cls.__module__ == module.__name__:
+                if seen.setdefault(cls_name, module.__name__) != module.__name__:
+                    clashes.append(f"{cls_name}: {seen[cls_name]} and {module.__name__}")
+    assert not clashes, clashes

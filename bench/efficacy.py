@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--model", help="a built demo model (else built once into --workdir/tiny-demo)")
+    parser.add_argument("--model", help="a demo model folder (else the shipped one, copied to --workdir/tiny-demo)")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="build the demo model on this machine instead of copying the shipped one")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a new temporary one)")
     parser.add_argument("--algorithm", default="grpo", help="grpo (the button's), sft, dpo or sft_grpo")
     parser.add_argument("--config", nargs="*", default=[], metavar="FIELD=VALUE",
@@ -73,7 +75,7 @@ def main() -> int:
     from flywheel.training.models import TrainingJob
 
     t0 = time.perf_counter()
-    model_dir = Path(args.model) if args.model else build_demo_model(work / "tiny-demo")
+    model_dir = Path(args.model) if args.model else build_demo_model(work / "tiny-demo", rebuild=args.rebuild)
     built_s = time.perf_counter() - t0
     user = get_user_model().objects.filter(username="bench").first() or \
         get_user_model().objects.create_user("bench", password="bench-password-1")

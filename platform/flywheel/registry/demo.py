@@ -62,24 +62,36 @@ def registry_demo_seed(*, project: Project) -> bool:
     return True
 
 
-def build_demo_model(folder: Path, *, progress=None) -> Path:
-    """The demo's model in `folder`, built once: the trainer's tiny CPU model. `progress(text)` hears how far
-    the build is."""
+# The demo model as shipped: the trainer's tiny model (`trainer.tiny.build_tiny`, seed 0, 1000 steps), built
+# once and kept in the repository, so that every machine starts the demo from the same weights. A build
+# follows the CPU's numerics (an AVX2-only machine builds other weights from the same seed), and the demo's
+# recipe and figures were measured on these. `tiny.json` records how it was built.
+SHIPPED_DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
+
+
+def build_demo_model(folder: Path, *, progress=None, rebuild: bool = False) -> Path:
+    """The demo's model in `folder`, once: a copy of the shipped model, or with `rebuild` (or none shipped) the
+    trainer's tiny CPU model built here. `progress(text)` hears how far a build is."""
     from trainer.tiny import build_tiny
 
     if not (folder / "tiny.json").exists():
-        # Built aside and renamed: a worker stopped halfway leaves no folder that looks finished.
+        # Made aside and renamed: a worker stopped halfway leaves no folder that looks finished.
         tmp = folder.with_name(folder.name + ".building")
         shutil.rmtree(tmp, ignore_errors=True)
-        steps = 1000
+        if (SHIPPED_DEMO_MODEL / "tiny.json").exists() and not rebuild:
+            if progress:
+                progress("Copying the demo model to the models folder.")
+            shutil.copytree(SHIPPED_DEMO_MODEL, tmp)
+        else:
+            steps = 1000
 
-        def log(event: dict) -> None:
-            if progress and event.get("event") == "step":
-                progress(f"Building the demo model on the worker: step {event['step']} of {steps}.")
+            def log(event: dict) -> None:
+                if progress and event.get("event") == "step":
+                    progress(f"Building the demo model on the worker: step {event['step']} of {steps}.")
 
-        if progress:
-            progress("Building the demo model on the worker: starting.")
-        build_tiny(tmp, steps=steps, log=log)
+            if progress:
+                progress("Building the demo model on the worker: starting.")
+            build_tiny(tmp, steps=steps, log=log)
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
     return folder

@@ -88,9 +88,11 @@ FUZZ_SETTINGS = hypothesis_settings(
 # the trainer knows, matchers, RE2 patterns) are checked by trainer.verifiers and refused field by field.
 # The training recipe's `config` is an object of GRPOConfig fields, checked by the trainer's own config class;
 # a base model's `path` must be a model folder on the workers' disk; and a non-inferiority test of the gate
-# needs a tolerance above 0, which no one rule's schema can say.
+# needs a tolerance above 0, which no one rule's schema can say. An environment server's `url` must be under an
+# allowed prefix and answer /reset.
 LOOSE_BODIES = {("POST", "/trajectories"), ("POST", "/otlp/v1/traces"), ("POST", "/verifier-calibrations"),
-                ("PUT", "/training-recipe"), ("POST", "/base-models"), ("PUT", "/gate-settings")}
+                ("PUT", "/training-recipe"), ("POST", "/base-models"), ("PUT", "/gate-settings"),
+                ("POST", "/environment-servers")}
 
 
 def _call(case, headers: dict[str, str]) -> None:

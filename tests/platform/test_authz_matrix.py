@@ -226,6 +226,7 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "api/v1/task-sets/<task_set_id>/promotions": (NOT_ALLOWED, api(401, 403, 403, 403)),
     "api/v1/task-sets/<task_set_id>/promotions/bulk": (NOT_ALLOWED, api(401, 403, 403, 403)),
     "api/v1/task-sets/<task_set_id>/tasks/<task_id>/variants": (NOT_ALLOWED, api(401, 403, 403, 403)),
+    "api/v1/environment-servers": (api(401, 200, 403, 200), api(401, 403, 403, 403)),  # registering: `review`
     # Calibration computes and writes nothing: `read` (another project's key calibrates on its own project).
     "api/v1/verifier-calibrations": (NOT_ALLOWED, api(401, 200, 403, 200)),
     # The Django admin is for superusers only (none of these visitors): its login page shows to all...

@@ -34,6 +34,8 @@ class CollectionIn(Schema):
     name: str = Field(min_length=1, max_length=120, pattern=r"\S", description="unique in the project")
     kind: Literal["holdout", "regression"] = Field(default=SuiteKind.REGRESSION, description="eval suites only")
     description: str = ""
+    server: int | None = Field(default=None, description="task sets only: the id of a registered environment "
+                               "server (`GET /api/v1/environment-servers`) whose episodes its tasks run in")
 
 
 class CollectionOut(Schema):
@@ -274,10 +276,16 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
                 c = suite_create(project=request.auth.project, name=body.name, kind=body.kind,
                                  description=body.description, user=request.auth.created_by)
             else:
+                from flywheel.environments.models import EnvironmentServer
                 from flywheel.environments.services import task_set_create
 
+                server = None
+                if body.server is not None:
+                    server = EnvironmentServer.objects.filter(project=request.auth.project, pk=body.server).first()
+                    if server is None:
+                        raise ValidationError({"server": f"No environment server {body.server} in this project."})
                 c = task_set_create(project=request.auth.project, name=body.name, description=body.description,
-                                    user=request.auth.created_by)
+                                    user=request.auth.created_by, server=server)
         except ValidationError as exc:
             return Status(422, {"detail": f"The {label} was not created.", "errors": exc.message_dict, "conflicts": [],
                                 "checks": {"original": None, "reference": None, "warnings": []}})

@@ -1,18 +1,20 @@
 """The task-set endpoints of the JSON API: the operations eval suites share (flywheel.api.collections), plus
-synthetic variants of a task."""
+synthetic variants of a task, and the project's environment servers."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from django.http import HttpRequest
-from ninja import Field, Schema
+from ninja import Field, Schema, Status
 from ninja.errors import HttpError
 
-from flywheel.api.auth import review_auth
+from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.collections import ItemOut, item_out, register
 from flywheel.api.errors import ERRORS
-from flywheel.environments.models import Task, TaskSet
+from flywheel.environments.models import EnvironmentServer, Task, TaskSet
+from flywheel.environments.services import environment_server_register
 from flywheel.environments.variants import task_variants_create
 
 router = register(model=TaskSet, prefix="task-sets", tag="task-sets", id_name="task_set_id")
@@ -45,3 +47,46 @@ def task_variants(request: HttpRequest, task_set_id: int, task_id: int, body: Va
     return {"saved": [item_out(t) for t in result.saved],
             "skipped": [{"what": what, "why": why} for what, why in result.skipped],
             "version": result.version.number if result.version else None}
+
+
+class EnvironmentServerIn(Schema):
+    name: str = Field(min_length=1, max_length=120, pattern=r"\S", description="unique in the project")
+    url: str = Field(min_length=1, max_length=500, description="under a prefix FLYWHEEL_ENV_URL_ALLOWLIST lists")
+    description: str = Field(default="", max_length=2000)
+
+
+class EnvironmentServerOut(Schema):
+    id: int
+    name: str
+    url: str
+    description: str
+    checked_at: datetime | None = Field(description="the last time it answered /reset")
+    created_at: datetime
+
+
+def _server_out(server: EnvironmentServer) -> dict[str, Any]:
+    return {"id": server.pk, "name": server.name, "url": server.url, "description": server.description,
+            "checked_at": server.checked_at, "created_at": server.created_at}
+
+
+@router.get("/environment-servers", auth=read_auth, response={200: list[EnvironmentServerOut], **ERRORS},
+            summary="List the project's environment servers", operation_id="environment-servers_list")
+def environment_servers_list(request: HttpRequest) -> list[dict[str, Any]]:
+    return [_server_out(s) for s in EnvironmentServer.objects.filter(project=request.auth.project)]
+
+
+@router.post(
+    "/environment-servers", auth=review_auth, response={201: EnvironmentServerOut, **ERRORS},
+    summary="Register an environment server",
+    description="A team's own environment server (the trainer's `http` environment), at a URL the operator allows "
+                "(FLYWHEEL_ENV_URL_ALLOWLIST, and the outbound allowlist for a private address). It is saved only "
+                "once it answered `POST /reset`; 422 names the field otherwise. A task set made with its id as "
+                "`server` runs its tasks there.",
+    operation_id="environment-servers_register",
+)
+def environment_servers_register(request: HttpRequest, body: EnvironmentServerIn) -> Status:
+    if "\x00" in body.name + body.url + body.description:
+        raise HttpError(422, "name, url and description may not hold a NUL character.")
+    server = environment_server_register(project=request.auth.project, name=body.name, url=body.url,
+                                         description=body.description, user=request.auth.created_by)
+    return Status(201, _server_out(server))

@@ -34,15 +34,22 @@ def _versions(job: TrainingJob) -> list[dict[str, Any]]:
     def label(version) -> str | None:
         return None if version is None else f"{version} · {version.size} rows · {version.content_hash[:12]}"
 
+    def named(version, collection: str) -> dict[str, Any]:
+        # The API's one convention for versioned things: the collection's id and the version's number.
+        if version is None:
+            return {collection: None, f"{collection}_version": None}
+        owner_id = version.task_set_id if collection == "task_set" else version.suite_id
+        return {collection: owner_id, f"{collection}_version": version.number}
+
     return [
         {"name": "task_set_version", "label": "Task set", "value": label(job.task_set_version),
-         "id": job.task_set_version_id},
+         **named(job.task_set_version, "task_set")},
         {"name": "holdout_version", "label": "Holdout", "value": label(job.holdout_version),
-         "id": job.holdout_version_id},
+         **named(job.holdout_version, "holdout")},
         {"name": "regression_version", "label": "Regression suite", "value": label(job.regression_version),
-         "id": job.regression_version_id},
+         **named(job.regression_version, "regression")},
         {"name": "base_version", "label": "Starts from", "value": f"v{job.base_version.number} · {job.base_version.base.name}",
-         "id": job.base_version_id},
+         "model_version": job.base_version.number},
     ]
 
 

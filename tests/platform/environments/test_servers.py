@@ -210,3 +210,25 @@ def test_a_promotion_the_server_fails_is_a_field_error(project, user, bookings, 
         trajectory_promote(trajectory=bookings["b-1"], data=data, target=task_set, user=user)
     assert "environment server" in exc.value.check.errors["env_type"][0]
     assert not task_set.tasks.exists()
+
+
+def test_the_api_registers_a_server_and_makes_a_task_set_on_it(project, env_server, api_client, make_api_key,
+                                                               make_project, settings):
+    key = make_api_key(project, scopes=["read", "review"])
+    refused = api_client.post("/api/v1/environment-servers", {"name": "gym", "url": "http://10.0.0.9/"}, key=key)
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "url"]
+    assert "FLYWHEEL_ENV_URL_ALLOWLIST" in refused.json()["detail"][0]["msg"] and env_server.calls == []
+    made = api_client.post("/api/v1/environment-servers", {"name": "gym", "url": env_server.url}, key=key)
+    assert made.status_code == 201 and env_server.calls == ["/reset"]
+    server_id = made.json()["id"]
+    assert [s["id"] for s in api_client.get("/api/v1/environment-servers", key=key).json()] == [server_id]
+    task_set = api_client.post("/api/v1/task-sets", {"name": "on the gym", "server": server_id}, key=key)
+    assert task_set.status_code == 201
+    from flywheel.environments.models import TaskSet
+
+    assert TaskSet.objects.get(pk=task_set.json()["id"]).server_id == server_id
+    # Another project's server is not this project's to use, nor to list.
+    other = make_api_key(make_project("other"), scopes=["read", "review"])
+    assert api_client.get("/api/v1/environment-servers", key=other).json() == []
+    theirs = api_client.post("/api/v1/task-sets", {"name": "x", "server": server_id}, key=other)
+    assert theirs.status_code == 422 and "server" in theirs.json()["errors"]

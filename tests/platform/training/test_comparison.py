@@ -111,6 +111,9 @@ def test_a_jobs_settings_list_every_config_field_resolved_with_the_defaults_mark
     assert [v["name"] for v in settings["versions"]] == ["task_set_version", "holdout_version", "regression_version",
                                                          "base_version"]
     assert settings["versions"][0]["value"].startswith("tickets v1 · 6 rows · ")
+    # Named as the API names versioned things: the collection's id and the version's number.
+    assert (settings["versions"][0]["task_set"], settings["versions"][0]["task_set_version"]) == (
+        job.task_set_version.task_set_id, job.task_set_version.number)
     # Not judged yet: the project's rules now, each marked against GateRules' defaults.
     assert settings["gate_rules_judged"] is False
     confidence = _row(settings["gate_rules"], "confidence")

@@ -22,9 +22,11 @@ from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
 from torch.optim.lr_scheduler import LRScheduler
 
+from trainer import jobdir
+
 
 def checkpoint_dirs(job_dir: Path) -> list[Path]:
-    root = job_dir / "checkpoints"
+    root = jobdir.checkpoints_dir(job_dir)
     return sorted(p for p in root.glob("step-*") if (p / "state.json").exists()) if root.exists() else []
 
 
@@ -36,9 +38,8 @@ def latest_checkpoint(job_dir: Path) -> Path | None:
 def save_checkpoint(job_dir: Path, step: int, model: PeftModel, optimizer: torch.optim.Optimizer,
                     state: dict[str, Any], rng: dict[str, Any], keep: int = 2,
                     scheduler: LRScheduler | None = None) -> Path:
-    root = job_dir / "checkpoints"
-    final = root / f"step-{step:06d}"
-    tmp = root / f".tmp-step-{step:06d}"
+    final = jobdir.checkpoint_dir(job_dir, step)
+    tmp = final.with_name(f".tmp-{final.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(str(tmp / "adapter"))
@@ -53,7 +54,7 @@ def save_checkpoint(job_dir: Path, step: int, model: PeftModel, optimizer: torch
     # Keep the newest `keep` and the best; older ones only cost disk.
     best = state.get("best_step")
     for old in checkpoint_dirs(job_dir)[:-keep]:
-        if best is None or old.name != f"step-{best:06d}":
+        if best is None or old.name != jobdir.checkpoint_dir(job_dir, best).name:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -109,7 +110,7 @@ def _tupled(value: Any) -> Any:
 def discard_after(job_dir: Path, step: int) -> list[Path]:
     """Remove the checkpoints of steps after `step`: resuming from an earlier one starts another future, and
     a later retry must not pick the abandoned one up as the newest."""
-    later = [p for p in checkpoint_dirs(job_dir) if int(p.name.split("-")[1]) > step]
+    later = [p for p in checkpoint_dirs(job_dir) if jobdir.checkpoint_step(p) > step]
     for p in later:
         shutil.rmtree(p, ignore_errors=True)
     return later

@@ -1,4 +1,4 @@
-"""Command line of the trainer: build-tiny, train, evaluate, score and demo.
+"""Command line of the trainer: build-tiny, train, evaluate, latency, score and demo.
 
 stdout carries only JSON lines (events, or score rows); logs and library chatter go to stderr. A failure
 prints an `{"event": "error", "step": ..., "message": ...}` line and exits with status 1.
@@ -112,6 +112,24 @@ def cmd_evaluate(args: argparse.Namespace, events: EventLog) -> int:
         write_jsonl(args.out, cases)
     events.emit("done", suite=str(args.suite), model=str(args.model), adapter=args.adapter, metrics=metrics,
                 cases=len(cases), results=args.out, seconds=round(time.perf_counter() - t0, 2))
+    return 0
+
+
+def cmd_latency(args: argparse.Namespace, events: EventLog) -> int:
+    """Per-case generation time of production (A) and a candidate (B): see `trainer.latency`."""
+    from trainer.config import read_jsonl, write_jsonl
+    from trainer.latency import measure_latency
+
+    t0 = time.perf_counter()
+    rows = measure_latency(args.model, read_jsonl(args.suite), adapter_a=args.adapter_a or None,
+                           adapter_b=args.adapter_b, cases=args.cases, max_new_tokens=args.max_new_tokens,
+                           temperature=args.temperature, seed=args.seed,
+                           on_case=lambda row: events.emit("latency", case=row))
+    if args.out:
+        write_jsonl(args.out, rows)
+    events.emit("done", suite=str(args.suite), model=str(args.model), adapter_a=args.adapter_a or None,
+                adapter_b=args.adapter_b, cases=len(rows), results=args.out,
+                seconds=round(time.perf_counter() - t0, 2))
     return 0
 
 
@@ -242,18 +260,35 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume-from", help="continue from this checkpoint folder (JOB/checkpoints/step-NNNNNN) "
                                          "instead of the newest; checkpoints of later steps are discarded")
     e = sub.add_parser("evaluate", help="evaluate a model (and adapter) on a suite JSONL")
+    # Every default is GRPOConfig's, so a measurement with no flags samples as a job's evaluation does.
+    from trainer.config import ENGINES, GRPOConfig
+
+    cfg = GRPOConfig()
     e.add_argument("--model", required=True)
     e.add_argument("--adapter")
     e.add_argument("--suite", required=True)
-    e.add_argument("--samples", type=int, default=4, help="samples per case")
-    e.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    e.add_argument("--max-new-tokens", type=int, default=64)
-    e.add_argument("--max-turns", type=int, default=None)
-    e.add_argument("--max-seq-len", type=int, default=2048, help="prompt and completion tokens of an episode")
-    e.add_argument("--engine", choices=["hf", "vllm"], default="hf")
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--samples", type=int, default=cfg.eval_samples_per_prompt, help="samples per case")
+    e.add_argument("--temperature", type=float, default=cfg.eval_temperature, help="0 = greedy")
+    e.add_argument("--max-new-tokens", type=int, default=cfg.max_new_tokens)
+    e.add_argument("--max-turns", type=int, default=cfg.max_turns)
+    e.add_argument("--max-seq-len", type=int, default=cfg.max_seq_len,
+                   help="prompt and completion tokens of an episode")
+    e.add_argument("--engine", choices=ENGINES, default=cfg.rollout_engine)
+    e.add_argument("--seed", type=int, default=cfg.seed)
     e.add_argument("--out", help="also write per-case results to this JSONL")
     e.add_argument("--threads", type=int, default=None)
+    lt = sub.add_parser("latency", help="per-case generation time of production (A) and a candidate (B), "
+                                        "one request at a time, A/B/B/A per case")
+    lt.add_argument("--model", required=True)
+    lt.add_argument("--adapter-a", default="", help="production's adapter; empty: the base model")
+    lt.add_argument("--adapter-b", required=True, help="the candidate's adapter")
+    lt.add_argument("--suite", required=True)
+    lt.add_argument("--cases", type=int, default=30, help="at most this many cases of the suite, chosen by --seed")
+    lt.add_argument("--max-new-tokens", type=int, default=cfg.max_new_tokens)
+    lt.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
+    lt.add_argument("--seed", type=int, default=0)
+    lt.add_argument("--out", help="also write per-case rows to this JSONL")
+    lt.add_argument("--threads", type=int, default=None)
     s = sub.add_parser("score", help="run verifiers only: CASES.jsonl x COMPLETIONS.jsonl")
     s.add_argument("cases")
     s.add_argument("completions")
@@ -285,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_libraries()
         _threads(getattr(args, "threads", None))
         handler = {"build-tiny": cmd_build_tiny, "train": cmd_train, "evaluate": cmd_evaluate,
-                   "demo": cmd_demo}[args.command]
+                   "latency": cmd_latency, "demo": cmd_demo}[args.command]
         return handler(args, events)
     except Exception as exc:
         from trainer.runner import JobFailed

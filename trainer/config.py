@@ -1,18 +1,24 @@
 """Typed configuration of a training job: `GRPOConfig` (TRL-style field names) and the job spec loader.
 
-A job directory holds `spec.json`, `train.jsonl`, `holdout.jsonl` and `regression.jsonl`; `load_spec` reads
-the spec, resolves paths against that directory and fails with a message that names the wrong field.
+GRPOConfig checks every field once, where it is made: its type (from its annotation) and its range, raising a
+`SpecError` whose `field` names it. `resolve_config` layers the algorithm's defaults under a job's values; the
+trainer reads a spec's config through it and the platform a stored job's. `load_spec` reads `spec.json`
+(`trainer.jobdir` names a job directory's files), resolves paths against its folder and fails the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trainer import jobdir
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "gspo")
 # DPO's losses, by TRL's DPOConfig names; `trainer.dpo` implements the standard (sigmoid) one.
@@ -33,7 +39,24 @@ DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "
 
 
 class SpecError(ValueError):
-    """A job spec or config value a user can fix; the message names the field."""
+    """A job spec or config value a user can fix. `field` names it as the spec does (`config.learning_rate`,
+    `model`, `train`; `spec` for the file as a whole) and the message, which names it too, says what is wrong.
+    When several fields are wrong at once (unknown names, wrong types), `errors` holds one message per field
+    and `field` is the first of them."""
+
+    def __init__(self, field: str, message: str, *, errors: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+        self.errors: dict[str, str] = dict(errors) if errors else {field: message}
+
+    def __reduce__(self) -> tuple:  # pickled whole (a worker's result, a subprocess): the field travels too
+        return type(self), (self.field, self.message), {"errors": self.errors}
+
+    @classmethod
+    def of(cls, errors: Mapping[str, str]) -> SpecError:
+        """One error for several fields: each keeps its own message."""
+        return cls(next(iter(errors)), "; ".join(errors.values()), errors=errors)
 
 
 @dataclass
@@ -194,45 +217,32 @@ class GRPOConfig:
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads; None = torch's default."})
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _check_choice("loss_type", self.loss_type, LOSS_TYPES + DPO_LOSS_TYPES)
         _check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
         _check_choice("rollout_engine", self.rollout_engine, ENGINES)
-        for name in ("num_prompts_per_step", "num_generations_per_prompt", "max_new_tokens", "max_steps",
-                     "num_iterations", "train_batch_size", "eval_interval", "eval_samples_per_prompt", "r"):
-            if int(getattr(self, name)) < 1:
-                raise SpecError(f"config.{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.temperature <= 0:
-            raise SpecError("config.temperature must be > 0 for sampled rollouts")
-        if self.max_turns is not None and (isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int)
-                                           or self.max_turns < 1):
-            raise SpecError(f"config.max_turns must be null or an integer >= 1, got {self.max_turns!r}")
-        if not 0 < self.top_p <= 1:
-            raise SpecError(f"config.top_p must be in (0, 1], got {self.top_p!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise SpecError(f"config.top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if (self.top_p < 1 or self.top_k > 0) and not self.importance_sampling_correction:
-            # The sampler's distribution is the truncated one; only the IS weight tells the loss so.
-            raise SpecError("config.top_p/top_k truncate the sampling distribution and the loss accounts for that "
-                            "through importance sampling: set importance_sampling_correction to true, or leave "
-                            "top_p at 1 and top_k at 0")
-        if not 0 <= self.epsilon < 1:
-            raise SpecError(f"config.epsilon must be in [0, 1), got {self.epsilon!r}")
-        if not self.beta >= 0:
-            raise SpecError(f"config.beta (the KL coefficient) must be >= 0, got {self.beta!r}")
-        if not self.learning_rate > 0:
-            raise SpecError(f"config.learning_rate must be > 0, got {self.learning_rate!r}")
-        if not self.sft_learning_rate > 0:
-            raise SpecError(f"config.sft_learning_rate must be > 0, got {self.sft_learning_rate!r}")
         if self.lr_scheduler_type is not None:
             _check_choice("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS)
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise SpecError(f"config.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
-        if not 0 <= self.warmup_ratio <= 1:
-            raise SpecError(f"config.warmup_ratio must be in [0, 1], got {self.warmup_ratio!r}")
-        for name in ("save_steps", "rollout_batch_groups"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise SpecError(f"config.{name} must be null or an integer >= 1, got {value!r}")
+        for name in ("num_prompts_per_step", "num_generations_per_prompt", "max_new_tokens", "max_steps",
+                     "num_iterations", "train_batch_size", "eval_interval", "eval_samples_per_prompt", "r"):
+            _check(self, name, getattr(self, name) >= 1, "must be >= 1")
+        for name in ("max_turns", "save_steps", "rollout_batch_groups"):
+            _check(self, name, getattr(self, name) is None or getattr(self, name) >= 1, "must be null or >= 1")
+        _check(self, "temperature", self.temperature > 0, "must be > 0 for sampled rollouts")
+        _check(self, "top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
+        _check(self, "top_k", self.top_k >= 0, "must be >= 0 (0 = off)")
+        if (self.top_p < 1 or self.top_k > 0) and not self.importance_sampling_correction:
+            # The sampler's distribution is the truncated one; only the IS weight tells the loss so.
+            raise SpecError("config.importance_sampling_correction",
+                            "config.importance_sampling_correction must be true when top_p < 1 or top_k > 0: they "
+                            "truncate the sampling distribution and the loss accounts for that through importance "
+                            "sampling (or leave top_p at 1 and top_k at 0)")
+        _check(self, "epsilon", 0 <= self.epsilon < 1, "must be in [0, 1)")
+        _check(self, "beta", self.beta >= 0, "(the KL coefficient) must be >= 0")
+        _check(self, "learning_rate", self.learning_rate > 0, "must be > 0")
+        _check(self, "sft_learning_rate", self.sft_learning_rate > 0, "must be > 0")
+        _check(self, "warmup_steps", self.warmup_steps >= 0, "must be >= 0")
+        _check(self, "warmup_ratio", 0 <= self.warmup_ratio <= 1, "must be in [0, 1]")
 
     # Resolved defaults that depend on the loss type (DAPO switches on its three tricks).
     @property
@@ -274,20 +284,34 @@ class GRPOConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str = "config") -> GRPOConfig:
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "config") -> GRPOConfig:
+        """A config from JSON-like values: an unknown name is one error per name, then every field is checked
+        as GRPOConfig always checks it."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise SpecError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        try:
-            return cls(**data)
-        except TypeError as exc:  # wrong type surfaced by a comparison in __post_init__
-            raise SpecError(f"{where}: {exc}") from exc
+            raise SpecError(f"config.{unknown[0]}",
+                            f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+                            errors={f"config.{name}": f"{where}.{name} is not a GRPOConfig field" for name in unknown})
+        return cls(**data)
 
 
+def resolve_config(values: Mapping[str, Any] | None = None, algorithm: str = "grpo", *,
+                   where: str = "config") -> GRPOConfig:
+    """The config a job runs with: `values` over the algorithm's own defaults (`ALGORITHM_DEFAULTS`) over the
+    dataclass's, checked field by field and against the algorithm (a SpecError names the field). The trainer
+    reads a spec's config through it; the platform a stored job's, whether the job stored every field or,
+    as older jobs did, only those set, so both resolve the same."""
+    config = GRPOConfig.from_dict({**ALGORITHM_DEFAULTS.get(algorithm, {}), **(values or {})}, where=where)
+    check_algorithm(config, algorithm, where=where)
+    return config
+
+
+@functools.cache
 def config_field_types() -> dict[str, tuple[type, ...]]:
     """Each GRPOConfig field's allowed runtime types, read from its annotation (`float | None` gives
-    `(float, NoneType)`, `list[str]` gives `(list,)`): what a form or an API checks a value against."""
+    `(float, NoneType)`, `list[str]` gives `(list,)`): what GRPOConfig checks a value against and what a form
+    parses its text into. Read-only: the mapping is shared."""
     import types
     import typing
 
@@ -300,26 +324,61 @@ def config_field_types() -> dict[str, tuple[type, ...]]:
     return out
 
 
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+               list: "a list of strings"}
+
+
+def _type_ok(value: Any, allowed: tuple[type, ...]) -> bool:
+    if value is None:
+        return type(None) in allowed
+    if isinstance(value, bool):  # True is an int to Python, not to a user
+        return bool in allowed
+    if isinstance(value, int) and float in allowed:
+        return True
+    if isinstance(value, list):  # list[str] is the one list GRPOConfig has
+        return list in allowed and all(isinstance(item, str) for item in value)
+    return isinstance(value, tuple(a for a in allowed if a is not type(None)))
+
+
+def _check_types(config: GRPOConfig) -> None:
+    """Every field against its annotation, all wrong ones at once; an integer where a float belongs becomes
+    that float (a JSON `1` for a learning rate), so a stored config reads back as the dataclass's types."""
+    errors = {}
+    for name, allowed in config_field_types().items():
+        value = getattr(config, name)
+        if not _type_ok(value, allowed):
+            words = " or ".join(_TYPE_WORDS.get(a, "null" if a is type(None) else a.__name__) for a in allowed)
+            errors[f"config.{name}"] = f"config.{name} must be {words}, got {value!r}"
+        elif float in allowed and isinstance(value, int) and not isinstance(value, bool):
+            setattr(config, name, float(value))
+    if errors:
+        raise SpecError.of(errors)
+
+
+def _check(config: GRPOConfig, name: str, ok: bool, rule: str) -> None:
+    if not ok:
+        raise SpecError(f"config.{name}", f"config.{name} {rule}, got {getattr(config, name)!r}")
+
+
 def check_algorithm(config: GRPOConfig, algorithm: str, *, where: str = "config") -> None:
     """The fields whose meaning depends on the algorithm hold a value that algorithm takes."""
     if algorithm == "dpo":
         if config.loss_type not in DPO_LOSS_TYPES:
-            raise SpecError(f"{where}.loss_type must be one of {', '.join(DPO_LOSS_TYPES)} for dpo; "
+            raise SpecError("config.loss_type", f"{where}.loss_type must be one of {', '.join(DPO_LOSS_TYPES)} for dpo; "
                             f"got {config.loss_type!r}")
         if not config.beta > 0:
-            raise SpecError(f"{where}.beta (the DPO temperature) must be > 0, got {config.beta!r}")
+            raise SpecError("config.beta", f"{where}.beta (the DPO temperature) must be > 0, got {config.beta!r}")
     elif algorithm in GRPO_ALGORITHMS and config.loss_type not in LOSS_TYPES:
-        raise SpecError(f"{where}.loss_type {config.loss_type!r} is a DPO loss; {algorithm} takes "
+        raise SpecError("config.loss_type", f"{where}.loss_type {config.loss_type!r} is a DPO loss; {algorithm} takes "
                         f"{', '.join(LOSS_TYPES)}")
-    if algorithm == "sft_grpo" and (isinstance(config.sft_steps, bool) or not isinstance(config.sft_steps, int)
-                                    or not 1 <= config.sft_steps < config.max_steps):
-        raise SpecError(f"{where}.sft_steps must be an integer from 1 to max_steps - 1 ({config.max_steps - 1}) "
+    if algorithm == "sft_grpo" and not 1 <= config.sft_steps < config.max_steps:
+        raise SpecError("config.sft_steps", f"{where}.sft_steps must be an integer from 1 to max_steps - 1 ({config.max_steps - 1}) "
                         f"for sft_grpo, so that both stages run; got {config.sft_steps!r}")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise SpecError(f"config.{name} must be one of {', '.join(choices)}; got {value!r}")
+        raise SpecError(f"config.{name}", f"config.{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 @dataclass
@@ -356,25 +415,26 @@ def load_spec(path: str | os.PathLike) -> JobSpec:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError as exc:
-        raise SpecError(f"spec not found: {path}") from exc
+        raise SpecError("spec", f"spec not found: {path}") from exc
     except json.JSONDecodeError as exc:
-        raise SpecError(f"{path}: not valid JSON ({exc})") from exc
+        raise SpecError("spec", f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
-        raise SpecError(f"{path}: the spec must be a JSON object")
+        raise SpecError("spec", f"{path}: the spec must be a JSON object")
     job_dir = Path(data.pop("job_dir", None) or path.parent).resolve()
     unknown = sorted(set(data) - SPEC_FIELDS)
     if unknown:
-        raise SpecError(f"{path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(SPEC_FIELDS))}")
+        raise SpecError(unknown[0], f"{path}: unknown field(s) {', '.join(unknown)}; known: "
+                        f"{', '.join(sorted(SPEC_FIELDS))}", errors={name: f"{path}: unknown field {name}"
+                                                                       for name in unknown})
     if "model" not in data:
-        raise SpecError(f"{path}: `model` (a local model directory) is required")
+        raise SpecError("model", f"{path}: `model` (a local model directory) is required")
     algorithm = data.get("algorithm", "grpo")
     if algorithm not in ALGORITHMS:
-        raise SpecError(f"{path}: algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
+        raise SpecError("algorithm", f"{path}: algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
     config_data = data.get("config") or {}
     if not isinstance(config_data, dict):
-        raise SpecError(f"{path}: config must be a JSON object of GRPOConfig fields")
-    config = GRPOConfig.from_dict({**ALGORITHM_DEFAULTS.get(algorithm, {}), **config_data}, where=f"{path}: config")
-    check_algorithm(config, algorithm, where=f"{path}: config")
+        raise SpecError("config", f"{path}: config must be a JSON object of GRPOConfig fields")
+    config = resolve_config(config_data, algorithm, where=f"{path}: config")
 
     def resolve(key: str, default: str | None) -> Path | None:
         value = data.get(key, default)
@@ -384,18 +444,18 @@ def load_spec(path: str | os.PathLike) -> JobSpec:
         p = p if p.is_absolute() else job_dir / p
         return p if (p.exists() or key not in data) else _missing(path, key, p)
 
-    train = resolve("train", "train.jsonl")
-    holdout = resolve("holdout", "holdout.jsonl")
-    regression = resolve("regression", "regression.jsonl")
+    train = resolve("train", jobdir.TRAIN)
+    holdout = resolve("holdout", jobdir.suite_file("holdout"))
+    regression = resolve("regression", jobdir.suite_file("regression"))
     if train is None or not train.exists():
-        raise SpecError(f"{path}: train file {train} does not exist")
+        raise SpecError("train", f"{path}: train file {train} does not exist")
     model = data["model"]
     model_path = Path(model) if Path(model).is_absolute() else job_dir / model
     if not model_path.exists():
-        raise SpecError(f"{path}: model directory {model_path} does not exist (models load from local paths only)")
+        raise SpecError("model", f"{path}: model directory {model_path} does not exist (models load from local paths only)")
     num_gpus = data.get("num_gpus", 1)
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
-        raise SpecError(f"{path}: num_gpus must be an integer >= 1, got {num_gpus!r}")
+        raise SpecError("num_gpus", f"{path}: num_gpus must be an integer >= 1, got {num_gpus!r}")
     resume_from = data.get("resume_from")
     if resume_from is not None:
         resume_from = str(resolve_checkpoint(job_dir, resume_from, where=f"{path}: resume_from"))
@@ -403,7 +463,7 @@ def load_spec(path: str | os.PathLike) -> JobSpec:
     if adapter is not None:
         adapter_path = Path(adapter) if Path(adapter).is_absolute() else job_dir / adapter
         if not adapter_path.exists():
-            raise SpecError(f"{path}: adapter directory {adapter_path} does not exist")
+            raise SpecError("adapter", f"{path}: adapter directory {adapter_path} does not exist")
         adapter = str(adapter_path)
     return JobSpec(
         model=str(model_path),
@@ -429,13 +489,13 @@ def resolve_checkpoint(job_dir: Path, value: str | os.PathLike, *, where: str = 
     p = Path(value)
     p = p if p.is_absolute() else job_dir / p
     if not (p / "state.json").exists():
-        raise SpecError(f"{where}: {p} is not a checkpoint folder (no state.json); checkpoints are "
-                        "JOB/checkpoints/step-NNNNNN")
+        raise SpecError("resume_from", f"{where}: {p} is not a checkpoint folder (no state.json); checkpoints "
+                        f"are JOB/{jobdir.CHECKPOINTS}/step-NNNNNN")
     return p.resolve()
 
 
 def _missing(spec_path: Path, key: str, p: Path) -> Path:
-    raise SpecError(f"{spec_path}: {key} file {p} does not exist")
+    raise SpecError(key, f"{spec_path}: {key} file {p} does not exist")
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -448,7 +508,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise SpecError(f"{path}:{i}: not valid JSON ({exc})") from exc
+                raise SpecError(f"{Path(path).name}:{i}", f"{path}:{i}: not valid JSON ({exc})") from exc
     return rows
 
 

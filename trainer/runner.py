@@ -18,6 +18,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from transformers import get_scheduler
 
+from trainer import jobdir
 from trainer.checkpoints import (
     discard_after,
     latest_checkpoint,
@@ -118,14 +119,13 @@ class JobRunner:
         """After resuming from an earlier checkpoint: drop the later ones, and make adapters/last and
         adapters/best those of the run as it stood then (a later best belongs to the abandoned future)."""
         discard_after(self.job, self.state["step"])
-        adapters = self.job / "adapters"
-        publish_adapter(path / "adapter", adapters / "last")
+        publish_adapter(path / "adapter", jobdir.last_adapter(self.job))
         best = self.state.get("best_step")
-        best_dir = self.job / "checkpoints" / f"step-{best:06d}" / "adapter" if best is not None else None
+        best_dir = jobdir.checkpoint_dir(self.job, best) / "adapter" if best is not None else None
         if best_dir is not None and best_dir.exists():
-            publish_adapter(best_dir, adapters / "best")
+            publish_adapter(best_dir, jobdir.best_adapter(self.job))
         else:
-            shutil.rmtree(adapters / "best", ignore_errors=True)
+            shutil.rmtree(jobdir.best_adapter(self.job), ignore_errors=True)
 
     @property
     def lr(self) -> float:
@@ -149,9 +149,9 @@ class JobRunner:
                 # inspector shows them beside production's on the same prompts.
                 max_seq_len=cfg.max_seq_len, keep_messages=True,
             )
-            out_dir = self.job / "evals"
-            out_dir.mkdir(exist_ok=True)
-            write_jsonl(out_dir / f"{split}-step-{step:06d}.jsonl", cases)
+            out = jobdir.eval_results(self.job, split, step)
+            out.parent.mkdir(exist_ok=True)
+            write_jsonl(out, cases)
         metrics.update(self.extra_eval_metrics(split))
         self.events.emit("eval", step=step, split=split, metrics=metrics)
         self.tracker.log_metrics(metrics, step, prefix=f"{split}/")
@@ -186,11 +186,11 @@ class JobRunner:
         self.state["step"] = step
         path = save_checkpoint(self.job, step, self.model, self.optimizer, self.state, rng_state(self.rng),
                                scheduler=self.scheduler)
-        publish_adapter(path / "adapter", self.job / "adapters" / "last")
+        publish_adapter(path / "adapter", jobdir.last_adapter(self.job))
         if is_best:
-            publish_adapter(path / "adapter", self.job / "adapters" / "best")
-            self.tracker.log_artifacts(self.job / "adapters" / "best", "adapter-best")
-        self.events.emit("checkpoint", step=step, path=path, adapter=self.job / "adapters" / "last",
+            publish_adapter(path / "adapter", jobdir.best_adapter(self.job))
+            self.tracker.log_artifacts(jobdir.best_adapter(self.job), "adapter-best")
+        self.events.emit("checkpoint", step=step, path=path, adapter=jobdir.last_adapter(self.job),
                          best=is_best, best_step=self.state["best_step"], best_metric=self.state["best_metric"],
                          metric=key)
 
@@ -223,7 +223,7 @@ class JobRunner:
     def finish(self) -> dict[str, Any]:
         if not self.dist.is_main:
             return {}
-        best_dir = self.job / "adapters" / "best"
+        best_dir = jobdir.best_adapter(self.job)
         regression = None
         if self.regression_rows and best_dir.exists():
             from peft import set_peft_model_state_dict
@@ -231,12 +231,12 @@ class JobRunner:
 
             set_peft_model_state_dict(self.model, load_file(str(best_dir / "adapter_model.safetensors")))
             regression = self.evaluate(self.state["best_step"] or 0, self.regression_rows, split="regression")
-        self.tracker.log_artifacts(self.job / "adapters" / "last", "adapter-last")
+        self.tracker.log_artifacts(jobdir.last_adapter(self.job), "adapter-last")
         self.tracker.end("FINISHED")
         return self.events.emit(
             "done", step=self.state["step"], best_step=self.state["best_step"],
             best_metric=self.state["best_metric"], metric=self.cfg.metric_for_best_model,
-            adapter=best_dir if best_dir.exists() else None, last_adapter=self.job / "adapters" / "last",
+            adapter=best_dir if best_dir.exists() else None, last_adapter=jobdir.last_adapter(self.job),
             holdout_before=self.state.get("baseline"), holdout_after=self.state.get("last_eval"),
             regression=regression, mlflow_run_id=self.tracker.run_id, mlflow_error=self.tracker.error,
             resumed_from=self.resumed_from, seconds=round(time.perf_counter() - self.started, 2),

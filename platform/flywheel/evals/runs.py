@@ -17,8 +17,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from flywheel import outbound, outbox
+from flywheel.evals.rows import Origin, origin_of
 from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
 from flywheel.supervise import supervise
+from trainer import jobdir
 
 
 def case_output(case: dict[str, Any] | None) -> str:
@@ -37,8 +39,8 @@ def case_output(case: dict[str, Any] | None) -> str:
     return ""
 
 
-def _origins(suite_version) -> dict[str, dict[str, Any]]:
-    return {str(row.get("id")): (row.get("origin") or {}) for row in suite_version.rows}
+def _origins(suite_version) -> dict[str, Origin]:
+    return {str(row.get("id")): origin_of(row) for row in suite_version.rows}
 
 
 def _store_results(run: EvalRun, cases: list[dict[str, Any]]) -> None:
@@ -48,8 +50,8 @@ def _store_results(run: EvalRun, cases: list[dict[str, Any]]) -> None:
             run=run, case_id=str(case["id"])[:200], passed=bool(case.get("passed")),
             pass_rate=float(case.get("pass_rate", 0.0)), mean_reward=float(case.get("mean_reward", 0.0)),
             failures=case.get("failures") or {}, output=case_output(case)[:4000],
-            failure_mode_id=origins.get(str(case["id"]), {}).get("failure_mode"),
-            trajectory_id=origins.get(str(case["id"]), {}).get("trajectory_id"),
+            failure_mode_id=origins.get(str(case["id"]), Origin()).failure_mode,
+            trajectory_id=origins.get(str(case["id"]), Origin()).trajectory_id,
             latency_ms=case.get("latency_ms"), tokens=case.get("mean_completion_tokens"),
         )
         for case in cases
@@ -80,10 +82,15 @@ def evaluate_command(*, model_path: str, adapter_path: str = "", suite: Path, ou
     return command
 
 
-def eval_run_create(*, project, model_version, suite_version, user=None, samples: int = 4,
+def eval_run_create(*, project, model_version, suite_version, user=None, samples: int | None = None,
                     purpose: str = "measure", options: dict[str, Any] | None = None) -> EvalRun:
     """Queue a measurement of `model_version` on `suite_version` for a GPU worker (`purpose`: what is done
-    with it when it succeeds, see `_on_success`)."""
+    with it when it succeeds, see `_on_success`). Unset sampling settings are GRPOConfig's, as a training job's
+    evaluation takes them (`samples`: its eval_samples_per_prompt)."""
+    from trainer.config import GRPOConfig
+
+    if samples is None:
+        samples = GRPOConfig().eval_samples_per_prompt
     if model_version.project_id != project.pk or suite_version.suite.project_id != project.pk:
         raise ValidationError({"model_version": "The version and the suite must be this project's."})
     if not 1 <= int(samples) <= 64:
@@ -133,9 +140,9 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
     folder.mkdir(parents=True, exist_ok=True)
     from trainer.config import write_jsonl
 
-    suite = folder / "suite.jsonl"
+    suite = folder / jobdir.RUN_SUITE
     write_jsonl(suite, run.suite_version.rows)
-    results = folder / "results.jsonl"
+    results = folder / jobdir.RUN_RESULTS
     results.unlink(missing_ok=True)  # an earlier attempt's
     version = run.model_version
     command = evaluate_command(model_path=version.base.path, adapter_path=version.adapter_path, suite=suite,
@@ -150,7 +157,7 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
         EvalRun.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
         return EvalRun.objects.filter(pk=run.pk, cancel_requested=True).exists()
 
-    stderr_path = folder / f"stderr-{run.attempt}.log"
+    stderr_path = jobdir.stderr_log(folder, run.attempt)
     try:
         status, cancelled = supervise(
             command, cwd=folder, env={**os.environ, "PYTHONUNBUFFERED": "1", "FLYWHEEL_ENV_ENTRY_POINTS": "0",

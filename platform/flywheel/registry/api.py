@@ -211,7 +211,10 @@ class GateRulesIn(Schema):
     success_margin: float | None = Field(None, ge=0, lt=1, description="The gain the success test must beat")
     test: Literal["permutation", "mcnemar", "bootstrap"] | None = Field(None, description="The success test")
     confidence: float | None = Field(None, ge=0.5, lt=1)
-    latency_tolerance: float | None = Field(None, ge=0, le=10, description="0.1: p95 latency may grow 10%")
+    latency_tolerance: float | None = Field(None, ge=0, le=10, description="0.1: refused only when the candidate "
+                                            "is shown more than 10% slower per generated token")
+    latency_cases: int | None = Field(None, ge=0, le=1000, description="Holdout cases timed on both models, one "
+                                      "request at a time (0: latency not measured)")
     tokens_tolerance: float | None = Field(None, ge=0, le=10, description="0.1: tokens per case may grow 10%")
     invalid_test: Literal["harm", "noninferiority"] | None = None
     invalid_tolerance: float | None = Field(None, ge=0, lt=1, description="Above 0 for a non-inferiority test")

@@ -26,7 +26,9 @@ With `alpha = 1 - confidence` (0.05 by default):
   has some, the harm test at margin 0. Unsafe is `Score.unsafe` of each sample, the suite metrics' own.
 - **tokens per case**: refused only when the candidate's mean exceeds production's by more than the
   tolerance at the gate's confidence (sign-flip test on per-case differences).
-- **p95 latency**: within a tolerance of production's, where measured on both (a point comparison).
+- **latency**: refused only when the candidate is shown slower than production by more than the tolerance:
+  the sign-flip test on per-case log ratios of time per generated token, both models timed on the same cases
+  in one process (`python -m trainer latency`, `LatencyCase`). p95 of each side's per-request time is shown.
 - **regression cases**: a case is broken only when the candidate's pass rate on it is significantly below
   production's: one-sided Fisher exact test per case, Holm's correction over the suite, so an identical
   candidate breaks some case at most alpha of the time (family-wise). A suite with no case measured is
@@ -107,6 +109,45 @@ class CaseResult:
 
 
 @dataclass(frozen=True)
+class LatencyCase:
+    """One case timed on both models in one process, one request at a time (`python -m trainer latency`):
+    production's and the candidate's wall time per request (ms) and the tokens that request generated."""
+
+    case_id: str
+    production_ms: float
+    candidate_ms: float
+    production_tokens: float | None = None
+    candidate_tokens: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("production_ms", "candidate_ms"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"latency of case {self.case_id}: {name} must be a positive number of ms")
+        for name in ("production_tokens", "candidate_tokens"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and value > 0):
+                raise ValueError(f"latency of case {self.case_id}: {name} must be a positive number of tokens")
+
+    @property
+    def log_ratio(self) -> float:
+        """log(candidate's time / production's), per generated token where both counts are known."""
+        ratio = self.candidate_ms / self.production_ms
+        if self.production_tokens and self.candidate_tokens:
+            ratio *= self.production_tokens / self.candidate_tokens
+        return math.log(ratio)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> LatencyCase:
+        """From a row of `python -m trainer latency` (A is production, B the candidate)."""
+        missing = [k for k in ("id", "latency_ms_a", "latency_ms_b") if row.get(k) is None]
+        if missing:
+            raise ValueError(f"latency row {row.get('id')!r}: no {', '.join(missing)}")
+        return cls(str(row["id"]), row["latency_ms_a"], row["latency_ms_b"], row.get("tokens_a"),
+                   row.get("tokens_b"))
+
+
+@dataclass(frozen=True)
 class GateRules:
     """A project's gate. Every field has a default; a project stores only what it changes."""
 
@@ -114,7 +155,10 @@ class GateRules:
     test: str = "permutation"  # permutation | mcnemar | bootstrap
     confidence: float = 0.95
     bootstrap_resamples: int = 10_000  # resamples of the bootstrap, sign vectors of a Monte Carlo permutation test
-    latency_tolerance: float = 0.10  # p95 latency may grow by at most this fraction
+    latency_tolerance: float = 0.10  # time per token may grow by at most this fraction (shown, at the confidence)
+    # Holdout cases the worker times on both models for the latency rule (0: not timed). 30 refuses a
+    # candidate 30% slower 85% of the time at the noisiest timings seen on a busy CPU (test_gate_latency.py).
+    latency_cases: int = 30
     tokens_tolerance: float = 0.10  # mean tokens per case may grow by at most this fraction
     invalid_test: str = "harm"  # harm | noninferiority
     # How much higher (absolute: 0.01 = one point) the candidate's invalid-output rate may be: the harm test
@@ -145,6 +189,8 @@ class GateRules:
             raise ValueError("expected_gain must be in (0, 1]")
         if self.bootstrap_resamples < 100:
             raise ValueError("bootstrap_resamples must be at least 100")
+        if not 0 <= self.latency_cases <= 1000:
+            raise ValueError("latency_cases must be in [0, 1000]")
 
     @property
     def alpha(self) -> float:
@@ -540,14 +586,54 @@ def _tokens_rule(pairs, rules: GateRules) -> RuleOutcome:
                        f"sign-flip p = {pvalue:.4f} (refused below {rules.alpha:.2f})")
 
 
-def _latency_rule(pairs, rules: GateRules) -> RuleOutcome:
-    prod = p95([p.latency_ms for p, _ in pairs])
-    cand = p95([c.latency_ms for _, c in pairs])
-    if prod is None or cand is None:
-        return RuleOutcome("p95 latency (ms)", prod, cand, True, "not measured on both: not checked")
-    limit = prod * (1 + rules.latency_tolerance)
-    return RuleOutcome("p95 latency (ms)", round(prod, 2), round(cand, 2), cand <= limit + ROUNDING,
-                       f"at most {limit:.2f} (production's + {rules.latency_tolerance:.0%})")
+def latency_rule(cases: Sequence[LatencyCase], rules: GateRules = GateRules(), *,
+                 not_measured: str = "") -> RuleOutcome:
+    """Refused only when the candidate is shown slower than production by more than `latency_tolerance`.
+
+    The statistic is paired: each case was timed on both models in one process, interleaved (A, B, B, A), so
+    what a case costs (its prompt, its answer's length) and the machine's drift cancel in the per-case
+    ratio, and only the models' difference and timing noise remain. H0 is "the candidate takes at most
+    (1 + tolerance) times production's time": the one-sided sign-flip test on
+    d = log(candidate / production) - log(1 + tolerance), refused when p < alpha. Under an identical
+    candidate each case's log ratio is symmetric about 0 (the two sides are exchangeable), so d is symmetric
+    about -log(1 + tolerance) and the test refuses at most alpha of the time at any number of cases; at a
+    true slowdown of exactly the tolerance too. Logs, because timing noise is multiplicative.
+
+    The ratio is of time per generated token (per request where a side's tokens are unknown): the serving
+    cost a model itself sets (architecture, adapter, merge). Per request, a candidate that merely answers
+    longer would be called slower, which is the tokens rule's to judge with its own tolerance; judged here
+    too, one change would be refused twice, and a candidate that answers shorter would hide a slower decode.
+    The price: the prompt's prefill is spread over fewer tokens in a shorter answer, so a candidate that
+    answers much shorter looks a little slower per token, the cautious side for a harm test.
+
+    The rule's figures are p95 of each side's time per request (ms), what a person reads as latency.
+    """
+    name = "p95 latency (ms)"
+    if not cases:
+        detail = f"not measured: {not_measured}; not checked" if not_measured else "not measured on both: not checked"
+        return RuleOutcome(name, None, None, True, detail)
+    ids = Counter(c.case_id for c in cases)
+    dup = sorted(k for k, v in ids.items() if v > 1)
+    if dup:
+        raise ValueError(f"the latency measurement names a case more than once: {dup[:5]}")
+    prod = p95([c.production_ms for c in cases])
+    cand = p95([c.candidate_ms for c in cases])
+    ratios = [c.log_ratio for c in cases]
+    shift = math.log1p(rules.latency_tolerance)
+    pvalue = sign_flip_pvalue([r - shift for r in ratios], resamples=rules.bootstrap_resamples, seed=rules.seed)
+    per = "token" if all(c.production_tokens and c.candidate_tokens for c in cases) else "request"
+    return RuleOutcome(name, round(prod, 2), round(cand, 2), pvalue >= rules.alpha,
+                       f"{len(cases)} cases timed on both models: the candidate's time per {per} is "
+                       f"{math.exp(float(np.mean(ratios))):.3f} times production's (geometric mean); refused only "
+                       f"when shown above production's + {rules.latency_tolerance:.0%}: sign-flip p = {pvalue:.4f} "
+                       f"(refused below {rules.alpha:.2f})")
+
+
+def _latency_rule(pairs, rules: GateRules, latency: Sequence[LatencyCase] | None, not_measured: str) -> RuleOutcome:
+    if not latency:  # per-case results that carry a time on both sides (an eval run's, say)
+        latency = [LatencyCase(p.case_id, p.latency_ms, c.latency_ms, p.tokens or None, c.tokens or None)
+                   for p, c in pairs if p.latency_ms and c.latency_ms]
+    return latency_rule(latency, rules, not_measured=not_measured)
 
 
 def regression_rule(production: Sequence[CaseResult], candidate: Sequence[CaseResult],
@@ -588,9 +674,12 @@ def gate_evaluate(
     candidate_regression: Sequence[CaseResult] = (),
     rules: GateRules = GateRules(),
     looks: int = 1,
+    latency: Sequence[LatencyCase] | None = None,
+    latency_not_measured: str = "",
 ) -> GateReport:
     """Every rule with both sides' values; the candidate passes only if every rule passes. `looks`: how many
-    checkpoints were evaluated on this holdout to pick the candidate (the success test corrects for them)."""
+    checkpoints were evaluated on this holdout to pick the candidate (the success test corrects for them).
+    `latency`: both models timed case by case (`latency_not_measured`: why not, when they were not)."""
     pairs = _paired(production, candidate)
     if not pairs:
         return GateReport(False, [RuleOutcome("holdout", 0, 0, False, "the holdout has no cases")], 0)
@@ -602,7 +691,7 @@ def gate_evaluate(
         _size_rule(pairs, rules),
         _invalid_rule(pairs, rules),
         _unsafe_rule(pairs, rules),
-        _latency_rule(pairs, rules),
+        _latency_rule(pairs, rules, latency, latency_not_measured),
         _tokens_rule(pairs, rules),
         regression_rule(production_regression, candidate_regression, rules),
     ]

@@ -522,8 +522,9 @@ def registry_sweep() -> int:
 
 # --- the gate's rules ----------------------------------------------------------------------------------------
 
-GATE_RULE_FIELDS = ("success_margin", "test", "confidence", "latency_tolerance", "tokens_tolerance",
+GATE_RULE_FIELDS = ("success_margin", "test", "confidence", "latency_tolerance", "latency_cases", "tokens_tolerance",
                     "invalid_test", "invalid_tolerance", "expected_gain", "require_regression")
+_INTEGER_RULES = ("latency_cases",)
 _CHOICE_RULES = ("test", "invalid_test")
 
 
@@ -546,6 +547,11 @@ def gate_rules_set(*, project: Project, data: dict[str, Any], auto_promote: bool
                 errors[name] = "true or false."
                 continue
             rules[name] = raw.lower() in {"true", "on", "1"}
+        elif name in _INTEGER_RULES:
+            if not (raw.isascii() and raw.isdigit()):
+                errors[name] = f"A whole number, like {getattr(defaults, name)}."
+                continue
+            rules[name] = int(raw)
         else:
             try:
                 rules[name] = float(raw)

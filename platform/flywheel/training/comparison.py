@@ -1,7 +1,7 @@
 """What a job ran with, and two or more jobs side by side.
 
 `job_settings` is the job page's "Settings" panel: the algorithm, every GRPOConfig field resolved (the stored
-config over the dataclass's defaults, the algorithm's own defaults applied as the trainer applies them), the
+config, read as the trainer reads it: a new job stored every field, an older one only those it set), the
 task-set and suite versions, and the gate's rules the job was judged by. `compare_jobs` puts several jobs'
 settings in rows (differences marked), their holdout curves, and their gate outcomes, as JSON-ready data for the
 comparison page and the API. Both read a fixed number of queries whatever the number of jobs."""
@@ -63,23 +63,25 @@ def _plain(value: Any) -> Any:
 
 
 def resolved_config(*, algorithm: str, config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every GRPOConfig field, in the dataclass's order: its value for this job, the default it would have had
-    (the algorithm's own where it has one), whether the value is that default, the value the trainer works out
-    for a field left at None, and the field's help. A stored key the trainer no longer knows is listed last."""
-    from trainer.config import ALGORITHM_DEFAULTS, GRPOConfig
+    """Every GRPOConfig field, in the dataclass's order: its value for this job (the stored config read through
+    `trainer.config.resolve_config`, which a job made now stored whole and an older one in part), the default
+    it would have had (the algorithm's own where it has one), whether the value is that default, the value the
+    trainer works out for a field left at None, and the field's help. A stored key the trainer no longer knows
+    is listed last."""
+    from trainer.config import ALGORITHM_DEFAULTS, GRPOConfig, SpecError, resolve_config
 
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
     algorithm_defaults = ALGORITHM_DEFAULTS.get(algorithm, {})
-    values = {**algorithm_defaults, **{k: v for k, v in (config or {}).items() if k in known}}
+    stored = {k: v for k, v in (config or {}).items() if k in known}
     try:
-        resolved = GRPOConfig(**values)
-    except (TypeError, ValueError):
+        resolved: GRPOConfig | None = resolve_config(stored, algorithm)
+    except SpecError:
         resolved = None  # a config an older trainer took: show the stored values as they are
     base = GRPOConfig()
     rows = []
     for f in dataclasses.fields(GRPOConfig):
         default = algorithm_defaults.get(f.name, getattr(base, f.name))
-        value = getattr(resolved, f.name) if resolved is not None else values.get(f.name, default)
+        value = getattr(resolved, f.name) if resolved is not None else stored.get(f.name, default)
         row = {"name": f.name, "value": _plain(value), "default": _plain(default),
                "is_default": _plain(value) == _plain(default), "help": f.metadata.get("help", "")}
         if value is None and resolved is not None and f.name in _RESOLVED:

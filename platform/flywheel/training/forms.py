@@ -7,7 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
-from flywheel.training.services import RECIPE, project_defaults
+from flywheel.training.services import RECIPE, config_check, project_defaults
 
 
 def config_fields(project=None) -> list[dict[str, Any]]:
@@ -36,31 +36,43 @@ def _type_name(allowed: tuple[type, ...]) -> str:
     return "list" if kind in (list, tuple) else getattr(kind, "__name__", "str")
 
 
-def config_from_post(post) -> tuple[dict[str, Any], dict[str, str]]:
-    """The fields the user changed (blank means the default), each parsed by its type; errors per field."""
+def config_from_post(post, *, algorithm: str = "grpo", project=None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The fields the user typed (blank keeps the default), each read as the value its text stands for, then
+    checked as a job's config is (`services.config_check`: GRPOConfig's own types and ranges, with the recipe
+    and the project's defaults under them). Errors per field."""
+    from django.core.exceptions import ValidationError
+
+    from trainer.config import config_field_types
+
     values: dict[str, Any] = {}
-    errors: dict[str, str] = {}
-    for row in config_fields():
-        raw = post.get(f"cfg_{row['name']}", "").strip()
-        if raw == "":
-            continue
-        kind = row["type"]
-        try:
-            if kind == "int":
-                values[row["name"]] = int(raw)
-            elif kind == "float":
-                values[row["name"]] = float(raw)
-            elif kind == "bool":
-                if raw.lower() not in ("true", "false"):
-                    raise ValueError
-                values[row["name"]] = raw.lower() == "true"
-            elif kind == "list":
-                parsed = json.loads(raw)
-                if not isinstance(parsed, list):
-                    raise ValueError
-                values[row["name"]] = parsed
-            else:
-                values[row["name"]] = None if raw == "null" else raw
-        except ValueError:
-            errors[row["name"]] = f"Expected a{'n' if kind[0] in 'aeiou' else ''} {kind}: {raw[:40]!r}."
-    return values, errors
+    for name, allowed in config_field_types().items():
+        raw = post.get(f"cfg_{name}", "").strip()
+        if raw:
+            values[name] = _from_text(raw, allowed)
+    try:
+        config_check(algorithm=algorithm, config=values, project=project)
+    except ValidationError as exc:
+        return values, {name: messages[0] for name, messages in exc.message_dict.items()}
+    return values, {}
+
+
+def _from_text(raw: str, allowed: tuple[type, ...]) -> Any:
+    """An input's text as the value it stands for (`null`, a number, true or false, a JSON list); text that
+    reads as nothing else stays text, so that GRPOConfig's check names the field and the type it wants."""
+    if raw == "null":
+        return None
+    if str in allowed:
+        return raw
+    if bool in allowed and raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    if int in allowed or float in allowed:
+        for parse in (int, float):
+            try:
+                return parse(raw)
+            except ValueError:
+                pass
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw

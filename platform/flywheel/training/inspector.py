@@ -12,6 +12,7 @@ from typing import Any
 
 from flywheel.evals.runs import case_output, read_cases
 from flywheel.training.models import JobEvent, TrainingJob
+from trainer import jobdir
 
 
 def _mean(values: list[float]) -> float | None:
@@ -59,8 +60,8 @@ def checkpoint_view(*, job: TrainingJob, step: int, folder: Path) -> dict[str, A
     evals = {e.step: (e.data.get("metrics") or {}) for e in JobEvent.objects.filter(job=job, kind="eval")
              .order_by("id") if e.step is not None and e.data.get("split", "holdout") == "holdout"}
     baseline = (job.advice or {}).get("metrics")
-    production = _cases(folder / "production-holdout.jsonl")
-    candidate = _cases(folder / "evals" / f"holdout-step-{step:06d}.jsonl")
+    production = _cases(jobdir.production_results(folder, "holdout"))
+    candidate = _cases(jobdir.eval_results(folder, "holdout", step))
     rows = []
     for case_id in sorted(set(production) | set(candidate)):
         p, c = production.get(case_id), candidate.get(case_id)

@@ -10,7 +10,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -29,6 +28,7 @@ from flywheel.evals import leakage
 from flywheel.registry import selectors as registry_selectors
 from flywheel.supervise import supervise
 from flywheel.training.models import ACTIVE, Checkpoint, JobEvent, JobStatus, TrainingJob
+from trainer import jobdir
 
 logger = logging.getLogger(__name__)
 
@@ -53,31 +53,35 @@ def project_defaults(project: Project | None) -> dict[str, Any]:
 
 
 def config_check(*, algorithm: str, config: dict[str, Any], project: Project | None = None) -> dict[str, Any]:
-    """The field's recipe, then the project's saved defaults, under the user's values, checked by the trainer's
-    own config class: a wrong value is a field error named after the GRPOConfig field."""
-    from trainer.config import GRPOConfig, SpecError
+    """Every GRPOConfig field as a new job of `algorithm` runs it: the field's recipe, then the project's saved
+    defaults, then the algorithm's own defaults, then the user's values, checked once by the trainer's config
+    class (types and ranges). A wrong value is a field error named after the GRPOConfig field."""
+    from trainer.config import ALGORITHM_DEFAULTS, GRPO_ALGORITHMS, SpecError, resolve_config
 
     if not isinstance(config, dict):
         raise ValidationError({"config": "The advanced settings must be a JSON object of GRPOConfig fields."})
-    from trainer.config import ALGORITHM_DEFAULTS, GRPO_ALGORITHMS, check_algorithm
-
-    merged = {**(RECIPE if algorithm in GRPO_ALGORITHMS else {}), **project_defaults(project), **config}
+    layers = {**(RECIPE if algorithm in GRPO_ALGORITHMS else {}), **project_defaults(project)}
     # An algorithm's own defaults win over the project's saved recipe, a GRPO one whose loss and KL mean
     # something else to DPO; only the user's values win over them.
-    merged.update({k: v for k, v in ALGORITHM_DEFAULTS.get(algorithm, {}).items() if k not in config})
-    type_errors = _config_type_errors(config)
-    if type_errors:
-        raise ValidationError(type_errors)
+    for name in ALGORITHM_DEFAULTS.get(algorithm, {}):
+        layers.pop(name, None)
     try:
-        check_algorithm(GRPOConfig.from_dict(merged, where="config"), algorithm, where="config")
-    except (SpecError, ValueError, TypeError) as exc:
-        message = str(exc)
-        named = re.search(r"config\.(\w+)", message)
-        unknown = re.search(r"unknown field\(s\) ([\w, ]+);", message)
-        if unknown:
-            raise ValidationError({name.strip(): "Not a GRPOConfig field." for name in unknown.group(1).split(",")}) from None
-        raise ValidationError({named.group(1) if named else "config": message}) from None
-    return merged
+        return resolve_config({**layers, **config}, algorithm).to_dict()
+    except SpecError as exc:
+        raise ValidationError({name.removeprefix("config."): message for name, message in exc.errors.items()}
+                              ) from None
+
+
+def job_config(job: TrainingJob):
+    """The GRPOConfig a job runs with, read from what it stored: every field for a job made now, only the
+    fields set for an older one (the rest resolve as the trainer resolves them). A name this trainer no longer
+    knows is left out."""
+    from dataclasses import fields
+
+    from trainer.config import GRPOConfig, resolve_config
+
+    known = {f.name for f in fields(GRPOConfig)}
+    return resolve_config({k: v for k, v in (job.config or {}).items() if k in known}, job.algorithm)
 
 
 def defaults_save(*, project: Project, config: dict[str, Any], user=None):
@@ -91,30 +95,6 @@ def defaults_save(*, project: Project, config: dict[str, Any], user=None):
     saved, _ = TrainingDefaults.objects.update_or_create(project=project,
                                                          defaults={"config": config, "updated_by": user})
     return saved
-
-
-def _config_type_errors(config: dict[str, Any]) -> dict[str, str]:
-    """Each value against its GRPOConfig field's type: a JSON body can say "fast" where a float belongs, and
-    the trainer would only find out at its first step."""
-    from trainer.config import config_field_types
-
-    errors = {}
-    for name, allowed in config_field_types().items():
-        if name not in config:
-            continue
-        value = config[name]
-        if value is None and type(None) in allowed:
-            continue
-        if isinstance(value, bool) and bool not in allowed:
-            ok = False  # True is an int to Python, not to a user
-        elif float in allowed and isinstance(value, int):
-            ok = True
-        else:
-            ok = isinstance(value, tuple(a for a in allowed if isinstance(a, type)))
-        if not ok:
-            names = " or ".join(getattr(a, "__name__", str(a)).replace("NoneType", "null") for a in allowed)
-            errors[name] = f"Expected {names}, got {json.dumps(value)[:60]}."
-    return errors
 
 
 # The kinds the platform writes. `python` (code a row names) is for the trainer's command line only: from the
@@ -182,7 +162,7 @@ def job_create(
     production = registry_selectors.production_of(project=project)
     if production is None:
         errors["model"] = "Register a base model on the Models page first: a job starts from production."
-    merged: dict[str, Any] = {}
+    merged: dict[str, Any] = {}  # every GRPOConfig field, as the job will run it
     try:
         merged = config_check(algorithm=algorithm, config=config or {}, project=project)
     except ValidationError as exc:
@@ -212,7 +192,7 @@ def job_create(
         job = TrainingJob.objects.create(
             project=project, task_set_version=task_set_version, holdout_version=holdout_version,
             regression_version=regression_version, base_version=production, algorithm=algorithm,
-            config=merged, num_gpus=int(num_gpus), max_steps=int(merged.get("max_steps") or _default("max_steps")),
+            config=merged, num_gpus=int(num_gpus), max_steps=merged["max_steps"],
             status=JobStatus.EVALUATING, created_by=user, queued_at=timezone.now(), confirmed_in_advance=confirm,
         )
         _event(job, "created", data={"by": user.get_username() if user else None})
@@ -220,12 +200,6 @@ def job_create(
 
         outbox.send_on_commit(training_evaluate_task, job.pk)
     return job
-
-
-def _default(name: str) -> Any:
-    from trainer.config import GRPOConfig
-
-    return getattr(GRPOConfig(), name)
 
 
 def _event(job: TrainingJob, kind: str, *, step: int | None = None, data: dict | None = None) -> JobEvent:
@@ -240,31 +214,31 @@ def job_dir(job: TrainingJob) -> Path:
 
 
 def _prepare_dir(job: TrainingJob) -> Path:
-    """spec.json and the three JSONL files, as the trainer's job contract says."""
+    """spec.json and the three JSONL files, as the trainer's job contract says (`trainer.jobdir`)."""
     from trainer.config import write_jsonl
 
     folder = job_dir(job)
     folder.mkdir(parents=True, exist_ok=True)
     rows = job.task_set_version.rows
-    write_jsonl(folder / "train.jsonl", preference_pairs(rows) if job.algorithm == "dpo" else rows)
-    for name, version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
+    write_jsonl(folder / jobdir.TRAIN, preference_pairs(rows) if job.algorithm == "dpo" else rows)
+    suites = {"holdout": job.holdout_version, "regression": job.regression_version}
+    for name, version in suites.items():
         if version is not None:
-            write_jsonl(folder / f"{name}.jsonl", version.rows)
+            write_jsonl(folder / jobdir.suite_file(name), version.rows)
     base = job.base_version
     spec = {
         "model": base.base.path,
         "adapter": base.adapter_path or None,
         "algorithm": job.algorithm,
         "config": job.config,
-        "train": "train.jsonl",
-        "holdout": "holdout.jsonl" if job.holdout_version else None,
-        "regression": "regression.jsonl" if job.regression_version else None,
+        "train": jobdir.TRAIN,
+        **{name: jobdir.suite_file(name) if version else None for name, version in suites.items()},
         "tracking_uri": settings.MLFLOW_TRACKING_URI,
         "experiment_name": f"flywheel-{job.project.slug}",
         "run_name": f"job-{job.pk}",
         "num_gpus": job.num_gpus,
     }
-    (folder / "spec.json").write_text(json.dumps(spec, indent=2))
+    (folder / jobdir.SPEC).write_text(json.dumps(spec, indent=2))
     return folder
 
 
@@ -290,7 +264,7 @@ def trainer_command(job: TrainingJob, folder: Path) -> list[str]:
     """`python -m trainer train`, under torchrun on this host when the job takes more than one GPU."""
     from trainer.distributed import launch_command
 
-    return launch_command(folder / "spec.json", job.num_gpus)
+    return launch_command(folder / jobdir.SPEC, job.num_gpus)
 
 
 def _stderr_tail(path: Path) -> str:
@@ -303,7 +277,8 @@ def _stderr_tail(path: Path) -> str:
 
 def _run_subprocess(job: TrainingJob, command: list[str], folder: Path, *, on_event) -> tuple[int, bool]:
     """Run the trainer, record its events, beat the heart, honour cancel. Returns (exit status, cancelled)."""
-    stderr_path = folder / f"stderr-{job.attempt}-{'evaluate' if 'evaluate' in command else 'train'}.log"
+    kind = next((k for k in ("evaluate", "latency") if k in command), "train")
+    stderr_path = jobdir.stderr_log(folder, job.attempt, kind)
     # Task rows come from users: never let one name code for the trainer to import (`env.type: python`).
     # The outbound policy too: the trainer calls environment servers and a judge only where the operator allows.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI,
@@ -339,14 +314,15 @@ def preference_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """DPO rows from a task set's rows: each promoted failure whose reference states the whole answer
     (`trainer.references`), chosen, over the agent's own output at that turn, rejected (the trajectory's
     message right after the row's `messages`). Rows without either are left out."""
+    from flywheel.evals.rows import origin_of
     from flywheel.trajectories.models import Trajectory
     from trainer.references import reference_messages
 
-    wanted = {int(tid) for row in rows if isinstance(tid := (row.get("origin") or {}).get("trajectory_id"), int)}
+    wanted = {tid for row in rows if (tid := origin_of(row).trajectory_id) is not None}
     messages = dict(Trajectory.objects.filter(pk__in=wanted).values_list("pk", "messages")) if wanted else {}
     pairs = []
     for row in rows:
-        trajectory = messages.get((row.get("origin") or {}).get("trajectory_id"))
+        trajectory = messages.get(origin_of(row).trajectory_id)
         chosen = reference_messages(row)
         at = len(row.get("messages") or [])
         if not trajectory or chosen is None or at >= len(trajectory) or trajectory[at].get("role") != "assistant":
@@ -394,16 +370,12 @@ def _evaluate_command(job: TrainingJob, suite: Path, out: Path, *, adapter_path:
     sequence length, engine), so the two differ only in the adapter and the seed."""
     from flywheel.evals.runs import evaluate_command
 
-    cfg = job.config
+    cfg = job_config(job)
     return evaluate_command(
         model_path=job.base_version.base.path,
         adapter_path=job.base_version.adapter_path if adapter_path is None else adapter_path, suite=suite, out=out,
-        samples=cfg.get("eval_samples_per_prompt") or _default("eval_samples_per_prompt"),
-        temperature=cfg.get("eval_temperature", _default("eval_temperature")),
-        max_new_tokens=cfg.get("max_new_tokens") or _default("max_new_tokens"), seed=seed,
-        max_turns=cfg.get("max_turns", _default("max_turns")),
-        max_seq_len=cfg.get("max_seq_len") or _default("max_seq_len"),
-        engine=cfg.get("rollout_engine") or _default("rollout_engine"),
+        samples=cfg.eval_samples_per_prompt, temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens,
+        seed=seed, max_turns=cfg.max_turns, max_seq_len=cfg.max_seq_len, engine=cfg.rollout_engine,
     )
 
 
@@ -429,17 +401,17 @@ def job_evaluate(*, job_id: int) -> TrainingJob | None:
                 elif record["event"] == "error":
                     done["error"] = record.get("message", "")
 
-            status, _ = _run_subprocess(job, _evaluate_command(job, folder / f"{name}.jsonl",
-                                                               folder / f"production-{name}.jsonl"),
+            status, _ = _run_subprocess(job, _evaluate_command(job, folder / jobdir.suite_file(name),
+                                                               jobdir.production_results(folder, name)),
                                         folder, on_event=on_event)
             if status != 0 or "metrics" not in done:
-                reason = done.get("error") or _stderr_tail(folder / f"stderr-{job.attempt}-evaluate.log")[-500:]
+                reason = done.get("error") or _stderr_tail(jobdir.stderr_log(folder, job.attempt, "evaluate"))[-500:]
                 return _fail(job, f"Measuring production on the {name} suite failed: {reason}", step=0)
             metrics[name] = done["metrics"]
     pairs = len(preference_pairs(job.task_set_version.rows))
     advice = advise(metrics.get("holdout"), pairs=pairs)
     if job.holdout_version is not None:
-        advice["power"] = _holdout_power(job, folder / "production-holdout.jsonl")
+        advice["power"] = _holdout_power(job, jobdir.production_results(folder, "holdout"))
     TrainingJob.objects.filter(pk=job.pk, status=JobStatus.EVALUATING).update(
         status=JobStatus.READY, advice=advice, heartbeat_at=None,
     )
@@ -485,23 +457,19 @@ FRESH_SEED = 104_729
 def holdout_looks(folder: Path) -> list[int]:
     """The steps at which the trainer evaluated a checkpoint on the holdout (step 0 is production's baseline,
     not a candidate)."""
-    steps = []
-    for path in (folder / "evals").glob("holdout-step-*.jsonl"):
-        step = int(path.stem.rsplit("-", 1)[1])
-        if step > 0:
-            steps.append(step)
-    return sorted(steps)
+    return [step for step in jobdir.eval_steps(folder, "holdout") if step > 0]
 
 
 def _measure_best(job: TrainingJob, folder: Path, done: dict[str, Any]) -> tuple[bool, str | None]:
     """The gate judges the chosen checkpoint as production was judged: the same command with the same
     settings on the whole holdout and regression suites (`_evaluate_command`), on fresh samples
     (FRESH_SEED), written to `gate/`. The trainer's own evals may cap prompts, turns or sequence length
-    differently, and the best of several looks is biased upwards by the samples that picked it.
+    differently, and the best of several looks is biased upwards by the samples that picked it. Then both
+    models are timed on holdout cases for the latency rule (`_measure_latency`).
     Returns (cancelled, error)."""
     gate_dir = folder / "gate"
-    for stale in gate_dir.glob("*.jsonl"):
-        stale.unlink()  # an earlier attempt's: never judge this one by it
+    for stale in [*gate_dir.glob("*.jsonl"), gate_dir / LATENCY_NOT_MEASURED]:
+        stale.unlink(missing_ok=True)  # an earlier attempt's: never judge this one by it
     looks = holdout_looks(folder)
     best = int(done.get("best_step") or 0)
     if not done.get("adapter") or job.holdout_version is None:
@@ -531,7 +499,71 @@ def _measure_best(job: TrainingJob, folder: Path, done: dict[str, Any]) -> tuple
             "split": name, "metrics": result["metrics"], "seed": FRESH_SEED, "looks": looks,
             "why": (f"step {best} was the best of {len(looks)} holdout evaluations: " if len(looks) > 1 else "")
                    + "the gate judges it as production was measured, on fresh samples of the whole suite"})
-    return False, None
+    return _measure_latency(job, folder, str(done["adapter"]), best), None
+
+
+# In the job's gate folder: both models' per-case timings, or why there are none (the probe was not run, or
+# failed), which the gate's latency rule then says.
+LATENCY_RESULTS = "latency.jsonl"
+LATENCY_NOT_MEASURED = "latency-not-measured.txt"
+
+
+def _measure_latency(job: TrainingJob, folder: Path, adapter: str, best: int) -> bool:
+    """Time production and the candidate case by case on the holdout (`python -m trainer latency`: one base
+    model in one process, one request at a time, A/B/B/A per case), for the gate's latency rule, into
+    `gate/LATENCY_RESULTS`. A failure never fails the job: the reason goes to `gate/LATENCY_NOT_MEASURED`, and
+    the rule says it was not measured and why. Returns whether the job was cancelled meanwhile."""
+    import sys
+    import time
+
+    from flywheel.registry.gate_runs import rules_for
+
+    gate_dir = jobdir.gate_dir(folder)
+    out = gate_dir / LATENCY_RESULTS
+    cases = rules_for(job.project).latency_cases
+    cfg = job_config(job)
+    engine = cfg.rollout_engine
+    result: dict[str, Any] = {}
+    reason = ""
+    if cases == 0:
+        reason = "the project's gate rules time no cases (latency_cases is 0)"
+    elif engine != "hf":
+        reason = (f"the job samples with {engine}; the latency probe times transformers generation only "
+                  "(vLLM's per-request metrics would serve)")
+    else:
+        def on_event(record: dict) -> None:
+            if record["event"] == "done":
+                result.update(record)
+            elif record["event"] == "error":
+                result["error"] = record.get("message", "")
+
+        command = [sys.executable, "-m", "trainer", "latency", "--model", job.base_version.base.path,
+                   "--adapter-a", job.base_version.adapter_path or "", "--adapter-b", adapter,
+                   "--suite", str(folder / jobdir.suite_file("holdout")), "--cases", str(cases),
+                   "--max-new-tokens", str(cfg.max_new_tokens), "--seed", str(FRESH_SEED), "--out", str(out),
+                   # One request at a time on one CPU thread: on a shared CPU more threads wait on each other
+                   # and the timings spread (sd of the per-case log ratio 0.8 at two threads under load, 0.1 at
+                   # one); a GPU's kernels do not depend on it.
+                   "--threads", "1"]
+        start = time.monotonic()
+        try:
+            status, cancelled = _run_subprocess(job, command, folder, on_event=on_event)
+            result["wall_seconds"] = round(time.monotonic() - start, 2)  # with the start and model load
+        except OSError as exc:
+            status, cancelled, result["error"] = 1, False, str(exc)
+        if cancelled:
+            return True
+        if status != 0 or not out.exists():
+            tail = _stderr_tail(jobdir.stderr_log(folder, job.attempt, "latency"))[-300:]
+            reason = f"the latency probe failed: {result.get('error') or tail or f'exit status {status}'}"
+    if reason:
+        out.unlink(missing_ok=True)
+        (gate_dir / LATENCY_NOT_MEASURED).write_text(reason)
+        _event(job, "latency", step=best, data={"measured": False, "why": reason})
+    else:
+        _event(job, "latency", step=best, data={"measured": True, "cases": result.get("cases"),
+                                                "seconds": result.get("wall_seconds")})
+    return False
 
 
 def _worker_name() -> str:
@@ -608,7 +640,7 @@ def job_run(*, job_id: int) -> TrainingJob | None:
         return job_finish(job=job, done=last["done"])
     if last["error"] is not None:
         return _fail(job, str(last["error"].get("message", "the trainer failed")), step=last["error"].get("step"))
-    tail = _stderr_tail(folder / f"stderr-{job.attempt}-train.log")
+    tail = _stderr_tail(jobdir.stderr_log(folder, job.attempt, "train"))
     return _fail(job, f"The trainer exited with status {status} without saying why. Last lines of its log:\n{tail}",
                  step=job.step)
 
@@ -696,14 +728,15 @@ def training_sweep() -> int:
 
 
 def _lineage(job: TrainingJob) -> dict[str, Any]:
-    rows = job.task_set_version.rows
-    origins = [row.get("origin") or {} for row in rows]
+    from flywheel.evals.rows import origins_of
+
+    origins = origins_of(job.task_set_version.rows)  # what the dashboard recomputes while the job is there
     return {
         "job": job.pk,
         "task_set_version": str(job.task_set_version),
         "task_set_hash": job.task_set_version.content_hash[:12],
-        "failure_modes": sorted({o["failure_mode"] for o in origins if o.get("failure_mode")}),
-        "trajectories": sorted({o["trajectory_id"] for o in origins if o.get("trajectory_id")})[:200],
+        "failure_modes": sorted(origins.failure_modes),
+        "trajectories": sorted(origins.trajectories)[:200],
     }
 
 
@@ -749,14 +782,14 @@ def _record_eval_runs(*, job: TrainingJob, best_step: int) -> None:
     for split, suite_version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
         if suite_version is None:
             continue
-        production = folder / f"production-{split}.jsonl"
+        production = jobdir.production_results(folder, split)
         candidate = candidate_results(folder, split, best_step)
         if production.exists():
             metrics = (job.advice or {}).get("metrics") if split == "holdout" else {}
             eval_run_record(project=job.project, model_version=job.base_version, suite_version=suite_version,
                             cases=read_cases(production), metrics=metrics or {}, job=job, step=0)
         if candidate.exists():
-            if candidate.parent.name == "gate":  # measured afresh for the gate: its metrics, not the trainer's
+            if candidate == jobdir.gate_results(folder, split):  # measured afresh: its metrics, not the trainer's
                 event = (JobEvent.objects.filter(job=job, attempt=job.attempt, kind="measured",
                                                  data__split=split).order_by("-id").first())
                 metrics = event.data.get("metrics") if event else {}

@@ -91,7 +91,7 @@ def _version(model, project: Project, raw: str, owner: str):
 @project_view(Role.MAINTAINER)
 def job_new(request: HttpRequest, project: Project) -> HttpResponse:
     post = request.POST
-    config, config_errors = forms.config_from_post(post)
+    config, config_errors = forms.config_from_post(post, algorithm=post.get("algorithm", "grpo"), project=project)
     try:
         errors: dict = {}
         versions = {}

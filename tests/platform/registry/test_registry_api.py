@@ -38,12 +38,16 @@ def test_the_gate_settings_are_read_and_replaced(api_client, keys, project):
     # A rule not sent takes its default again (the body replaces).
     again = api_client.put(url, {"rules": {"success_margin": 0.02}, "auto_promote": False}, key=keys["promote"])
     assert again.json()["own"] == {"success_margin": 0.02} and again.json()["rules"]["test"] == "permutation"
+    # How many holdout cases the latency probe times is a rule too (0 turns the probe off).
+    off = api_client.put(url, {"rules": {"latency_cases": 0}, "auto_promote": False}, key=keys["promote"])
+    assert off.json()["own"] == {"latency_cases": 0} and off.json()["rules"]["latency_cases"] == 0
 
 
 @pytest.mark.parametrize(("rules", "field"), [
     ({"confidence": 1.5}, "rules.confidence"),
     ({"test": "t-test"}, "rules.test"),
     ({"latency_tolerance": "fast"}, "rules.latency_tolerance"),
+    ({"latency_cases": 2.5}, "rules.latency_cases"),
     ({"invalid_test": "noninferiority", "invalid_tolerance": 0}, "rules.invalid_tolerance"),
     ({"no_such_rule": 1}, "rules.no_such_rule"),
 ])

@@ -22,6 +22,7 @@ from flywheel.registry import services as registry
 from flywheel.registry.models import GateDecision
 from flywheel.training import services
 from flywheel.training.models import Checkpoint, JobEvent, JobStatus, TrainingJob
+from trainer.config import GRPOConfig
 
 # A job small enough for two busy cores: 2 prompts x 4 samples a step, an eval and a checkpoint every step.
 SMALL = {"num_prompts_per_step": 2, "num_generations_per_prompt": 4, "max_new_tokens": 40, "max_steps": 2,
@@ -79,7 +80,7 @@ def test_config_errors_name_the_field(world):
     assert set(exc.value.message_dict) & {"config.learning_rate", "config.loss_type"}
     with pytest.raises(ValidationError) as exc:
         services.job_create(project=world["project"], task_set_version=world["train"], config={"lr": 1e-4})
-    assert exc.value.message_dict["config.lr"] == ["Not a GRPOConfig field."]
+    assert exc.value.message_dict["config.lr"] == ["config.lr is not a GRPOConfig field"]
     assert not TrainingJob.objects.exists()
 
 
@@ -170,9 +171,37 @@ def test_a_job_measures_production_trains_and_its_candidate_goes_through_the_gat
     fresh_success = sum(c["pass_rate"] for c in fresh) / len(fresh)  # each case's passes over its samples
     assert decision.report["rules"][0]["candidate"] == pytest.approx(fresh_success, abs=1e-4)
     assert measured["holdout"].data["metrics"]["n"] == 4 * SMALL["eval_samples_per_prompt"]
+    # Both models timed case by case in one process (the holdout's 4 cases, under the rules' 20): the latency
+    # rule judges them.
+    latency = next(rule for rule in decision.report["rules"] if rule["name"] == "p95 latency (ms)")
+    assert latency["production"] > 0 and latency["candidate"] > 0, latency
+    assert latency["detail"].startswith("4 cases timed on both models"), latency
+    timed = read_cases(folder / "gate" / "latency.jsonl")
+    assert sorted(row["id"] for row in timed) == sorted(row["id"] for row in world["holdout"].rows)
+    probe = JobEvent.objects.get(job=job, kind="latency")
+    assert probe.data["measured"] and probe.data["cases"] == 4
+    print(f"\nlatency probe: {probe.data['seconds']} s for 4 cases; {latency['detail']}")
     if not decision.passed:
         with pytest.raises(registry.RegistryError, match="did not pass the gate"):
             registry.model_promote(project=world["project"], version=candidate)
+
+
+def test_a_failed_latency_probe_leaves_the_rule_unmeasured_and_says_why(world):
+    from flywheel.registry.gate_runs import read_latency
+
+    job = services.job_create(project=world["project"], task_set_version=world["train"],
+                              holdout_version=world["holdout"], config=SMALL, user=world["user"])
+    folder = services._prepare_dir(job)
+    (folder / "gate").mkdir(exist_ok=True)
+    cancelled = services._measure_latency(job, folder, str(folder / "no-such-adapter"), best=1)
+    assert cancelled is False  # a failure is not the job's: it goes on to the gate
+    rows, why = read_latency(folder)
+    assert rows == [] and why.startswith("the latency probe failed: latency failed: "), why
+    assert JobEvent.objects.get(job=job, kind="latency").data == {"measured": False, "why": why}
+    # A vLLM job is not timed with transformers: the rule says so.
+    job.config = {**SMALL, "rollout_engine": "vllm"}
+    assert services._measure_latency(job, folder, str(folder / "no-such-adapter"), best=1) is False
+    assert "vLLM's per-request metrics would serve" in read_latency(folder)[1]
 
 
 def test_cancel_kills_the_trainer_and_retry_resumes_from_the_checkpoint(world, celery_worker):
@@ -246,7 +275,7 @@ def test_only_maintainers_start_jobs_and_form_errors_are_shown(world, make_user,
     response = client_for(world["user"]).post(url, {"task_set_version": world["train"].pk,
                                                     "cfg_max_steps": "ten", "cfg_loss_type": "ppo"})
     html = response.content.decode()
-    assert response.status_code == 422 and "Expected an int" in html
+    assert response.status_code == 422 and "config.max_steps must be an integer, got &#x27;ten&#x27;" in html
     page = client_for(viewer).get(reverse("training_jobs", args=[world["project"].slug]))
     assert page.status_code == 200 and 'id="start-job"' not in page.content.decode()
     # Every GRPOConfig field has its input in the maintainer's form.
@@ -287,7 +316,8 @@ def test_a_project_saves_its_own_recipe_and_new_jobs_start_from_it(world, client
     # Back to the field's recipe.
     assert client_for(user).post(reverse("training_defaults_clear", args=[project.slug])).status_code == 302
     assert services.project_defaults(project) == {}
-    assert services.config_check(algorithm="grpo", config={}, project=project) == services.RECIPE
+    assert services.config_check(algorithm="grpo", config={}, project=project) == GRPOConfig(
+        **services.RECIPE).to_dict()
 
 
 def test_job_dir_is_per_job(world):

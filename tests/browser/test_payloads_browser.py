@@ -18,7 +18,7 @@ from playwright.sync_api import expect
 
 from flywheel.trajectories import review
 from flywheel.trajectories.models import Trajectory, Upload
-from flywheel.trajectories.selectors import pretty_json
+from flywheel.trajectories.presentation import pretty_json
 
 # Each payload sets window.__pwned or opens a dialog if it ever runs.
 CORPUS = {

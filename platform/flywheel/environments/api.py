@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 from ninja import Field, Schema, Status
 from ninja.errors import HttpError
@@ -85,8 +86,10 @@ def environment_servers_list(request: HttpRequest) -> list[dict[str, Any]]:
     operation_id="environment-servers_register",
 )
 def environment_servers_register(request: HttpRequest, body: EnvironmentServerIn) -> Status:
-    if "\x00" in body.name + body.url + body.description:
-        raise HttpError(422, "name, url and description may not hold a NUL character.")
+    nul = {field: "May not hold a NUL character." for field in ("name", "url", "description")
+           if "\x00" in getattr(body, field)}
+    if nul:
+        raise ValidationError(nul)
     server = environment_server_register(project=request.auth.project, name=body.name, url=body.url,
                                          description=body.description, user=request.auth.created_by)
     return Status(201, _server_out(server))

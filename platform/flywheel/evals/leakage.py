@@ -60,11 +60,9 @@ class LeakageError(Exception):
 
 
 def candidate_from_row(row: dict[str, Any]) -> Candidate:
-    origin = row.get("origin") if isinstance(row.get("origin"), dict) else {}
-    trajectory_id = origin.get("trajectory_id")
     return Candidate(
         label=str(row.get("id")),
-        trajectory_id=trajectory_id if isinstance(trajectory_id, int) else None,
+        trajectory_id=row_shape.origin_of(row).trajectory_id,
         prompt_digest=row_shape.prompt_digest(row.get("messages")),
         prompt_text=row_shape.last_user_request(row.get("messages")),
     )

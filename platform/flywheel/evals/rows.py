@@ -4,6 +4,7 @@ normalised prompt the leakage guard compares.
 A row is `{id, messages, tools, verifier, env?, origin: {trajectory_id, failure_mode}}`, the shape
 `python -m trainer evaluate --suite` and `train` read. A version's content hash is the SHA-256 of its
 export: one canonical JSON row a line, so `sha256sum` of a downloaded file gives the hash on the page.
+A row's origin is read by `origin_of` (one row) and `origins_of` (a version's rows), nowhere else.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from trainer.verifiers import normalize_text
@@ -74,3 +76,44 @@ def build_row(
     if env and env.get("type", "single_turn") != "single_turn":
         row["env"] = env
     return row
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a row came from: the trajectory it was promoted from and the failure mode it stands for, each an
+    id or None. Rows a generator made (the workplace's tasks) carry other keys and no ids."""
+
+    trajectory_id: int | None = None
+    failure_mode: int | None = None
+
+
+def _id(value: Any) -> int | None:
+    # bool is an int to Python, and a row edited by hand may say `true`: that is no id.
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def origin_of(row: Any) -> Origin:
+    """The row's `origin`, whatever the row holds: a missing or malformed origin, or an id that is not a
+    positive integer, reads as None."""
+    origin = row.get("origin") if isinstance(row, dict) else None
+    if not isinstance(origin, dict):
+        return Origin()
+    return Origin(trajectory_id=_id(origin.get("trajectory_id")), failure_mode=_id(origin.get("failure_mode")))
+
+
+@dataclass(frozen=True)
+class Origins:
+    """The trajectories and failure modes behind a set of rows (a task-set version: what a model learned from)."""
+
+    trajectories: frozenset[int] = frozenset()
+    failure_modes: frozenset[int] = frozenset()
+
+
+def origins_of(rows: Iterable[Any]) -> Origins:
+    """Every trajectory and failure mode the rows came from: the one reading of a model version's lineage,
+    stored when the version is made and recomputed by the dashboard."""
+    found = [origin_of(row) for row in rows]
+    return Origins(
+        trajectories=frozenset(o.trajectory_id for o in found if o.trajectory_id is not None),
+        failure_modes=frozenset(o.failure_mode for o in found if o.failure_mode is not None),
+    )

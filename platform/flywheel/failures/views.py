@@ -23,6 +23,7 @@ from flywheel.failures.history import review_history
 from flywheel.failures.models import FailureMode, FailureModeStatus, QueueSkip, ReviewChange, TaxonomyCategory
 from flywheel.trajectories import selectors as trajectory_selectors
 from flywheel.trajectories.models import Trajectory
+from flywheel.trajectories.presentation import conversation_build
 from flywheel.trajectories.review import message_index_parse
 
 QUEUE_KEYS = 9  # modes reachable by a number key in the queue
@@ -374,7 +375,7 @@ def queue_page(request: HttpRequest, project: Project) -> HttpResponse:
             "trajectory": trajectory,
             "claim": trajectory.queue_claim,
             "signals": signals,
-            "conversation": trajectory_selectors.conversation_build(
+            "conversation": conversation_build(
                 trajectory=trajectory, comments=comments, signals=signals
             ),
             "keyed_modes": [(i + 1, mode, mode.pk in carried) for i, mode in enumerate(keyed)],

@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from django.db.models import Count, Max, Q
 
 from flywheel.accounts.models import Project
 from flywheel.environments.models import Task, TaskSetVersion
 from flywheel.evals.models import EvalCase, EvalCaseResult, EvalRun, SuiteKind
+from flywheel.evals.rows import Origins, origins_of
 from flywheel.evals.run_models import EvalRunStatus
 from flywheel.failures.models import FailureMode, FailureModeAssignment
 from flywheel.registry.models import Alias, AliasEvent, AliasEventKind, ModelVersion
@@ -39,15 +39,6 @@ class FunnelStage:
     detail: str = ""
 
 
-def _rows_origins(rows: Iterable[dict[str, Any]], key: str) -> set[int]:
-    found = set()
-    for row in rows:
-        value = (row.get("origin") or {}).get(key) if isinstance(row, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool):
-            found.add(value)
-    return found
-
-
 def trained_task_set_versions(*, project: Project) -> list[TaskSetVersion]:
     """The task-set versions a job actually trained on (it started running), each once."""
     ids = (TrainingJob.objects.filter(project=project, started_at__isnull=False)
@@ -62,32 +53,25 @@ def promoted_versions(*, project: Project) -> list[ModelVersion]:
     return list(ModelVersion.objects.filter(pk__in=list(ids)))
 
 
-@dataclass(frozen=True)
-class _Origins:
-    trajectories: frozenset[int]
-    failure_modes: frozenset[int]
-
-
-def _version_origins(versions: Iterable[ModelVersion]) -> dict[int, _Origins]:
+def _version_origins(versions: Iterable[ModelVersion]) -> dict[int, Origins]:
     """Per version, the trajectories and failure modes behind it: from its job's task-set rows when the job is
-    still there (complete; each task-set version read once), else from the ids its lineage kept (cut at 200)."""
+    still there (complete; each task-set version read once, by `origins_of` as the stored lineage was), else from
+the ids its lineage kept (cut at 200)."""
     versions = list(versions)
     job_ids = {v.lineage.get("job") for v in versions if isinstance(v.lineage, dict)}
     jobs = {j.pk: j for j in TrainingJob.objects.filter(pk__in=[i for i in job_ids if isinstance(i, int)])
             .select_related("task_set_version")}
-    by_task_set: dict[int, _Origins] = {}
-    out: dict[int, _Origins] = {}
+    by_task_set: dict[int, Origins] = {}
+    out: dict[int, Origins] = {}
     for version in versions:
         lineage = version.lineage if isinstance(version.lineage, dict) else {}
         job = jobs.get(lineage.get("job"))
         if job is not None and job.project_id == version.project_id:
             if job.task_set_version_id not in by_task_set:
-                rows = job.task_set_version.rows
-                by_task_set[job.task_set_version_id] = _Origins(
-                    frozenset(_rows_origins(rows, "trajectory_id")), frozenset(_rows_origins(rows, "failure_mode")))
+                by_task_set[job.task_set_version_id] = origins_of(job.task_set_version.rows)
             out[version.pk] = by_task_set[job.task_set_version_id]
         else:
-            out[version.pk] = _Origins(
+            out[version.pk] = Origins(
                 frozenset(t for t in lineage.get("trajectories") or [] if isinstance(t, int)),
                 frozenset(m for m in lineage.get("failure_modes") or [] if isinstance(m, int)))
     return out
@@ -121,7 +105,7 @@ def funnel(*, project: Project) -> list[FunnelStage]:
     promoted_ids = case_ids | task_ids
     trained_versions = trained_task_set_versions(project=project)
     trained_rows = [row for v in trained_versions for row in v.rows]
-    trained = _rows_origins(trained_rows, "trajectory_id")
+    trained = origins_of(trained_rows).trajectories
     promoted = promoted_versions(project=project)
     behind_promoted = set().union(*(o.trajectories for o in _version_origins(promoted).values()))
     made_ids = {v.pk for v in _trained_versions(project)}

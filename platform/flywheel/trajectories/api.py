@@ -189,7 +189,10 @@ class TrajectoryPage(Schema):
 _NO_NUL = {"pattern": "^[^\\x00]*$"}
 
 
-class TrajectoryFilters(Schema):
+class TrajectoryQuery(Schema):
+    """The query parameters of `GET /api/v1/trajectories`: validated here (422 naming the parameter), then
+    turned into the one `selectors.TrajectoryFilters` the pages filter with (`filters`)."""
+
     outcome: Literal["success", "failure", "unknown"] | None = Field(
         None, description="The agent's own outcome"
     )
@@ -251,6 +254,22 @@ class TrajectoryFilters(Schema):
             return value.astimezone(UTC)
         except OverflowError:
             return (datetime.max if value.year > 1 else datetime.min).replace(tzinfo=UTC)
+
+    def filters(self) -> selectors.TrajectoryFilters:
+        return selectors.TrajectoryFilters(
+            agent_outcome=self.outcome,
+            reviewed_outcome="" if self.reviewed_outcome == "none" else self.reviewed_outcome,
+            agent=self.agent,
+            model_version=self.model_version,
+            source=self.source,
+            external_id=self.external_id,
+            tool_error=self.has_tool_error,
+            signal=self.signal.value if self.signal else "",
+            mode=self.failure_mode,
+            q=self.q or "",
+            started_after=self.started_after,
+            started_before=self.started_before,
+        )
 
 
 # --- routes ----------------------------------------------------------------------------------------------
@@ -323,25 +342,13 @@ _SUMMARY_FIELDS = [name for name in TrajectorySummary.model_fields]
         "`next_cursor` back as `cursor`; pages stay consistent while trajectories arrive."
     ),
 )
-def trajectories_list(request: HttpRequest, filters: Query[TrajectoryFilters]) -> dict[str, Any]:
-    after = cursor_value(filters.cursor)
+def trajectories_list(request: HttpRequest, query: Query[TrajectoryQuery]) -> dict[str, Any]:
     rows, next_cursor = selectors.trajectory_api_page(
         project=request.auth.project,
+        filters=query.filters(),
         fields=_SUMMARY_FIELDS,
-        after=after,
-        size=filters.limit,
-        outcome=filters.outcome,
-        reviewed_outcome="" if filters.reviewed_outcome == "none" else filters.reviewed_outcome,
-        agent=filters.agent,
-        model_version=filters.model_version,
-        source=filters.source,
-        external_id=filters.external_id,
-        has_tool_error=filters.has_tool_error,
-        q=filters.q,
-        started_after=filters.started_after,
-        started_before=filters.started_before,
-        signal=filters.signal.value if filters.signal else None,
-        failure_mode=filters.failure_mode,
+        after=cursor_value(query.cursor),
+        size=query.limit,
     )
     return {"items": rows, "next_cursor": str(next_cursor) if next_cursor is not None else None}
 

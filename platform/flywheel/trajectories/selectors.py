@@ -7,7 +7,6 @@ at `COUNT_CAP` (and a time budget) instead of scanning every matching row on eac
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -20,8 +19,7 @@ from django.db.models import Exists, F, OuterRef, QuerySet, Value
 from django.db.models.functions import Coalesce, NullIf
 
 from flywheel.accounts.models import Project
-from flywheel.trajectories.ingest import is_tool_error
-from flywheel.trajectories.models import SOURCES, Comment, Outcome, SignalKind, Trajectory, TriageSignal
+from flywheel.trajectories.models import SOURCES, Outcome, SignalKind, Trajectory, TriageSignal
 
 PAGE_SIZE = 50
 # Counting stops here: past it the page says "10,000+". A count is then at most COUNT_CAP index entries
@@ -75,21 +73,34 @@ def text_problem(value: str) -> str | None:
 
 @dataclass(frozen=True)
 class TrajectoryFilters:
-    """What the list page filters on, parsed from a query string. A value that cannot be used is left out,
-    and `errors` says which and why (the page shows it): a query string never makes the page fail."""
+    """What a list of trajectories is filtered on: the one filter of the list page, the review queue, the
+    failure modes' bulk actions and `GET /api/v1/trajectories`.
 
-    outcome: str = ""
-    agent: str = ""
-    model_version: str = ""
+    The pages parse it from a query string (`from_params`): a value that cannot be used is left out, and
+    `errors` says which and why (the page shows it), so a query string never makes a page fail. The API
+    builds it from its validated query parameters (`trajectories.api.TrajectoryQuery.filters`), which
+    refuse such a value with 422 instead, and adds the fields only it offers (after `mode`). A field at its
+    default filters nothing; `None` is the default where "" is a value one can filter on (no agent)."""
+
+    outcome: str = ""  # the outcome that wins: the reviewer's, else the agent's own
+    agent: str | None = None
+    model_version: str | None = None
     date_from: dt.date | None = None
     date_to: dt.date | None = None
     tool_error: bool | None = None
     q: str = ""
     signal: str = ""  # a SignalKind: trajectories with at least one signal of that kind
     reviewed: bool | None = None  # a reviewer set the outcome (or not)
-    source: str = ""  # one of SOURCES
+    source: str | None = None  # one of SOURCES on the pages
     tag: str = ""  # a tag's name
     mode: int | None = None  # a failure mode's id (flywheel.failures): trajectories that carry it
+    # The API's own: exact values of the agent's outcome and the reviewer's ("": not reviewed), one
+    # trajectory by its external_id, and start times (after: inclusive, before: exclusive).
+    agent_outcome: str | None = None
+    reviewed_outcome: str | None = None
+    external_id: str | None = None
+    started_after: dt.datetime | None = None
+    started_before: dt.datetime | None = None
     errors: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -141,22 +152,22 @@ class TrajectoryFilters:
             errors.append(f"Ignored failure mode {raw_mode[:40]!r}: it is not a failure mode's id.")
         return cls(
             outcome=outcome,
-            agent=texts["agent"],
-            model_version=texts["model_version"],
+            agent=texts["agent"] or None,
+            model_version=texts["model_version"] or None,
             date_from=dates["date_from"],
             date_to=dates["date_to"],
             tool_error=tool_error,
             q=texts["q"],
             signal=picked["signal"],
             reviewed=reviewed,
-            source=picked["source"],
+            source=picked["source"] or None,
             tag=tag,
             mode=mode,
             errors=tuple(errors),
         )
 
     def params(self) -> dict[str, str]:
-        """The non-empty filters as query parameters (what links carry to keep the filter)."""
+        """The pages' non-empty filters as query parameters (what links carry to keep the filter)."""
         raw = {
             "outcome": self.outcome,
             "agent": self.agent,
@@ -215,14 +226,23 @@ def trajectory_queryset(*, project: Project, filters: TrajectoryFilters) -> Quer
     qs = Trajectory.objects.filter(project=project)
     if filters.outcome:
         qs = qs.alias(effective=EFFECTIVE_OUTCOME).filter(effective=filters.outcome)
-    if filters.agent:
-        qs = qs.filter(agent=filters.agent)
-    if filters.model_version:
-        qs = qs.filter(model_version=filters.model_version)
+    exact = {
+        "agent": filters.agent,
+        "model_version": filters.model_version,
+        "source": filters.source,
+        "outcome": filters.agent_outcome,
+        "reviewed_outcome": filters.reviewed_outcome,
+        "external_id": filters.external_id,
+    }
+    qs = qs.filter(**{column: value for column, value in exact.items() if value is not None})
     if filters.date_from:
         qs = qs.filter(started_at__gte=_day_start(filters.date_from))
     if filters.date_to and filters.date_to < dt.date.max:  # up to the last day there is: no bound at all
         qs = qs.filter(started_at__lt=_day_start(filters.date_to + dt.timedelta(days=1)))
+    if filters.started_after is not None:
+        qs = qs.filter(started_at__gte=filters.started_after)
+    if filters.started_before is not None:
+        qs = qs.filter(started_at__lt=filters.started_before)
     if filters.tool_error is not None:
         qs = qs.filter(has_tool_error=filters.tool_error)
     if filters.q:
@@ -236,8 +256,6 @@ def trajectory_queryset(*, project: Project, filters: TrajectoryFilters) -> Quer
         qs = qs.filter(Exists(signals))
     if filters.reviewed is not None:
         qs = qs.exclude(reviewed_outcome="") if filters.reviewed else qs.filter(reviewed_outcome="")
-    if filters.source:
-        qs = qs.filter(source=filters.source)
     if filters.tag:
         links = Trajectory.tags.through.objects.filter(
             tag__project=project, tag__name=filters.tag, trajectory_id=OuterRef("pk")
@@ -333,59 +351,20 @@ def _few_matches(qs: QuerySet[Trajectory]) -> bool:
 
 
 def trajectory_api_page(
-    *,
-    project: Project,
-    fields: Sequence[str],
-    after: int | None = None,
+    *, project: Project, filters: TrajectoryFilters, fields: Sequence[str], after: int | None = None,
     size: int = PAGE_SIZE,
-    outcome: str | None = None,
-    reviewed_outcome: str | None = None,
-    agent: str | None = None,
-    model_version: str | None = None,
-    source: str | None = None,
-    external_id: str | None = None,
-    has_tool_error: bool | None = None,
-    q: str | None = None,
-    started_after: dt.datetime | None = None,
-    started_before: dt.datetime | None = None,
-    signal: str | None = None,
-    failure_mode: int | None = None,
 ) -> tuple[list[dict[str, Any]], int | None]:
     """(`fields` of a page of matching trajectories newest first, next cursor) for `GET /api/v1/trajectories`.
 
-    The API filters on the agent's own `outcome` and on the reviewer's `reviewed_outcome` ("" for not yet
-    reviewed) separately, where the list page filters on the outcome that wins; the paging is the list
-    page's: a walk of the id index when matches are many, the filter's own index when they are few (a
-    capped count says which) or end before a date."""
-    qs = Trajectory.objects.filter(project=project)
-    exact = {
-        "outcome": outcome,
-        "reviewed_outcome": reviewed_outcome,
-        "agent": agent,
-        "model_version": model_version,
-        "source": source,
-        "external_id": external_id,
-        "has_tool_error": has_tool_error,
-    }
-    qs = qs.filter(**{name: value for name, value in exact.items() if value is not None})
-    if q:
-        qs = qs.filter(search_text__contains=q.lower())  # see trajectory_queryset
-    if started_after is not None:
-        qs = qs.filter(started_at__gte=started_after)
-    if started_before is not None:
-        qs = qs.filter(started_at__lt=started_before)
-    # The same EXISTS probes as the list page's filters (trajectory_queryset).
-    if signal:
-        qs = qs.filter(Exists(TriageSignal.objects.filter(project=project, kind=signal, trajectory_id=OuterRef("pk"))))
-    if failure_mode is not None:
-        from flywheel.failures.models import FailureModeAssignment
-
-        qs = qs.filter(Exists(FailureModeAssignment.objects.filter(
-            failure_mode_id=failure_mode, failure_mode__project=project, trajectory_id=OuterRef("pk"))))
-    filtered = (any(v is not None for v in exact.values()) or bool(q) or started_after is not None or bool(signal)
-                or failure_mode is not None)
+    The list page's filter and paging: a walk of the id index when matches are many, the filter's own index
+    when they are few (a capped count says which) or end before a time."""
+    qs = trajectory_queryset(project=project, filters=filters)
     page = qs.filter(id__lt=after) if after is not None else qs
-    by_filter_index = started_before is not None or (filtered and _few_matches(page))
+    by_filter_index = (
+        filters.started_before is not None
+        or filters.date_to is not None
+        or (filters != TrajectoryFilters() and _few_matches(page))
+    )
     ids, next_cursor, _ = _keyset_ids(qs, after=after, before=None, size=size, by_filter_index=by_filter_index)
     rows = list(Trajectory.objects.filter(id__in=ids).order_by("-id").values(*fields)) if ids else []
     return rows, next_cursor
@@ -571,152 +550,6 @@ def project_tag_names(*, project: Project) -> list[str]:
     return list(project.tags.order_by("name").values_list("name", flat=True)[:OPTION_LIMIT])
 
 
-# --- The conversation as a reviewer reads it ------------------------------------------------------------
-
-@dataclass
-class ToolCallView:
-    anchor: str  # our own id for the element, never the agent's tool_call_id
-    call_id: str
-    name: str
-    arguments: str  # pretty JSON when it parses, the raw string otherwise
-    arguments_valid: bool
-    known_tool: bool
-    result_anchor: str | None = None
-
-
-@dataclass
-class MessageView:
-    index: int
-    role: str
-    name: str
-    text: str
-    extra_parts: list[str]  # non-text content parts, as pretty JSON
-    tool_calls: list[ToolCallView]
-    tool_call_id: str = ""
-    call_anchor: str | None = None  # the call this tool result answers
-    call_name: str = ""
-    is_error: bool = False
-    details: str = ""  # latency, usage or other per-message fields, as pretty JSON
-    comments: list[Comment] = field(default_factory=list)
-    signals: list[TriageSignal] = field(default_factory=list)  # triage signals at this message
-
-
-KNOWN_MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id", "name"}
-
-
-def pretty_json(value: Any) -> str:
-    """JSON indented for reading. Returns a plain str: templates escape it like any agent text."""
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
-
-
-def _arguments(raw: Any) -> tuple[str, bool]:
-    if isinstance(raw, str):
-        try:
-            return pretty_json(json.loads(raw)), True
-        except (ValueError, RecursionError):  # arguments are kept as sent: show what cannot be parsed as text
-            return raw, False
-    if raw is None:
-        return "", True
-    return pretty_json(raw), True
-
-
-def _content(content: Any) -> tuple[str, list[str]]:
-    if content is None:
-        return "", []
-    if isinstance(content, str):
-        return content, []
-    if isinstance(content, list):
-        texts, others = [], []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            else:
-                others.append(pretty_json(part))
-        return "\n".join(texts), others
-    return "", [pretty_json(content)]
-
-
-def conversation_build(
-    *, trajectory: Trajectory, comments: list[Comment] | None = None, signals: list[TriageSignal] | None = None
-) -> list[MessageView]:
-    """The messages as views: tool calls with pretty arguments, each tool result linked to its call."""
-    declared = {
-        (tool.get("function") or {}).get("name") if isinstance(tool, dict) else None
-        for tool in (trajectory.tools or [])
-    }
-    declared.discard(None)
-    calls_by_id: dict[str, ToolCallView] = {}
-    views: list[MessageView] = []
-    n_calls = 0
-    messages = trajectory.messages if isinstance(trajectory.messages, list) else []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            views.append(MessageView(index, "invalid", "", "", [pretty_json(message)], []))
-            continue
-        text, extra = _content(message.get("content"))
-        tool_calls = []
-        for call in message.get("tool_calls") or []:
-            if not isinstance(call, dict):
-                continue
-            n_calls += 1
-            function = call.get("function") if isinstance(call.get("function"), dict) else {}
-            arguments, valid = _arguments(function.get("arguments"))
-            name = str(function.get("name") or "")
-            view = ToolCallView(
-                anchor=f"tc-{n_calls}",
-                call_id=str(call.get("id") or ""),
-                name=name,
-                arguments=arguments,
-                arguments_valid=valid,
-                known_tool=not declared or name in declared,
-            )
-            if view.call_id:
-                calls_by_id.setdefault(view.call_id, view)
-            tool_calls.append(view)
-        role = str(message.get("role") or "unknown")
-        view = MessageView(
-            index=index,
-            role=role,
-            name=str(message.get("name") or ""),
-            text=text,
-            extra_parts=extra,
-            tool_calls=tool_calls,
-            tool_call_id=str(message.get("tool_call_id") or ""),
-        )
-        if role == "tool":
-            view.is_error = is_tool_error(message)  # the rule ingestion derives has_tool_error with
-            call = calls_by_id.get(view.tool_call_id)
-            if call is not None:
-                view.call_anchor = call.anchor
-                view.call_name = call.name
-                call.result_anchor = f"m{index}"
-        details = {k: v for k, v in message.items() if k not in KNOWN_MESSAGE_KEYS}
-        if details:
-            view.details = pretty_json(details)
-        views.append(view)
-    for comment in comments or []:
-        if comment.message_index is not None and 0 <= comment.message_index < len(views):
-            views[comment.message_index].comments.append(comment)
-    for signal in signals or []:
-        if signal.message_index is not None and 0 <= signal.message_index < len(views):
-            views[signal.message_index].signals.append(signal)
-    return views
-
-
 def trajectory_signals(*, trajectory: Trajectory) -> list[TriageSignal]:
     """The trajectory's triage signals, most severe first."""
     return list(TriageSignal.objects.filter(trajectory=trajectory).order_by("-severity", "message_index", "id"))
-
-
-def usage_summary(usage: Any) -> list[tuple[str, Any]]:
-    """Token usage as (label, value) pairs, for the common OpenAI and OTel field names."""
-    if not isinstance(usage, dict):
-        return []
-    labels = (
-        ("prompt_tokens", "prompt"),
-        ("input_tokens", "input"),
-        ("completion_tokens", "completion"),
-        ("output_tokens", "output"),
-        ("total_tokens", "total"),
-    )
-    return [(label, usage[key]) for key, label in labels if key in usage]

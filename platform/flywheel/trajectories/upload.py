@@ -10,7 +10,7 @@ with a compare-and-set (queued, or processing with an expired lease), and writes
 its end only while the lease is still its own, checked in the chunk's transaction with the row locked. So a
 message delivered twice runs once, and when a stuck run's upload is taken over (by Retry or the sweep), the
 old run stops at its next chunk without writing, even if it was only slow. Running the whole file again is
-safe because ingestion is an upsert."""
+safe because ingestion is an upsert. The pages are in `upload_views`."""
 
 from __future__ import annotations
 
@@ -22,17 +22,12 @@ import uuid
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.contrib import messages
 from django.db import transaction
 from django.db.models import F, Q
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from flywheel import outbox
-from flywheel.accounts.access import project_view
-from flywheel.accounts.models import Project, Role
+from flywheel.accounts.models import Project
 from flywheel.trajectories.ingest import JSONL_CHUNK, IngestResult, ingest_trajectories, jsonl_chunks
 from flywheel.trajectories.models import Upload, UploadStatus
 
@@ -263,66 +258,3 @@ def _finish(upload_id: int, owner: str, status: str, error: str = "") -> None:
     Upload.objects.filter(_held(upload_id, owner)).update(
         status=status, finished_at=timezone.now(), lease_expires_at=None, error=error[:2000]
     )
-
-
-# --- views -----------------------------------------------------------------------------------------------
-
-
-@require_http_methods(["GET", "POST"])
-@project_view(Role.REVIEWER)
-def upload_page(request: HttpRequest, project: Project) -> HttpResponse:
-    error = ""
-    if request.method == "POST":
-        file = request.FILES.get("file")
-        if file is None:
-            error = "Choose a .jsonl file to upload."
-        elif file.size > max_upload_bytes():
-            error = f"The file is {file.size} bytes; the limit is {max_upload_bytes()} bytes."
-        else:
-            try:
-                upload = upload_create(
-                    project=project, filename=file.name, content=file.read(), uploaded_by=request.user
-                )
-            except UploadRefused as exc:
-                error = str(exc)
-            else:
-                return redirect("upload_detail", project_slug=project.slug, upload_id=upload.pk)
-    uploads = Upload.objects.filter(project=project).defer("content", "rejected")[:20]
-    return render(
-        request,
-        "trajectories/upload.html",
-        {"project": project, "uploads": uploads, "error": error, "max_bytes": max_upload_bytes()},
-        status=400 if error else 200,
-    )
-
-
-def _upload_for(project: Project, upload_id: int) -> Upload:
-    return get_object_or_404(Upload.objects.defer("content"), project=project, pk=upload_id)
-
-
-@require_GET
-@project_view(Role.REVIEWER)
-def upload_detail(request: HttpRequest, project: Project, upload_id: int) -> HttpResponse:
-    upload = _upload_for(project, upload_id)
-    template = "trajectories/_upload_status.html" if request.htmx else "trajectories/upload.html"
-    context = {
-        "project": project,
-        "upload": upload,
-        "stale": upload_is_stale(upload),
-        "waiting_long": upload_is_waiting_long(upload),
-        "max_bytes": max_upload_bytes(),
-    }
-    if not request.htmx:
-        context["uploads"] = Upload.objects.filter(project=project).defer("content", "rejected")[:20]
-    return render(request, template, context)
-
-
-@require_POST
-@project_view(Role.REVIEWER)
-def upload_retry_view(request: HttpRequest, project: Project, upload_id: int) -> HttpResponse:
-    upload = _upload_for(project, upload_id)
-    try:
-        upload_retry(upload=upload)
-    except UploadRefused as exc:
-        messages.error(request, str(exc))
-    return redirect("upload_detail", project_slug=project.slug, upload_id=upload.pk)

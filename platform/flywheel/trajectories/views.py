@@ -1,7 +1,8 @@
 """Review pages: the trajectory list and the trajectory page, plus the htmx endpoints reviewers write with.
 
-Views stay thin: reads come from `selectors`, writes go through `review`. Every view is wrapped in
-`access.project_view`, so anonymous users go to login, non-members get 404 and viewers get 403 on writes.
+Views stay thin: reads come from `selectors` (view-models from `presentation`), writes go through `review`.
+Every view is wrapped in `access.project_view`, so anonymous users go to login, non-members get 404 and
+viewers get 403 on writes.
 An htmx request gets the fragment it swaps; a plain form post is redirected back to the page."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from flywheel.accounts.models import Project, Role
 from flywheel.failures.history import review_history
 from flywheel.failures.selectors import assignable_modes
 from flywheel.failures.views import trajectory_review_context
-from flywheel.trajectories import review, selectors
+from flywheel.trajectories import presentation, review, selectors
 from flywheel.trajectories.models import SOURCES, Outcome, SignalKind, Tag, Trajectory
 
 
@@ -105,10 +106,10 @@ def _detail_context(request: HttpRequest, project: Project, trajectory: Trajecto
         "carry_qs": filters.querystring(),
         "newer_id": newer,
         "older_id": older,
-        "conversation": selectors.conversation_build(trajectory=trajectory, comments=comments, signals=signals),
+        "conversation": presentation.conversation_build(trajectory=trajectory, comments=comments, signals=signals),
         "signals": signals,
         "trajectory_comments": [c for c in comments if c.message_index is None],
-        "usage": selectors.usage_summary(trajectory.usage),
+        "usage": presentation.usage_summary(trajectory.usage),
         "outcomes": Outcome.choices,
         "can_review": _can_review(request),
         "tag_suggestions": selectors.project_tag_names(project=project),

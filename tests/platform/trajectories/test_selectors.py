@@ -9,7 +9,7 @@ import json
 import pytest
 from django.db import connection
 
-from flywheel.trajectories import review, selectors
+from flywheel.trajectories import presentation, review, selectors
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Trajectory
 from flywheel.trajectories.selectors import TrajectoryFilters as F
@@ -254,7 +254,7 @@ def test_conversation_links_results_to_calls_and_flags_errors(project):
     record["messages"].insert(4, {"role": "tool", "tool_call_id": "call_2", "content": "Traceback: boom"})
     record["messages"][1]["content"] = [{"type": "text", "text": "hello"}, {"type": "image_url", "image_url": {"url": "x"}}]
     (trajectory_id,) = ingest(project, record)
-    views = selectors.conversation_build(trajectory=Trajectory.objects.get(pk=trajectory_id))
+    views = presentation.conversation_build(trajectory=Trajectory.objects.get(pk=trajectory_id))
 
     assert [v.role for v in views] == ["system", "user", "assistant", "tool", "tool", "assistant"]
     assert views[1].text == "hello" and "image_url" in views[1].extra_parts[0]

@@ -7,7 +7,8 @@ from urllib.parse import urlencode
 
 from django import template
 
-from flywheel.trajectories.selectors import TrajectoryFilters, pretty_json
+from flywheel.trajectories.presentation import pretty_json
+from flywheel.trajectories.selectors import TrajectoryFilters
 
 register = template.Library()
 

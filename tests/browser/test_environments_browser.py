@@ -4,36 +4,24 @@ on it. No console error on the way."""
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 from playwright.sync_api import expect
+
+from tests.standin import StandIn, serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class _Reset(BaseHTTPRequestHandler):
+class _Reset(StandIn):
     def do_POST(self):  # noqa: N802 (http.server's name)
-        self.rfile.read(int(self.headers["Content-Length"]))
-        data = json.dumps({"session_id": "s-1"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.body()
+        self.answer(200, {"session_id": "s-1"})
 
 
 @pytest.fixture
 def reset_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Reset)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(_Reset) as server:
+        yield server.url
 
 
 def test_a_maintainer_registers_a_server_and_makes_a_task_set_on_it(open_page, make_user, make_project, settings,

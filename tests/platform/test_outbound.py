@@ -7,8 +7,7 @@ a hostile DNS server would (the boundary we do not own)."""
 from __future__ import annotations
 
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import ExitStack
 
 import pytest
 from django.urls import reverse
@@ -16,45 +15,22 @@ from django.urls import reverse
 from flywheel import outbound
 from flywheel.registry import services
 from flywheel.registry.models import AliasEvent, GateDecision, RegistrySettings, SyncState
+from tests.standin import StandIn, serving
 from trainer import outbound as guard
 
 
-class _Server(BaseHTTPRequestHandler):
-    redirect_to: str | None = None
-
+class _Server(StandIn):
     def do_POST(self):  # noqa: N802 (http.server's name)
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.server.received.append({"path": self.path, "host": self.headers["Host"], "body": body})
+        self.server.received.append({"path": self.path, "host": self.headers["Host"], "body": self.body()})
         if self.server.redirect_to:
-            self.send_response(302)
-            self.send_header("Location", self.server.redirect_to)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", "11")
-        self.end_headers()
-        self.wfile.write(b'{"ok":true}')
-
-    def log_message(self, *args):
-        pass
+            return self.redirect(302, self.server.redirect_to)
+        self.answer(200, {"ok": True})
 
 
 @pytest.fixture
 def make_server():
-    servers = []
-
-    def make(redirect_to: str | None = None) -> ThreadingHTTPServer:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
-        server.received, server.redirect_to = [], redirect_to
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.shutdown()
+    with ExitStack() as stack:
+        yield lambda redirect_to=None: stack.enter_context(serving(_Server, received=[], redirect_to=redirect_to))
 
 
 @pytest.fixture
@@ -88,7 +64,7 @@ def test_a_listed_host_is_reached(settings, make_server):
     settings.FLYWHEEL_OUTBOUND_ALLOWLIST = ["127.0.0.1"]
     response = outbound.post(f"http://127.0.0.1:{_port(server)}/hook?x=1", body=b'{"a": 1}',
                              headers={"Content-Type": "application/json"})
-    assert response.status == 200 and response.ok and response.body == b'{"ok":true}'
+    assert response.status == 200 and response.ok and response.body == b'{"ok": true}'
     assert server.received == [{"path": "/hook?x=1", "host": f"127.0.0.1:{_port(server)}", "body": b'{"a": 1}'}]
 
 
@@ -156,10 +132,12 @@ def test_every_resolved_address_is_checked_and_the_connection_goes_to_the_checke
 def test_https_connects_to_the_checked_address_and_verifies_the_name(settings, monkeypatch, tmp_path):
     """The connection is pinned to the address checked, but TLS still sends and verifies the host's name."""
     import ssl
+    import threading
+    from http.server import ThreadingHTTPServer
 
     import trustme
 
-    ca = trustme.CA()
+    ca = trustme.CA()  # the socket wrapped in TLS before it serves: not tests.standin.serving
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
     server.received, server.redirect_to = [], None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -4,58 +4,35 @@ checked on the resolved address, with no redirect followed. Real sockets against
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import ExitStack
 
 import pytest
 
+from tests.standin import StandIn, serving
 from trainer import outbound
 from trainer.envs.http_env import EnvServerError, HttpEnv
 from trainer.verifiers import configure_llm_judge, score
 
 
-class _Stub(BaseHTTPRequestHandler):
+class _Stub(StandIn):
     """A stand-in environment server and judge: /reset, /step, /verify and /v1/chat/completions."""
 
     def do_POST(self):  # noqa: N802 (http.server's name)
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.body()
         self.server.received.append(self.path)
         if self.server.redirect_to:
-            self.send_response(307)
-            self.send_header("Location", self.server.redirect_to + self.path)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
+            return self.redirect(307, self.server.redirect_to + self.path)
         answer = {"/reset": {"session_id": "s1"}, "/verify": {"reward": 1.0},
                   "/step": {"observations": [], "done": True},
                   "/v1/chat/completions": {"choices": [{"message": {"content": '{"score": 1, "reason": "ok"}'}}]},
                   }.get(self.path, {})
-        data = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.answer(200, answer)
 
 
 @pytest.fixture
 def make_stub():
-    servers = []
-
-    def make(redirect_to: str | None = None) -> ThreadingHTTPServer:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-        server.received, server.redirect_to = [], redirect_to
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.shutdown()
+    with ExitStack() as stack:
+        yield lambda redirect_to=None: stack.enter_context(serving(_Stub, received=[], redirect_to=redirect_to))
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,17 +25,18 @@ from flywheel.environments import services
 from flywheel.environments.models import EnvironmentServer
 from flywheel.evals.promotion import PromotionRefused, trajectory_promote
 from flywheel.training.services import rows_check
+from tests.standin import StandIn, serving
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-class _EnvServer(BaseHTTPRequestHandler):
+class _EnvServer(StandIn):
     """POST /reset, /step, /verify: one-turn episodes scored by the task's verifier."""
 
     def do_POST(self):  # noqa: N802 (http.server's name)
         from trainer.verifiers import score
 
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        body = json.loads(self.body() or b"{}")
         sessions = self.server.sessions
         self.server.calls.append(self.path)
         if self.server.broken:
@@ -57,26 +57,15 @@ class _EnvServer(BaseHTTPRequestHandler):
         return self._answer(200, json.dumps(answer).encode())
 
     def _answer(self, status: int, data: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.answer(status, data)
 
 
 @pytest.fixture
 def env_server(settings):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _EnvServer)
-    server.sessions, server.calls, server.broken = {}, [], False
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    server.url = f"http://127.0.0.1:{server.server_address[1]}"
-    settings.FLYWHEEL_ENV_URL_ALLOWLIST = [server.url + "/"]
-    settings.FLYWHEEL_OUTBOUND_ALLOWLIST = ["127.0.0.1"]
-    yield server
-    server.shutdown()
+    with serving(_EnvServer, sessions={}, calls=[], broken=False) as server:
+        settings.FLYWHEEL_ENV_URL_ALLOWLIST = [server.url + "/"]
+        settings.FLYWHEEL_OUTBOUND_ALLOWLIST = ["127.0.0.1"]
+        yield server
 
 
 def _register(client, project, **data):

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -211,7 +212,9 @@ def test_episodes_run_concurrently_within_the_servers_bound(tiny_model):
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/"
+        # A path of its own: the bound is kept per URL for the process, and an earlier test's server may have
+        # had this port (and another bound).
+        url = f"http://127.0.0.1:{srv.server_address[1]}/slow-{uuid.uuid4().hex}/"
         row = {"id": "slow-1", "messages": [{"role": "user", "content": "hi"}], "tools": [],
                "env": {"type": "http", "url": url, "max_concurrency": 3}}
         episodes = start_episodes([row, {**row, "id": "slow-2"}], 6, load_tokenizer(str(tiny_model)), make_env)

@@ -106,4 +106,7 @@ def test_sft_job_schedule_checkpoints_and_two_processes(tiny_model, workplace_ta
     a = load_file(str(tmp_path / "two" / "adapters" / "last" / "adapter_model.safetensors"))
     b = load_file(str(one / "adapters" / "last" / "adapter_model.safetensors"))
     assert any(bool(torch.count_nonzero(w)) for k, w in b.items() if "lora_B" in k)
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    # Two processes sum their halves' gradients in another order than one process: float noise of about 1e-5
+    # after three steps at lr 1e-2 (1.2e-5 with the tiny model some CPUs build), where a wrong batch or a lost
+    # gradient moves the weights by about the lr.
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 5e-5

@@ -428,8 +428,9 @@ def power_report(rates: Sequence[float], *, cases: int, samples: int, rules: Gat
     if not rates or cases < 1:
         return {"cases": cases, "samples": samples, "confidence": rules.confidence, "smallest_gain": None,
                 "expected_gain": rules.expected_gain, "cases_for_expected_gain": None, "enough": False,
-                "production_success": None,
-                "sentence": "Production has not been measured on this holdout: measure it to see what it can show."}
+                "production_success": None, "measured": False,
+                "sentence": "Production has not been measured on this holdout yet: a job measures it first and says "
+                            "the smallest gain it can show before anyone confirms training."}
     kw = {"samples": samples, "confidence": rules.confidence, "margin": rules.success_margin}
     smallest = smallest_gain(rates, cases=cases, **kw)
     needed = cases_needed(rates, gain=rules.expected_gain, **kw)

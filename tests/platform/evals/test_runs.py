@@ -202,6 +202,9 @@ def test_a_holdout_says_what_gain_it_can_show_before_anyone_trains(project, suit
     from flywheel.registry.gate import GateRules, power_report
 
     version = registry.base_model_register(project=project, name="tiny", path=str(tiny_model), user=user)
+    # Not measured yet: the form says the job will measure it, not that the holdout is too small.
+    page = client_for(user).get(reverse("training_jobs", args=[project.slug])).content.decode()
+    assert "has not been measured on this holdout yet" in page and "too small for the gains" not in page
     rates = [0.0, 0.25, 0.5, 1.0]
     cases = [{"id": f"case-{i}", "passed": r > 0.5, "pass_rate": r, "mean_reward": r, "failures": {},
               "samples": [{"passed": k < r * 4} for k in range(4)]} for i, r in enumerate(rates)]

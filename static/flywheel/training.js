@@ -22,6 +22,12 @@
       return null;
     }
     box.classList.remove("muted");
+    if (baseline !== null && xs[0] > 0) {
+      // Production before training is where the job starts (step 0): the axis starts there, and a single
+      // evaluation shows above or below a line instead of alone in an axis of its own making.
+      xs = [0].concat(xs);
+      ys = [null].concat(ys);
+    }
     var lines = [{ label: "step" }, { label: title, stroke: "#2f5fd0", width: 2, points: { show: xs.length < 40 } }];
     var columns = [xs, numbers(ys)];
     if (baseline !== null) {

@@ -11,6 +11,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -18,6 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+
+
+def worker_name() -> str:
+    """This worker process as the pages name it, on a job or a run it holds: host and pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def die_with_parent() -> None:

@@ -19,7 +19,7 @@ from django.utils import timezone
 from flywheel import outbound, outbox
 from flywheel.evals.rows import Origin, origin_of
 from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
-from flywheel.supervise import supervise
+from flywheel.supervise import supervise, worker_name
 from trainer import jobdir
 
 
@@ -127,11 +127,10 @@ def _run_dir(run: EvalRun) -> Path:
 def eval_run_process(*, run_id: int) -> EvalRun | None:
     """The worker's side: claim the run, write the suite, run the trainer's evaluate (beating the heart and
     honouring cancel, like a training job), store the results. A duplicate message finds it no longer queued."""
-    from flywheel.training.services import _worker_name
 
     now = timezone.now()
     if not EvalRun.objects.filter(pk=run_id, status=EvalRunStatus.QUEUED, cancel_requested=False).update(
-        status=EvalRunStatus.RUNNING, started_at=now, heartbeat_at=now, worker=_worker_name(),
+        status=EvalRunStatus.RUNNING, started_at=now, heartbeat_at=now, worker=worker_name(),
         attempt=F("attempt") + 1, error="",
     ):
         return None

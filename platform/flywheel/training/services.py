@@ -10,7 +10,6 @@ import fcntl
 import json
 import logging
 import os
-import socket
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from flywheel.accounts.models import Project
 from flywheel.environments.services import env_url_allowed
 from flywheel.evals import leakage
 from flywheel.registry import selectors as registry_selectors
-from flywheel.supervise import supervise
+from flywheel.supervise import supervise, worker_name
 from flywheel.training.models import ACTIVE, Checkpoint, JobEvent, JobStatus, TrainingJob
 from trainer import jobdir
 
@@ -387,7 +386,7 @@ def job_evaluate(*, job_id: int) -> TrainingJob | None:
     if job.status != JobStatus.EVALUATING:
         return None  # a duplicate message
     folder = _prepare_dir(job)
-    TrainingJob.objects.filter(pk=job.pk).update(worker=_worker_name(), heartbeat_at=timezone.now())
+    TrainingJob.objects.filter(pk=job.pk).update(worker=worker_name(), heartbeat_at=timezone.now())
     metrics: dict[str, Any] = {}
     with _dir_lock(folder):
         for name, version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
@@ -566,10 +565,6 @@ def _measure_latency(job: TrainingJob, folder: Path, adapter: str, best: int) ->
     return False
 
 
-def _worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
 def _fail(job: TrainingJob, message: str, *, step: int | None) -> TrainingJob:
     TrainingJob.objects.filter(pk=job.pk).update(
         status=JobStatus.FAILED, error=message[:4000], failed_step=step, finished_at=timezone.now(), pid=None,
@@ -586,7 +581,7 @@ def job_run(*, job_id: int) -> TrainingJob | None:
     A duplicate message finds the job no longer queued and does nothing."""
     now = timezone.now()
     claimed = TrainingJob.objects.filter(pk=job_id, status=JobStatus.QUEUED, cancel_requested=False).update(
-        status=JobStatus.RUNNING, attempt=F("attempt") + 1, worker=_worker_name(), heartbeat_at=now,
+        status=JobStatus.RUNNING, attempt=F("attempt") + 1, worker=worker_name(), heartbeat_at=now,
         started_at=now, error="", failed_step=None,
     )
     if not claimed:

@@ -102,8 +102,14 @@ def test_a_running_evaluation_is_cancelled_with_its_trainer_and_a_retry_complete
 ):
     import os
 
+    from trainer.envs.workplace import generate_tasks
+
     version = registry.base_model_register(project=project, name="tiny", path=str(tiny_model), user=user)
-    # As many samples as a run takes, so that it cannot finish before the cancel is seen on an idle machine.
+    # 40 cases at the most samples a run takes, so that it cannot finish before the worker's next heartbeat
+    # sees the cancel, even on an idle machine (4 cases at 64 samples took 3 s there, under the 5 s beat).
+    rows = _rows(generate_tasks(40, seed=3, split="holdout", difficulty="single"), mode_ids={})
+    suite_version = EvalSuiteVersion.objects.create(suite=suite_version.suite, number=2, rows=rows, size=len(rows),
+                                                    content_hash="1" * 64)
     run = runs.eval_run_create(project=project, model_version=version, suite_version=suite_version, samples=64)
     running = celery_worker.wait_for(
         lambda: EvalRun.objects.filter(pk=run.pk, status=EvalRunStatus.RUNNING, pid__isnull=False).first(),
@@ -125,7 +131,7 @@ def test_a_running_evaluation_is_cancelled_with_its_trainer_and_a_retry_complete
         lambda: EvalRun.objects.filter(pk=run.pk).exclude(status__in=(EvalRunStatus.QUEUED, EvalRunStatus.RUNNING))
         .first(), timeout=240)
     assert done.status == EvalRunStatus.SUCCEEDED, done.error
-    assert done.attempt == 2 and done.metrics["n"] == 4 * 2 and done.results.count() == 4
+    assert done.attempt == 2 and done.metrics["n"] == 40 * 2 and done.results.count() == 40
     with pytest.raises(ValidationError, match="only a failed or cancelled run"):
         runs.eval_run_retry(run=done)
 

@@ -14,43 +14,18 @@ from django.core.exceptions import ValidationError
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from flywheel.environments.models import TaskSet, TaskSetVersion
-from flywheel.evals import rows as row_shape
-from flywheel.evals.models import EvalSuite, EvalSuiteVersion
 from flywheel.evals.run_models import EvalCaseResult, EvalRun
 from flywheel.registry import services as registry
 from flywheel.registry.gate import CaseResult, GateRules, gate_evaluate
 from flywheel.registry.models import GateDecision
 from flywheel.training import comparison, services
 from flywheel.training.models import JobEvent, JobStatus, TrainingJob
-
-
-def _rows(prefix: str, n: int) -> list[dict]:
-    tools = [{"type": "function", "function": {"name": "close_ticket", "parameters": {"type": "object"}}}]
-    return [{"id": f"{prefix}-{i}", "messages": [{"role": "user", "content": f"Close ticket {i}."}], "tools": tools,
-             "verifier": {"type": "tool_call", "expected_calls": [{"name": "close_ticket", "arguments": {"id": i}}]}}
-            for i in range(n)]
-
-
-def _version(model, owner, rows, **owner_fields):
-    collection = owner.objects.create(**owner_fields)
-    key = "task_set" if model is TaskSetVersion else "suite"
-    return model.objects.create(**{key: collection}, number=1, rows=rows, size=len(rows),
-                                content_hash=row_shape.content_hash(rows))
+from tests.platform.training.worlds import tickets_world
 
 
 @pytest.fixture
 def world(project, user, tmp_path: Path):
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    (folder / "config.json").write_text('{"model_type": "llama"}')
-    production = registry.base_model_register(project=project, name="tiny", path=str(folder), user=user)
-    return {
-        "project": project, "user": user, "production": production,
-        "train": _version(TaskSetVersion, TaskSet, _rows("task", 6), project=project, name="tickets"),
-        "holdout": _version(EvalSuiteVersion, EvalSuite, _rows("case", 8), project=project, name="holdout",
-                            kind="holdout"),
-    }
+    return tickets_world(project, user, tmp_path / "tiny", holdout_cases=8)
 
 
 def _job(world, config: dict, *, algorithm: str = "grpo", evals: dict[int, float] | None = None,

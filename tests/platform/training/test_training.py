@@ -22,6 +22,7 @@ from flywheel.registry import services as registry
 from flywheel.registry.models import GateDecision
 from flywheel.training import services
 from flywheel.training.models import Checkpoint, JobEvent, JobStatus, TrainingJob
+from tests.platform.training.worlds import frozen_version
 from trainer.config import GRPOConfig
 
 # A job small enough for two busy cores: 2 prompts x 4 samples a step, an eval and a checkpoint every step.
@@ -51,24 +52,15 @@ def workplace():
             "holdout": generate_tasks(12, seed=1, split="holdout", difficulty="single")}
 
 
-def _version(model, owner, rows, **owner_fields):
-    from flywheel.evals import rows as row_shape
-
-    collection = owner.objects.create(**owner_fields)
-    key = "task_set" if model is TaskSetVersion else "suite"
-    return model.objects.create(**{key: collection}, number=1, rows=rows, size=len(rows),
-                                content_hash=row_shape.content_hash(rows))
-
-
 @pytest.fixture
 def world(project, user, tiny_model, workplace):
     production = registry.base_model_register(project=project, name="tiny", path=str(tiny_model), user=user)
     return {
         "project": project, "user": user, "production": production,
-        "train": _version(TaskSetVersion, TaskSet, _rows(workplace["train"], "task"), project=project, name="refunds"),
-        "holdout": _version(EvalSuiteVersion, EvalSuite, _rows(workplace["holdout"][:4], "case"), project=project,
+        "train": frozen_version(TaskSetVersion, TaskSet, _rows(workplace["train"], "task"), project=project, name="refunds"),
+        "holdout": frozen_version(EvalSuiteVersion, EvalSuite, _rows(workplace["holdout"][:4], "case"), project=project,
                             name="holdout", kind="holdout"),
-        "regression": _version(EvalSuiteVersion, EvalSuite, _rows(workplace["holdout"][4:6], "reg"),
+        "regression": frozen_version(EvalSuiteVersion, EvalSuite, _rows(workplace["holdout"][4:6], "reg"),
                                project=project, name="regressions", kind="regression"),
     }
 
@@ -87,7 +79,7 @@ def test_config_errors_name_the_field(world):
 def test_rows_the_platform_must_not_run_are_refused(world):
     rows = [dict(world["train"].rows[0], id="srv", env={"type": "http", "url": "http://169.254.169.254/"}),
             dict(world["train"].rows[1], id="code", env={"type": "python", "entry_point": "os:system"})]
-    version = _version(TaskSetVersion, TaskSet, rows, project=world["project"], name="sneaky")
+    version = frozen_version(TaskSetVersion, TaskSet, rows, project=world["project"], name="sneaky")
     with pytest.raises(ValidationError) as exc:
         services.job_create(project=world["project"], task_set_version=version)
     problems = exc.value.message_dict["task_set_version"]
@@ -98,7 +90,7 @@ def test_rows_the_platform_must_not_run_are_refused(world):
 
 def test_a_job_needs_a_production_model(make_project, world):
     other = make_project()
-    version = _version(TaskSetVersion, TaskSet, world["train"].rows, project=other, name="t")
+    version = frozen_version(TaskSetVersion, TaskSet, world["train"].rows, project=other, name="t")
     with pytest.raises(ValidationError) as exc:
         services.job_create(project=other, task_set_version=version)
     assert "Register a base model" in exc.value.message_dict["model"][0]
@@ -106,9 +98,9 @@ def test_a_job_needs_a_production_model(make_project, world):
 
 def test_the_leakage_guard_refuses_a_task_set_that_shares_a_trajectory_or_a_request(world, workplace):
     shared = _rows(workplace["holdout"][:2], "leak", trajectory_ids=[101, 102])
-    holdout = _version(EvalSuiteVersion, EvalSuite, _rows(workplace["holdout"][:1], "h", trajectory_ids=[101]),
+    holdout = frozen_version(EvalSuiteVersion, EvalSuite, _rows(workplace["holdout"][:1], "h", trajectory_ids=[101]),
                        project=world["project"], name="h2", kind="holdout")
-    train = _version(TaskSetVersion, TaskSet, shared, project=world["project"], name="leaky")
+    train = frozen_version(TaskSetVersion, TaskSet, shared, project=world["project"], name="leaky")
     with pytest.raises(LeakageError) as exc:
         services.job_create(project=world["project"], task_set_version=train, holdout_version=holdout)
     details = [str(c) for c in exc.value.conflicts]
@@ -347,7 +339,7 @@ def test_the_api_starts_a_job_with_field_errors_and_the_leakage_guard(world, api
     half = api_client.post("/api/v1/training-jobs", {**_ref("task_set", world["train"]),
                                                       "holdout": world["holdout"].suite_id}, key=key)
     assert half.status_code == 422 and half.json()["detail"][0]["loc"] == ["body", "holdout_version"]
-    holdout = _version(EvalSuiteVersion, EvalSuite, _rows(workplace["train"][:1], "h"), project=world["project"],
+    holdout = frozen_version(EvalSuiteVersion, EvalSuite, _rows(workplace["train"][:1], "h"), project=world["project"],
                        name="h2", kind="holdout")
     leaky = api_client.post("/api/v1/training-jobs", {**_ref("task_set", world["train"]),
                                                        **_ref("holdout", holdout)}, key=key)
@@ -442,7 +434,7 @@ def test_dpo_trains_on_the_reference_over_the_agents_own_output(world, tmp_path)
     with pytest.raises(ValidationError) as exc:
         services.job_create(project=world["project"], task_set_version=world["train"], algorithm="dpo")
     assert "DPO needs pairs" in exc.value.message_dict["algorithm"][0]
-    version = _version(TaskSetVersion, TaskSet, rows, project=world["project"], name="pairs")
+    version = frozen_version(TaskSetVersion, TaskSet, rows, project=world["project"], name="pairs")
     job = services.job_create(project=world["project"], task_set_version=version, algorithm="dpo",
                               config={"max_steps": 2, "num_prompts_per_step": 2, "eval_interval": 100,
                                       "eval_on_start": False, "num_threads": 1})
@@ -466,7 +458,7 @@ def test_dpo_trains_on_the_reference_over_the_agents_own_output(world, tmp_path)
 def test_sft_then_grpo_needs_something_to_imitate_and_takes_the_grpo_recipe(world):
     failures = [{**row, "outcome": "failure"} for row in world["train"].rows[:3]]
     assert not any(map(services.imitable, failures)) and services.imitable(world["train"].rows[0])
-    version = _version(TaskSetVersion, TaskSet, failures, project=world["project"], name="failures only")
+    version = frozen_version(TaskSetVersion, TaskSet, failures, project=world["project"], name="failures only")
     with pytest.raises(ValidationError) as exc:
         services.job_create(project=world["project"], task_set_version=version, algorithm="sft_grpo")
     assert "SFT needs something to imitate" in exc.value.message_dict["algorithm"][0]

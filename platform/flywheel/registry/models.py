@@ -17,6 +17,8 @@ from flywheel.accounts.models import Project
 class Alias(models.TextChoices):
     PRODUCTION = "production", "Production"
     CANDIDATE = "candidate", "Candidate"
+    # A version serving a share of traffic beside production (AliasAssignment.weight is its share).
+    CANARY = "canary", "Canary"
 
 
 class BaseModel(models.Model):
@@ -78,6 +80,8 @@ class AliasAssignment(models.Model):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="aliases")
     alias = models.CharField(max_length=32, choices=Alias.choices)
     version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="aliases")
+    # The share of traffic the alias serves: set for `canary` (0 < weight < 1); None for the others.
+    weight = models.FloatField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -88,6 +92,8 @@ class AliasEventKind(models.TextChoices):
     SET = "set", "Set"
     PROMOTE = "promote", "Promoted"
     ROLLBACK = "rollback", "Rolled back"
+    # The alias no longer points anywhere (a canary that ended): to_version is the version it left.
+    END = "end", "Ended"
 
 
 class AliasEvent(models.Model):
@@ -102,6 +108,11 @@ class AliasEvent(models.Model):
     reason = models.TextField(blank=True, default="")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                              related_name="+")
+    # Who moved it when no person did: "" (a person or the API), "gate" (automatic promotion), "canary" (the
+    # canary decision), "watch" (the watch after a promotion). `evidence` holds the figures a rule acted on.
+    actor = models.CharField(max_length=16, blank=True, default="")
+    evidence = models.JSONField(default=dict, blank=True)
+    weight = models.FloatField(null=True, blank=True)  # a canary's share of traffic after this move
     at = models.DateTimeField(auto_now_add=True)
     mlflow_state = models.CharField(max_length=16, choices=SyncState.choices, default=SyncState.PENDING)
     webhook_state = models.CharField(max_length=16, choices=SyncState.choices, default=SyncState.PENDING)
@@ -128,6 +139,21 @@ class RegistrySettings(models.Model):
     gate_rules = models.JSONField(default=dict, blank=True)
     # A candidate that passes the gate goes to production at once (else a maintainer clicks Promote).
     auto_promote = models.BooleanField(default=False)
+    # Canary rollout (flywheel.registry.canary): the share a canary serves, the trajectories each arm needs
+    # before a decision, the longest a canary may run, and whether the decision acts by itself.
+    canary_weight = models.FloatField(default=0.1)
+    canary_min_per_arm = models.PositiveIntegerField(default=500)
+    canary_max_hours = models.PositiveIntegerField(default=72)
+    canary_auto = models.BooleanField(default=False)
+    # The watch after a full promotion: how long (hours) or how many trajectories it lasts (whichever ends
+    # first; 0 trajectories: by time only), and whether a significantly worse version is rolled back (else
+    # flagged on the page and the webhook).
+    watch_hours = models.PositiveIntegerField(default=24)
+    watch_trajectories = models.PositiveIntegerField(default=0)
+    watch_rollback = models.BooleanField(default=False)
+    # Where notifications (a rollback by rule, a reopened failure mode) are mailed, one address a line; empty:
+    # the webhook only. Sent through Django's mail backend.
+    notify_emails = models.TextField(blank=True, default="")
 
     def clean(self) -> None:
         # Save-time check of where the worker will POST (the send-time check in flywheel.outbound is the one
@@ -176,3 +202,89 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
+
+
+class VersionName(models.Model):
+    """A `model_version` string production traffic carries, mapped to a registry version by a maintainer.
+
+    Adapter names the platform gives vLLM (`<slug>-v<n>`) map by themselves and need no row."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="version_names")
+    name = models.CharField(max_length=200)
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="names")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "name"], name="registry_versionname_unique")]
+        ordering = ["name"]
+
+
+class LiveRollup(models.Model):
+    """Production traffic of one `model_version` string in one hour (the trajectory's started_at, else its
+    arrival): the counts live metrics sum, kept up to date as trajectories are triaged and reviewed, so that
+    no page scans trajectories. Keyed by the raw string: the mapping to versions is applied when read."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    model_version = models.CharField(max_length=200, blank=True, default="")
+    hour = models.DateTimeField()
+    trajectories = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0)  # effective outcome (a reviewer's wins) is failure
+    # {signal kind: trajectories carrying it}
+    signals = models.JSONField(default=dict, blank=True)
+    tokens_sum = models.BigIntegerField(default=0)
+    tokens_n = models.PositiveIntegerField(default=0)  # trajectories that carried usage
+    latency_sum = models.BigIntegerField(default=0)  # ms
+    latency_n = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "model_version", "hour"],
+                                               name="registry_rollup_unique")]
+        indexes = [models.Index(fields=["project", "hour"], name="registry_rollup_project_hour")]
+
+
+class LiveCheckKind(models.TextChoices):
+    CANARY = "canary", "Canary decision"
+    WATCH = "watch", "Watch after promotion"
+
+
+class LiveCheckStatus(models.TextChoices):
+    RUNNING = "running", "Running"
+    PROMOTED = "promoted", "Promoted to production"  # canary: no harm found once each arm had its minimum
+    ROLLED_BACK = "rolled_back", "Rolled back"
+    FLAGGED = "flagged", "Flagged, waiting for a person"  # worse, and the project does not act by itself
+    PASSED = "passed", "Watch ended, no harm found"
+    EXPIRED = "expired", "Ended without enough traffic"
+    ENDED = "ended", "Ended by a person"
+
+
+class LiveCheck(models.Model):
+    """A sequential comparison on live traffic: a canary against production, or a newly promoted production
+    against the version it replaced (its traffic before the move). Each look updates `evidence`; the rule and
+    its error rates are in flywheel.registry.sequential."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="live_checks")
+    kind = models.CharField(max_length=16, choices=LiveCheckKind.choices)
+    subject = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="+")  # canary / new
+    baseline = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")  # production / old
+    status = models.CharField(max_length=16, choices=LiveCheckStatus.choices, default=LiveCheckStatus.RUNNING)
+    started_at = models.DateTimeField()
+    ends_at = models.DateTimeField()  # the canary's longest run, or the watch's window
+    # The watch's baseline: the replaced version's traffic in [baseline_from, started_at).
+    baseline_from = models.DateTimeField(null=True, blank=True)
+    rules = models.JSONField(default=dict, blank=True)  # the settings it runs under, frozen at its start
+    evidence = models.JSONField(default=dict, blank=True)  # the last look: counts, rates, p-values, why
+    looks = models.PositiveIntegerField(default=0)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    event = models.ForeignKey(AliasEvent, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "kind"], condition=models.Q(status="running"),
+                                    name="registry_livecheck_one_running"),
+        ]

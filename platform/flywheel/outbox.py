@@ -30,6 +30,7 @@ SWEEPS = (
     "flywheel.trajectories.triage.triage_sweep",
     "flywheel.failures.clustering.services.clustering_sweep",
     "flywheel.registry.services.registry_sweep",
+    "flywheel.registry.notify.notification_sweep",
     "flywheel.training.services.training_sweep",
     "flywheel.evals.runs.eval_sweep",
 )

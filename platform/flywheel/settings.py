@@ -235,6 +235,16 @@ FLYWHEEL_QUEUE_CLAIM_S = get_env("FLYWHEEL_QUEUE_CLAIM_S", 600, cast=int)
 # reaper (its worker vanished) and can be retried from its last checkpoint.
 FLYWHEEL_JOB_HEARTBEAT_S = get_env("FLYWHEEL_JOB_HEARTBEAT_S", 5, cast=float)
 FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S = get_env("FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S", 120, cast=float)
+# Notifications by e-mail (flywheel.registry.notify) go through Django's mail backend: SMTP when EMAIL_HOST is
+# set, else the console (the worker's log). Projects list their recipients on the Models page's settings.
+EMAIL_HOST = get_env("EMAIL_HOST", "")
+EMAIL_PORT = get_env("EMAIL_PORT", 25, cast=int)
+EMAIL_HOST_USER = get_env("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = get_env("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = get_env("EMAIL_USE_TLS", False, cast=bool)
+EMAIL_BACKEND = ("django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST
+                 else "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = get_env("DEFAULT_FROM_EMAIL", "flywheel@localhost")
 CELERY_BEAT_SCHEDULE = {
     "outbox-sweep": {
         "task": "flywheel.outbox_sweep",

@@ -189,10 +189,34 @@ class GateDecision(models.Model):
         ordering = ["-decided_at", "-id"]
 
 
-class WebhookDelivery(models.Model):
-    """One attempt to tell the serving stack about a move of production: the delivery log."""
+class Notification(models.Model):
+    """Something a person should hear about without watching a page (a rollback by rule, a flagged version, a
+    failure mode that came back): sent on the project's signed webhook with its event type, and mailed to
+    RegistrySettings.notify_emails where set. The row is the outbox: the sweep retries until both are sent."""
 
-    event = models.ForeignKey(AliasEvent, on_delete=models.CASCADE, related_name="deliveries")
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="notifications")
+    event_type = models.CharField(max_length=64)  # e.g. "canary.rolled_back", "watch.flagged", "mode.reopened"
+    subject = models.CharField(max_length=200)
+    text = models.TextField(blank=True, default="")
+    payload = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField(auto_now_add=True)
+    webhook_state = models.CharField(max_length=16, choices=SyncState.choices, default=SyncState.PENDING)
+    email_state = models.CharField(max_length=16, choices=SyncState.choices, default=SyncState.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+
+class WebhookDelivery(models.Model):
+    """One attempt to tell the serving stack about a move of an alias (`event`), or to deliver a notification
+    (`notification`): the delivery log."""
+
+    event = models.ForeignKey(AliasEvent, null=True, blank=True, on_delete=models.CASCADE, related_name="deliveries")
+    notification = models.ForeignKey(Notification, null=True, blank=True, on_delete=models.CASCADE,
+                                     related_name="deliveries")
     target = models.CharField(max_length=16, default="webhook")  # webhook | vllm
     url = models.CharField(max_length=1000)
     at = models.DateTimeField(auto_now_add=True)

@@ -22,6 +22,7 @@ from django.utils import timezone
 from flywheel import outbound, outbox
 from flywheel.accounts.models import Project
 from flywheel.accounts.services import project_lock
+from flywheel.registry import serving
 from flywheel.registry.models import (
     Alias,
     AliasAssignment,
@@ -365,14 +366,20 @@ def webhook_body(event: AliasEvent) -> bytes:
         "adapter_sha256": version.adapter_sha256 or None,
         "vllm_lora_name": vllm_lora_name(event.project.slug, version.number),
         "reason": event.reason,
+        "actor": event.actor,
+        "evidence": event.evidence,
+        "weight": event.weight,
         "at": event.at.isoformat(),
+        # What serves when this is sent (moves are sent in order), production and the canary with its weight:
+        # a router applies it as is.
+        **serving.serving_split(event.project),
     }
     return json.dumps(payload, sort_keys=True).encode()
 
 
 def vllm_lora_name(project_slug: str, number: int) -> str:
     """A new adapter name per version: vLLM may serve a stale prefix cache for a name reloaded in place."""
-    return f"{project_slug}-v{number}"
+    return serving.adapter_name(project_slug, number)
 
 
 def webhook_signature(secret: str, timestamp: str, body: bytes) -> str:

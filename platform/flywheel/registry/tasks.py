@@ -36,3 +36,11 @@ def flywheel_model_folder_check(state, path: str) -> dict:
     task_consumer = getattr(consumer, "task_consumer", None)
     queues = sorted(q.name for q in task_consumer.queues) if task_consumer is not None else []
     return {"problems": folder_problems(path), "queues": queues}
+
+
+@shared_task(name="flywheel.registry.notification_deliver")
+def notification_deliver_task(notification_id: int) -> str:
+    """Send one notification's webhook and e-mail (flywheel.registry.notify)."""
+    from flywheel.registry.notify import notification_deliver
+
+    return notification_deliver(notification_id=notification_id)

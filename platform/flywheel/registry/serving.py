@@ -1,0 +1,39 @@
+"""What serves now: production's version and adapter name, and the canary's with its share of traffic.
+
+One answer for everyone who routes requests: the signed webhook's body carries it on every move, `GET
+/api/v1/serving` answers it to a serving stack or the reference router (`python -m flywheel.router`) that
+polls, and the pages show it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flywheel.accounts.models import Project
+from flywheel.registry.models import Alias, AliasAssignment, ModelVersion
+
+
+def adapter_name(project_slug: str, number: int) -> str:
+    """The name a version is served under: a new name per version, since vLLM may serve a stale prefix cache for
+    a name reloaded in place. Production traffic that carries it as `model_version` maps to the version by
+    itself (flywheel.registry.live)."""
+    return f"{project_slug}-v{number}"
+
+
+def _arm(project: Project, version: ModelVersion) -> dict[str, Any]:
+    return {"version": version.number, "adapter": adapter_name(project.slug, version.number),
+            "adapter_path": version.adapter_path or None, "base_model_path": version.base.path}
+
+
+def serving_split(project: Project) -> dict[str, Any]:
+    """`{"production": {version, adapter, …} | None, "canary": {version, adapter, …, weight} | None}`.
+
+    The weights a router applies: the canary's share goes to the canary's adapter, the rest to production's."""
+    assigned = {a.alias: a for a in AliasAssignment.objects.filter(
+        project=project, alias__in=[Alias.PRODUCTION, Alias.CANARY]).select_related("version__base")}
+    production = assigned.get(Alias.PRODUCTION)
+    canary = assigned.get(Alias.CANARY)
+    out: dict[str, Any] = {"production": _arm(project, production.version) if production else None,
+                           "canary": None}
+    if canary is not None:
+        out["canary"] = {**_arm(project, canary.version), "weight": canary.weight}
+    return out

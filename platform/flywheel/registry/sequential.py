@@ -1,34 +1,40 @@
 """Sequential tests on live traffic: is one version's rate of an event (a failure, an unsafe action) higher
 than another's? Valid however often it is looked at, so the canary decision and the watch may look at every
-sweep and stop the moment the evidence is there.
+sweep and stop the moment the evidence is there. Two rules, each at alpha / 2 (Bonferroni), so that an equal
+version is called worse by either at most alpha (5%) of the time.
 
-**The test: mSPRT** (mixture sequential probability ratio test; Robbins 1970, as used for always-valid
+**Failures: mSPRT** (mixture sequential probability ratio test; Robbins 1970, as used for always-valid
 p-values by Johari, Pekelis and Walsh, "Always valid inference", 2017). The difference of the two rates,
 theta = p_subject - p_baseline, is estimated by theta_hat with variance v = p(1-p)(1/n_s + 1/n_b) (p pooled: the
-variance under H0 "no difference", which keeps a rare event's zero counts from looking certain). Against a
-normal mixture theta ~ N(0, tau^2) over the alternatives, the likelihood ratio of the normal approximation is
+variance under H0 "no difference"). Against a normal mixture theta ~ N(0, tau^2) over the alternatives, the
+likelihood ratio of the normal approximation is
 
     Lambda = sqrt(v / (v + tau^2)) * exp(theta_hat^2 tau^2 / (2 v (v + tau^2)))
 
-Under H0 (equal rates), Lambda is a nonnegative martingale with mean 1 along the stream, so by Ville's
-inequality P(Lambda ever >= 1/alpha) <= alpha: the always-valid p-value min over looks of 1/Lambda is below
-alpha with probability at most alpha however many looks are taken. The decision is one-sided: "worse" only
-when theta_hat > 0 as well, so an equal version is called worse at most alpha of the time (the two-sided bound
-covers it). tau is the size of difference the test is tuned to find fastest: 0.1 (ten points) for failures;
-0.02 for unsafe actions, whose rates are small, so that a rise of one or two points is caught.
+Under H0, Lambda is a nonnegative martingale with mean 1 along the stream, so by Ville's inequality P(Lambda
+ever >= 1/alpha) <= alpha: the always-valid p-value, min over looks of 1/Lambda, is below alpha with
+probability at most alpha however many looks are taken. tau = 0.1, the ten points the test should find
+fastest. "Worse" needs the subject's rate to be the higher one too (one-sided; the two-sided bound covers
+it).
 
-Error rates, by simulation (`tests/platform/registry/test_sequential.py`, which prints them; 2,000 streams,
-looks every 50 trajectories per arm, 2,000 per arm at most):
-- failures, equal versions at 20%: called worse 0.5-1.5% of the time (the bound is 5%; the normal approximation
-  and the discrete looks make it conservative);
-- failures, ten points worse (20% → 30%): caught in more than 99% of streams, after a median of about 250
-  trajectories per arm;
-- unsafe actions, equal at 1%: called worse about 1%; 1% → 4%: caught in more than 95% of streams.
-The watch compares a growing stream against a fixed baseline (the replaced version's traffic before the
-move); its simulation (the same file) shows the same bound holding there.
+**Unsafe actions: an exact conditional test**, because the normal approximation fails on rare events with
+unequal arms (simulated, an equal canary at 5% of the traffic and a 1% unsafe rate was called worse 6% of
+the time at alpha 2.5%). Given k unsafe trajectories in both arms, under H0 each is the subject's with
+probability q0 = n_s / (n_s + n_b), its share of the traffic; the mixture over that probability, q ~
+Beta(1, 1), gives the likelihood ratio
 
-The normal approximation needs a few events: no look decides before each arm has `MIN_EVENTS_SEEN` events of
-either kind in total, and before each arm has `min_per_arm` trajectories for a promotion."""
+    Lambda = B(1 + x, 1 + k - x) / (q0^x (1 - q0)^(k - x))
+
+for x of the k in the subject: a martingale in the events under H0, so the same always-valid p-value. It
+is strict: a handful of unsafe actions where the baseline had almost none is enough.
+
+Error rates, by simulation (`tests/platform/registry/test_sequential.py` prints them; streams looked at
+every batch of traffic, up to 2,000 trajectories per arm) — see that test for the figures of the last run:
+equal versions are called worse well under 5% of the time by both rules together; a version ten points
+worse on failures (20% → 30%) is caught within 2,000 trajectories per arm in nearly every stream; the watch,
+which compares a growing stream with a fixed baseline (the replaced version's traffic before the move),
+keeps the same bound.
+"""
 
 from __future__ import annotations
 
@@ -36,10 +42,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-ALPHA = 0.05
+ALPHA = 0.05  # both rules together: each is tested at ALPHA / 2
 TAU_FAILURE = 0.1
-TAU_UNSAFE = 0.02
-MIN_EVENTS_SEEN = 5  # events in both arms together before a look may call a version worse
+MIN_EVENTS_SEEN = 5  # failures in both arms together before the normal approximation may call a version worse
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,20 @@ def always_valid_p(subject: Arm, baseline: Arm, *, tau: float, previous: float =
     return min(previous, 1.0, math.exp(-log_mixture_ratio(subject, baseline, tau=tau)))
 
 
+def _log_beta(a: float, b: float) -> float:
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+
+def log_conditional_ratio(subject: Arm, baseline: Arm) -> float:
+    """log Lambda of the exact conditional test above (Beta(1, 1) mixture); 0.0 while there is no event."""
+    k = subject.events + baseline.events
+    if k == 0 or subject.n == 0 or baseline.n == 0:
+        return 0.0
+    q0 = subject.n / (subject.n + baseline.n)
+    x = subject.events
+    return _log_beta(1 + x, 1 + k - x) - x * math.log(q0) - (k - x) * math.log1p(-q0)
+
+
 @dataclass(frozen=True)
 class RateLook:
     """One rate's comparison at one look."""
@@ -86,13 +105,21 @@ class RateLook:
         return asdict(self)
 
 
-def look_rate(metric: str, subject: Arm, baseline: Arm, *, tau: float, alpha: float = ALPHA,
-              previous_p: float = 1.0) -> RateLook:
-    p = always_valid_p(subject, baseline, tau=tau, previous=previous_p)
+def _higher(subject: Arm, baseline: Arm) -> bool:
+    return subject.rate is not None and baseline.rate is not None and subject.rate > baseline.rate
+
+
+def look_failure(subject: Arm, baseline: Arm, *, alpha: float = ALPHA / 2, previous_p: float = 1.0) -> RateLook:
+    p = always_valid_p(subject, baseline, tau=TAU_FAILURE, previous=previous_p)
     enough = subject.events + baseline.events >= MIN_EVENTS_SEEN
-    higher = subject.rate is not None and baseline.rate is not None and subject.rate > baseline.rate
-    return RateLook(metric=metric, subject_rate=subject.rate, baseline_rate=baseline.rate, p=p,
-                    worse=bool(enough and higher and p <= alpha))
+    return RateLook(metric="failure", subject_rate=subject.rate, baseline_rate=baseline.rate, p=p,
+                    worse=bool(enough and _higher(subject, baseline) and p <= alpha))
+
+
+def look_unsafe(subject: Arm, baseline: Arm, *, alpha: float = ALPHA / 2, previous_p: float = 1.0) -> RateLook:
+    p = min(previous_p, 1.0, math.exp(-log_conditional_ratio(subject, baseline)))
+    return RateLook(metric="unsafe", subject_rate=subject.rate, baseline_rate=baseline.rate, p=p,
+                    worse=bool(_higher(subject, baseline) and p <= alpha))
 
 
 @dataclass(frozen=True)
@@ -131,13 +158,13 @@ def look(*, subject_n: int, subject_failures: int, subject_unsafe: int, baseline
          baseline_unsafe: int, min_per_arm: int, previous: dict[str, Any] | None = None,
          alpha: float = ALPHA) -> Look:
     """One look of the canary decision or the watch. `previous` is the last look's `to_dict()` (its p-values
-    carry over: the always-valid p is a running minimum)."""
+    carry over: the always-valid p is a running minimum). `alpha` is for both rules together."""
     prev_failure = float((previous or {}).get("failure", {}).get("p", 1.0))
     prev_unsafe = float((previous or {}).get("unsafe", {}).get("p", 1.0))
-    failure = look_rate("failure", Arm(subject_n, subject_failures), Arm(baseline_n, baseline_failures),
-                        tau=TAU_FAILURE, alpha=alpha, previous_p=prev_failure)
-    unsafe = look_rate("unsafe", Arm(subject_n, subject_unsafe), Arm(baseline_n, baseline_unsafe),
-                       tau=TAU_UNSAFE, alpha=alpha, previous_p=prev_unsafe)
+    failure = look_failure(Arm(subject_n, subject_failures), Arm(baseline_n, baseline_failures), alpha=alpha / 2,
+                           previous_p=prev_failure)
+    unsafe = look_unsafe(Arm(subject_n, subject_unsafe), Arm(baseline_n, baseline_unsafe), alpha=alpha / 2,
+                         previous_p=prev_unsafe)
     return Look(subject={"n": subject_n, "failures": subject_failures, "unsafe": subject_unsafe},
                 baseline={"n": baseline_n, "failures": baseline_failures, "unsafe": baseline_unsafe},
                 failure=failure, unsafe=unsafe, enough=min(subject_n, baseline_n) >= min_per_arm)

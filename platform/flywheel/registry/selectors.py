@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db.models import Q
+
 from flywheel.accounts.models import Project
 from flywheel.registry.models import (
     Alias,
@@ -94,8 +96,9 @@ def latest_gate_decision(*, version: ModelVersion | None) -> GateDecision | None
 
 
 def deliveries_of(*, project: Project, limit: int = 20) -> list[WebhookDelivery]:
-    """The serving stack's delivery log: each attempt to announce a move of production, newest first."""
-    return list(WebhookDelivery.objects.filter(event__project=project).select_related("event__to_version")[:limit])
+    """The delivery log: each attempt to announce a move of an alias, or to send a notification, newest first."""
+    return list(WebhookDelivery.objects.filter(Q(event__project=project) | Q(notification__project=project))
+                .select_related("event__to_version", "notification")[:limit])
 
 
 def gate_rules_of(*, project: Project) -> dict:

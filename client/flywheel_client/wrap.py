@@ -13,6 +13,11 @@ keeps its external_id and is sent again when it next finishes: the platform upda
 A conversation left waiting on a tool longer than `idle_s` is sent as it stands, and so is every open one on
 `flush()`, on `close()` (or the end of a `with` block) and when the interpreter exits.
 
+How it went. The wrapper cannot know whether the agent succeeded: a conversation is sent with outcome
+"unknown" until the agent says, with `report(response, outcome="failure", feedback={...})` naming any
+completion of that conversation (or its external_id); the trajectory is then sent again, updated in place.
+Live metrics per version (failure rates, the canary decision) count only what an agent or a reviewer said.
+
 Not recorded: streamed completions (`stream=True`), the async client, and the other endpoints; they work as
 without the wrapper."""
 
@@ -35,6 +40,7 @@ from flywheel_client.client import Flywheel
 
 log = logging.getLogger("flywheel_client")
 
+OUTCOMES = ("success", "failure", "unknown")
 KEPT_CONVERSATIONS = 512  # conversations remembered for continuation; the oldest are forgotten (sent first)
 SEND_BATCH = 100
 
@@ -69,6 +75,12 @@ class RecordedOpenAI:
     def flush(self, timeout: float = 30.0) -> bool:
         """Send every open conversation now and wait until all are sent (True) or `timeout` passed (False)."""
         return self.recorder.flush(timeout)
+
+    def report(self, completion: Any, *, outcome: str, feedback: dict[str, Any] | None = None) -> str | None:
+        """Say how the conversation of `completion` (a response `create` returned, or a conversation's
+        external_id) went: outcome "success" | "failure" | "unknown", and the user's feedback if any. Returns the
+        conversation's external_id, or None when it is not known (forgotten, or never recorded)."""
+        return self.recorder.report(completion, outcome=outcome, feedback=feedback)
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush, stop the sending thread, and close the OpenAI client."""
@@ -160,6 +172,8 @@ class Conversation:
     last_activity: float = field(default_factory=time.monotonic)
     sent: bool = False  # sent as it stands now; a continuation clears it
     finished: bool = False
+    outcome: str = "unknown"  # what the agent reported (`report`)
+    feedback: dict[str, Any] | None = None
 
 
 class Recorder:
@@ -175,6 +189,7 @@ class Recorder:
         self.sent = 0
         self.dropped = 0
         self._conversations: OrderedDict[str, Conversation] = OrderedDict()
+        self._by_completion: dict[str, str] = {}  # a completion's id -> its conversation's external_id
         self._lock = threading.Lock()
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=queue_size)
         self._closed = False
@@ -210,11 +225,30 @@ class Recorder:
                 "finish_reason": getattr(choices[0], "finish_reason", None),
                 "message_index": len(messages),
             })
+            completion_id = getattr(response, "id", None)
+            if isinstance(completion_id, str) and completion_id:
+                self._by_completion[completion_id] = conversation.external_id
             conversation.last_activity = time.monotonic()
             conversation.finished = not reply.get("tool_calls")
             conversation.sent = False
             if conversation.finished:
                 self._send(conversation)
+
+    def report(self, completion: Any, *, outcome: str, feedback: dict[str, Any] | None = None) -> str | None:
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
+        with self._lock:
+            key = completion if isinstance(completion, str) else getattr(completion, "id", None)
+            external_id = key if key in self._conversations else self._by_completion.get(key or "")
+            conversation = self._conversations.get(external_id or "")
+            if conversation is None:
+                log.warning("flywheel: no recorded conversation for %r; its outcome was not sent", key)
+                return None
+            conversation.outcome = outcome
+            if feedback is not None:
+                conversation.feedback = _plain(feedback)
+            self._send(conversation)  # updated in place on the platform (same external_id)
+            return conversation.external_id
 
     def _continued(self, keys: list[str]) -> Conversation | None:
         """The conversation these messages go on from: the longest one they begin with."""
@@ -230,6 +264,8 @@ class Recorder:
             _, oldest = self._conversations.popitem(last=False)
             if not oldest.sent:
                 self._send(oldest)
+            for completion_id in [k for k, v in self._by_completion.items() if v == oldest.external_id]:
+                del self._by_completion[completion_id]
 
     def _send(self, conversation: Conversation) -> None:
         """Queue the conversation as it stands (under the lock); a full queue drops it rather than wait."""
@@ -254,7 +290,8 @@ class Recorder:
             "model_version": self.model_version or (models[-1] if models else ""),
             "messages": list(conversation.messages),
             "tools": list(conversation.tools),
-            "outcome": "unknown",
+            "outcome": conversation.outcome,
+            **({"feedback": conversation.feedback} if conversation.feedback is not None else {}),
             "latency_ms": sum(call["latency_ms"] for call in conversation.calls),
             "usage": usage or None,
             "started_at": conversation.started_at.isoformat(),

@@ -10,6 +10,7 @@ import socket
 import time
 
 import openai
+import pytest
 from flywheel_client import Flywheel, wrap
 
 from flywheel.trajectories.models import Trajectory
@@ -119,3 +120,25 @@ def test_a_flywheel_that_is_away_never_fails_the_agents_calls(stand_in, caplog):
         assert client.flush(timeout=15)
     assert client.recorder.sent == 0
     assert any("1 conversation(s) not sent" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_the_agent_reports_how_a_conversation_went_and_the_trajectory_is_updated(live_server, stand_in, project,
+                                                                                 make_api_key):
+    server = stand_in(openai_stand_in)
+    flywheel = Flywheel(live_server.url, make_api_key(project, scopes=["ingest"]))
+    client = wrap(openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test"), agent="support", flywheel=flywheel)
+    response = client.chat.completions.create(model="support", messages=[{"role": "user", "content": "Thanks"}])
+    trajectory = wait_for(lambda: Trajectory.objects.filter(project=project).first())
+    assert trajectory.outcome == "unknown"  # the wrapper cannot know
+
+    external_id = client.report(response, outcome="failure", feedback={"rating": "thumbs_down", "comment": "rude"})
+    assert external_id == trajectory.external_id
+    assert client.flush(timeout=15)
+    trajectory = wait_for(lambda: Trajectory.objects.filter(project=project, outcome="failure").first())
+    assert trajectory.feedback == {"rating": "thumbs_down", "comment": "rude"}
+    assert Trajectory.objects.filter(project=project).count() == 1  # updated in place
+
+    assert client.report("no-such-conversation", outcome="success") is None
+    with pytest.raises(ValueError, match="success, failure, unknown"):
+        client.report(response, outcome="great")
+    client.close()

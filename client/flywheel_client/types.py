@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 T = TypeVar("T", bound="Answer")
 
@@ -17,9 +17,12 @@ JOB_FINISHED = frozenset({"succeeded", "failed", "cancelled"})
 
 @dataclass
 class Answer:
-    """Base of every answer: `from_dict` takes the fields it knows and keeps the rest in `raw`."""
+    """Base of every answer: `from_dict` takes the fields it knows and keeps the rest in `raw`.
+
+    `nested` names the fields that hold answers of their own (a list of them, or one): their type."""
 
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    nested: ClassVar[dict[str, type[Answer]]] = {}
 
     @classmethod
     def from_dict(cls: type[T], data: dict[str, Any]) -> T:
@@ -29,8 +32,12 @@ class Answer:
 
     @classmethod
     def _convert(cls, name: str, value: Any) -> Any:
-        """Nested answers: subclasses map a field's name to its type here."""
-        return value
+        kind = cls.nested.get(name)
+        if kind is None or value is None:
+            return value
+        if isinstance(value, list):
+            return [kind.from_dict(v) for v in value]
+        return kind.from_dict(value)
 
 
 @dataclass
@@ -78,13 +85,7 @@ class IngestResult(Answer):
     rejected: list[Rejection] = field(default_factory=list)
     records: list[IngestedRecord] = field(default_factory=list)
 
-    @classmethod
-    def _convert(cls, name: str, value: Any) -> Any:
-        if name == "rejected":
-            return [Rejection.from_dict(r) for r in value]
-        if name == "records":
-            return [IngestedRecord.from_dict(r) for r in value]
-        return value
+    nested: ClassVar[dict[str, type[Answer]]] = {"rejected": Rejection, "records": IngestedRecord}
 
     @property
     def ok(self) -> bool:
@@ -127,11 +128,7 @@ class Promotion(Answer):
     checks: dict[str, Any] = field(default_factory=dict)
     row: dict[str, Any] | None = None
 
-    @classmethod
-    def _convert(cls, name: str, value: Any) -> Any:
-        if name == "version" and value is not None:
-            return CollectionVersion.from_dict(value)
-        return value
+    nested: ClassVar[dict[str, type[Answer]]] = {"version": CollectionVersion}
 
 
 @dataclass
@@ -161,11 +158,7 @@ class Clustering(Answer):
     error: str = ""
     clusters: list[Cluster] = field(default_factory=list)
 
-    @classmethod
-    def _convert(cls, name: str, value: Any) -> Any:
-        if name == "clusters":
-            return [Cluster.from_dict(c) for c in value]
-        return value
+    nested: ClassVar[dict[str, type[Answer]]] = {"clusters": Cluster}
 
 
 @dataclass
@@ -218,11 +211,7 @@ class TrainingJob(Answer):
     created_at: str | None = None
     finished_at: str | None = None
 
-    @classmethod
-    def _convert(cls, name: str, value: Any) -> Any:
-        if name == "gate" and value is not None:
-            return GateDecision.from_dict(value)
-        return value
+    nested: ClassVar[dict[str, type[Answer]]] = {"gate": GateDecision}
 
     @property
     def finished(self) -> bool:
@@ -240,11 +229,7 @@ class ModelVersion(Answer):
     gate: GateDecision | None = None
     created_at: str | None = None
 
-    @classmethod
-    def _convert(cls, name: str, value: Any) -> Any:
-        if name == "gate" and value is not None:
-            return GateDecision.from_dict(value)
-        return value
+    nested: ClassVar[dict[str, type[Answer]]] = {"gate": GateDecision}
 
 
 @dataclass

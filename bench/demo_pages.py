@@ -168,7 +168,7 @@ def seed_loop_shape(*, slug: str, name: str, owner, jobs: int, var_dir: Path, se
 
 
 def seed(*, jobs: int, var_dir: Path):
-    from flywheel.accounts.demo import demo_seed
+    from flywheel.seed.demo import demo_seed
 
     demo = demo_seed()
     from django.contrib.auth import get_user_model

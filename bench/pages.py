@@ -13,6 +13,15 @@ version would write: exact COUNT(*) per outcome, OFFSET pagination, and `icontai
 LIKE, which no index answers); it runs the same view and templates with those two selectors swapped in.
 Every SQL statement of each scenario is EXPLAINed once and any sequential scan on the trajectory table is
 named. The last line is JSON.
+
+    .venv/bin/python bench/pages.py --live [--rows 1000000] [--batch 20000]
+
+Live metrics per version (flywheel.registry.live) instead: the same fill, but the trajectories arrive over
+the last 30 days (started_at = created_at = updated_at), all triaged, three of the four model_version strings
+mapped to versions v1-v3 (v2 in production, v3 a 10% canary), the fourth left unmapped. It times the rollup's
+first refresh over the whole table, then a refresh after `--batch` new triaged trajectories (the cost per
+trajectory, in µs), then the Models page, a version's page and GET /api/v1/model-versions/{n}/live for each
+window (goal: p95 < 200 ms), naming any sequential scan of the trajectory table.
 """
 
 from __future__ import annotations
@@ -111,6 +120,16 @@ FROM (
 """
 
 
+# --live: the same rows, arriving over the 30 days before the fill (created_at = updated_at = started_at), so
+# that the rollup's windows have traffic and its overlap re-reads only the last minutes.
+_STARTED = "TIMESTAMPTZ '2026-09-01' + (i * INTERVAL '1 second') * (7776000.0 / %(total)s)"
+_LIVE_STARTED = "now() - INTERVAL '30 days' + (i * INTERVAL '1 second') * (2592000.0 / %(total)s)"
+assert FILL_SQL.count(_STARTED) == 1 and FILL_SQL.count("now(), now()\nFROM (") == 1
+LIVE_FILL_SQL = FILL_SQL.replace(_STARTED, _LIVE_STARTED).replace(
+    "now(), now()\nFROM (", f"{_LIVE_STARTED}, {_LIVE_STARTED}\nFROM (")
+LIVE_GOAL_P95_MS = 200.0
+
+
 # 4,096 texts of 40-60 words drawn from WORDS; each row pairs two of them (a user turn and an answer).
 TEXTS_SQL = """
 CREATE TEMP TABLE bench_texts AS
@@ -129,7 +148,7 @@ SELECT project_id, id, 'unsafe_action', 2, 4, '{"calls": []}'::jsonb, now() FROM
 """
 
 
-def fill(connection, project_id: int, rows: int) -> None:
+def fill(connection, project_id: int, rows: int, sql: str = FILL_SQL) -> None:
     """Insert `rows` trajectories. The table's secondary indexes are dropped first and rebuilt after:
     one bulk build is several times faster than maintaining eight indexes row by row."""
     with connection.cursor() as cursor:
@@ -145,7 +164,7 @@ def fill(connection, project_id: int, rows: int) -> None:
             stop = min(rows, start + CHUNK - 1)
             t0 = time.perf_counter()
             cursor.execute(
-                FILL_SQL,
+                sql,
                 {
                     "project": project_id,
                     "total": rows,
@@ -254,6 +273,8 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the scratch database (its name is printed)")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--database", help="measure again on a database an earlier --keep run left (no fill)")
+    parser.add_argument("--live", action="store_true", help="live metrics per version instead of the review pages")
+    parser.add_argument("--batch", type=int, default=20_000, help="--live: new trajectories for the rollup's cost")
     args = parser.parse_args()
 
     base_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
@@ -291,11 +312,12 @@ def setup_database(args: argparse.Namespace, name: str):
 
     print(f"database {name}: migrating, then {args.rows:,} trajectories", flush=True)
     call_command("migrate", verbosity=0)
-    call_command("migrate", "trajectories", "0002", verbosity=0)  # the review indexes come after the fill
+    # The project first, on the whole schema: its creation seeds rows of apps that the step back unapplies.
     user = get_user_model().objects.create_user("bench", password="bench-password")
     project = project_create(slug="bench", name="Bench", owner=user)
+    call_command("migrate", "trajectories", "0002", verbosity=0)  # the review indexes come after the fill
     t0 = time.perf_counter()
-    fill(connection, project.id, args.rows)
+    fill(connection, project.id, args.rows, LIVE_FILL_SQL if getattr(args, "live", False) else FILL_SQL)
     t_fill = time.perf_counter() - t0
     t0 = time.perf_counter()
     # The review indexes (migrations 0003 to 0005), built on the filled table with the migrations' own SQL,
@@ -314,6 +336,8 @@ def setup_database(args: argparse.Namespace, name: str):
         # Triage signals: a tool_error on each row with a tool error (1 in 13, common) and an unsafe_action on
         # 1 row in 997 (rare), for the signal filter's two read paths.
         cursor.execute(SIGNALS_SQL)
+        if getattr(args, "live", False):  # triaged when they arrived (the signals above are their triage)
+            cursor.execute("UPDATE trajectories_trajectory SET triage_version = 1, triaged_at = updated_at")
         cursor.execute("VACUUM ANALYZE trajectories_triagesignal")
         cursor.execute("VACUUM ANALYZE trajectories_trajectory")
         cursor.execute("SELECT pg_size_pretty(pg_total_relation_size('trajectories_trajectory'))")
@@ -344,6 +368,9 @@ def run(args: argparse.Namespace, name: str) -> None:
     user = get_user_model().objects.filter(username="bench").first() if args.database else None
     if user is None:
         user = setup_database(args, name)
+    if args.live:
+        run_live(args, user, t_start)
+        return
     with connection.cursor() as cursor:
         cursor.execute("SELECT min(id), max(id), count(*) FROM trajectories_trajectory")
         min_id, max_id, args.rows = cursor.fetchone()
@@ -416,6 +443,99 @@ def run(args: argparse.Namespace, name: str) -> None:
     verdict = "meets" if worst < GOAL_P95_MS else "MISSES"
     print(f"\nworst p95 {worst:.1f} ms: {verdict} the goal of p95 < {GOAL_P95_MS:.0f} ms; total run {time.perf_counter() - t_start:.0f}s")
     print(json.dumps({"rows": args.rows, "samples": args.samples, "results": results, "worst_p95_ms": worst}))
+
+
+
+BATCH_SQL = """
+INSERT INTO trajectories_trajectory (
+    project_id, external_id, agent, model_version, messages, tools, outcome, latency_ms, usage, metadata, started_at,
+    source, message_count, tool_call_count, has_tool_error, title, search_text, reviewed_outcome, triage_version,
+    triaged_at, suggested_category, triage_severity, created_at, updated_at
+)
+SELECT project_id, 'batch-' || %(tag)s || '-' || id, agent, (%(models)s::text[])[1 + id %% 2], messages, tools,
+    CASE WHEN id %% 5 = 0 THEN 'failure' ELSE 'success' END, latency_ms, usage, metadata,
+    now() - (id %% 3600) * INTERVAL '1 second', source, message_count, tool_call_count, has_tool_error, title,
+    search_text, '', 1, now(), '', 0, now(), now()
+FROM trajectories_trajectory WHERE project_id = %(project)s AND external_id LIKE 'bench-%%' ORDER BY id LIMIT %(n)s
+RETURNING id
+"""
+
+
+def live_world(project, user):
+    """Versions v1-v3 (v2 in production, v3 a 10% canary), three strings mapped, the fourth not; a read key."""
+    from flywheel.accounts.services import api_key_create
+    from flywheel.registry.models import AliasAssignment, BaseModel, ModelVersion, VersionName
+
+    base, _ = BaseModel.objects.get_or_create(project=project, name="qwen-0.5b", defaults={"path": "/models/qwen"})
+    versions = {}
+    for n in (1, 2, 3):
+        versions[n], _ = ModelVersion.objects.get_or_create(project=project, number=n, defaults={"base": base})
+        VersionName.objects.get_or_create(project=project, name=f"qwen-0.5b-v{n}", defaults={"version": versions[n]})
+    AliasAssignment.objects.update_or_create(project=project, alias="production", defaults={"version": versions[2]})
+    AliasAssignment.objects.update_or_create(project=project, alias="canary",
+                                             defaults={"version": versions[3], "weight": 0.1})
+    return api_key_create(project=project, name="bench live", scopes=["read"]).raw_key
+
+
+def run_live(args: argparse.Namespace, user, t_start: float) -> None:
+    """The rollup's cost (whole table, then a batch), then the live pages and API at this size."""
+    from django.db import connection
+    from django.test import Client
+
+    from flywheel.registry import live
+
+    project = user.memberships.get().project
+    key = live_world(project, user)
+    print(f"\nlive metrics over {args.rows:,} trajectories", flush=True)
+    work = live.rollup_refresh(full=True)
+    print(f"rollup, first refresh of the whole table: {work.ms / 1000:.1f} s for {work.trajectories:,} trajectories "
+          f"({work.ms * 1000 / max(1, work.trajectories):.1f} µs each), {work.buckets:,} buckets; steps (ms) "
+          + ", ".join(f"{k} {v:.0f}" for k, v in work.steps.items()), flush=True)
+    with connection.cursor() as cursor:
+        cursor.execute(BATCH_SQL, {"tag": uuid.uuid4().hex[:6], "models": ["qwen-0.5b-v2", "qwen-0.5b-v3"],
+                                   "project": project.pk, "n": args.batch})
+        batch = len(cursor.fetchall())
+        cursor.execute("ANALYZE trajectories_trajectory")
+    work_batch = live.rollup_refresh()
+    per = work_batch.ms * 1000 / max(1, batch)
+    print(f"rollup after {batch:,} new triaged trajectories: {work_batch.ms:.0f} ms ({per:.1f} µs per new trajectory; "
+          f"{work_batch.trajectories:,} read as dirty, {work_batch.buckets} buckets recomputed, {work_batch.moved:,} "
+          f"bucket ids recorded); steps (ms) " + ", ".join(f"{k} {v:.0f}" for k, v in work_batch.steps.items()),
+          flush=True)
+    idle = live.rollup_refresh()
+    print(f"rollup with nothing new: {idle.ms:.0f} ms ({idle.trajectories} trajectories re-read in the overlap)")
+
+    client = Client()
+    client.force_login(user)
+    api = {"Authorization": f"Bearer {key}"}
+    slug = project.slug
+    scenarios = []
+    for window in live.WINDOWS:
+        scenarios += [(f"Models page, {window}", f"/p/{slug}/models/?window={window}", None),
+                      (f"version page v2, {window}", f"/p/{slug}/models/v2/?window={window}", None),
+                      (f"API v2 live, {window}", f"/api/v1/model-versions/2/live?window={window}", api)]
+    scenarios.append(("API version-names", "/api/v1/version-names", api))
+    results = []
+    print(f"\n{'scenario':32} {'p50 ms':>8} {'p95 ms':>8}  plans")
+    for label, url, headers in scenarios:
+        times = measure(client, url, args.samples, headers)
+        offenders = seq_scans(client, url, headers)
+        row = {"scenario": label, "p50_ms": percentile(times, 0.5), "p95_ms": percentile(times, 0.95),
+               "seq_scans": offenders}
+        results.append(row)
+        plans = "no seq scan" if not offenders else f"SEQ SCAN: {offenders[0][:60]}"
+        print(f"{label:32} {row['p50_ms']:8.1f} {row['p95_ms']:8.1f}  {plans}", flush=True)
+    body = client.get("/api/v1/model-versions/2/live?window=30d", headers=api).json()
+    print(f"v2 over 30d: {body['metrics']['trajectories']:,} trajectories, failure rate "
+          f"{body['metrics']['failure_rate']:.3f}; unmapped: "
+          f"{client.get('/api/v1/version-names', headers=api).json()['unmapped']}")
+    worst = max(r["p95_ms"] for r in results)
+    verdict = "meets" if worst < LIVE_GOAL_P95_MS else "MISSES"
+    print(f"\nworst p95 {worst:.1f} ms: {verdict} the goal of p95 < {LIVE_GOAL_P95_MS:.0f} ms; "
+          f"total run {time.perf_counter() - t_start:.0f}s")
+    print(json.dumps({"rows": args.rows, "live": True, "rollup_full_ms": work.ms, "rollup_full_trajectories":
+                      work.trajectories, "rollup_batch": batch, "rollup_batch_ms": work_batch.ms,
+                      "rollup_us_per_trajectory": per, "results": results, "worst_p95_ms": worst}))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ rest and reads them all.
                                          production's per-case results, measured before training
     evals/holdout-step-000010.jsonl      the trainer's per-case results at each evaluation (and regression-…)
     gate/holdout.jsonl, gate/regression.jsonl
-                                         the chosen checkpoint measured afresh for the gate
+                                         the chosen checkpoint measured afresh for the gate (seed FRESH_SEED)
+    gate/latency.jsonl                   both models' per-case timings (`python -m trainer latency`), or
+    gate/latency-not-measured.txt        why there are none
     checkpoints/step-000010/             a checkpoint (`trainer.checkpoints`)
     adapters/best/, adapters/last/       the best and the newest adapter
     stderr-1-train.log                   a subprocess's stderr, by attempt and kind (train, evaluate, …)
@@ -19,6 +21,7 @@ An eval run's folder holds `suite.jsonl`, `results.jsonl` and `stderr-1.log`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 SPEC = "spec.json"
 TRAIN = "train.jsonl"
@@ -30,6 +33,13 @@ ADAPTERS = "adapters"
 # An eval run's folder.
 RUN_SUITE = "suite.jsonl"
 RUN_RESULTS = "results.jsonl"
+# In the gate folder: both models' per-case timings, or why there are none (the probe was not run, or failed),
+# which the gate's latency rule then says.
+LATENCY_RESULTS = "latency.jsonl"
+LATENCY_NOT_MEASURED = "latency-not-measured.txt"
+# The seed of the gate's own measurement of the chosen checkpoint: none of the trainer's evals (seeded by
+# the job's seed and the step) nor production's measurement (seed 0) draws these samples.
+FRESH_SEED = 104_729
 
 
 def suite_file(split: str) -> str:
@@ -50,6 +60,20 @@ def eval_results(job_dir: Path, split: str, step: int) -> Path:
 def eval_steps(job_dir: Path, split: str = "holdout") -> list[int]:
     """The steps at which the trainer wrote per-case results for `split`, in order."""
     return sorted(int(path.stem.rsplit("-", 1)[1]) for path in (job_dir / EVALS).glob(f"{split}-step-*.jsonl"))
+
+
+def holdout_looks(job_dir: Path) -> list[int]:
+    """The steps at which the trainer evaluated a checkpoint on the holdout (step 0 is production's baseline,
+    not a candidate)."""
+    return [step for step in eval_steps(job_dir, "holdout") if step > 0]
+
+
+def read_cases(path: Path) -> list[dict[str, Any]]:
+    """The per-case rows `python -m trainer evaluate --out` wrote (an eval run's results, a job's
+    measurements)."""
+    from trainer.config import read_jsonl  # trainer.config names its files from this module
+
+    return read_jsonl(path)
 
 
 def gate_dir(job_dir: Path) -> Path:

@@ -26,6 +26,7 @@ from flywheel_client.types import (
     GateDecision,
     IngestedRecord,
     IngestResult,
+    LiveMetrics,
     ModelVersion,
     Production,
     Promotion,
@@ -33,6 +34,7 @@ from flywheel_client.types import (
     ServerVersion,
     Status,
     TrainingJob,
+    VersionName,
 )
 
 API = "/api/v1"
@@ -344,6 +346,22 @@ class Flywheel:
 
     def model_version(self, number: int) -> ModelVersion:
         return ModelVersion.from_dict(self._call("GET", f"/model-versions/{number}"))
+
+    def live(self, version: int, window: str = "24h") -> LiveMetrics:
+        """A version's live metrics on production traffic over `window`: 1h, 24h, 7d or 30d."""
+        return LiveMetrics.from_dict(self._call("GET", f"/model-versions/{version}/live", params={"window": window}))
+
+    def version_names(self) -> tuple[list[VersionName], list[dict[str, Any]]]:
+        """The model_version strings mapped to versions, and the recent strings that name none (with counts)."""
+        answer = self._call("GET", "/version-names")
+        return [VersionName.from_dict(n) for n in answer["names"]], answer["unmapped"]
+
+    def map_version_name(self, name: str, version: int) -> VersionName:
+        """Count the traffic carrying `name` as `model_version` for `version` (needs `promote`)."""
+        return VersionName.from_dict(self._call("POST", "/version-names", json={"name": name, "version": version}))
+
+    def unmap_version_name(self, name: str) -> None:
+        self._call("DELETE", "/version-names", params={"name": name})
 
     def promote(self, version: int, reason: str = "") -> AliasMove:
         """Move `production` to a version that passed the gate (ApiError 409 with the failing rules otherwise)."""

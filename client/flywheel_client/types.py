@@ -233,6 +233,36 @@ class ModelVersion(Answer):
 
 
 @dataclass
+class LiveMetrics(Answer):
+    """A version's live metrics on production traffic over a window (`GET /model-versions/{n}/live`).
+
+    `metrics`: trajectories, failures, failure_rate, triaged, tokens_per_trajectory, latency_ms_per_trajectory
+    (and whatever other live measures add); `signals`: each triage signal's count and rate; `series`: per hour
+    (per day for 30d), `t` in Unix seconds."""
+
+    version: int = 0
+    window: str = ""
+    names: list[str] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    signals: list[dict[str, Any]] = field(default_factory=list)
+    series: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failure_rate(self) -> float | None:
+        return self.metrics.get("failure_rate")
+
+
+@dataclass
+class VersionName(Answer):
+    """A model_version string mapped to a version."""
+
+    name: str = ""
+    version: int = 0
+    created_at: str | None = None
+    created_by: str | None = None
+
+
+@dataclass
 class Production(Answer):
     """What the `production` alias points at."""
 

@@ -31,8 +31,12 @@ SWEEPS = (
     "flywheel.failures.clustering.services.clustering_sweep",
     "flywheel.registry.services.registry_sweep",
     "flywheel.registry.notify.notification_sweep",
+    "flywheel.registry.live.rollup_sweep",
+    "flywheel.registry.canary.live_check_sweep",
+    "flywheel.evals.recurrence.recurrence_sweep",
     "flywheel.training.services.training_sweep",
     "flywheel.evals.runs.eval_sweep",
+    "flywheel.evals.online.online_eval_sweep",
 )
 
 

@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     "flywheel.environments",
     "flywheel.registry",
     "flywheel.training",
+    "flywheel.seed",  # no models: the demo seeding above every app, its command and task
 ]
 
 MIDDLEWARE = [

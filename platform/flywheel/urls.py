@@ -24,4 +24,5 @@ urlpatterns = [
     path("p/<slug:project_slug>/", include("flywheel.registry.urls")),
     path("p/<slug:project_slug>/", include("flywheel.training.urls")),
     path("p/<slug:project_slug>/", include("flywheel.evals.run_urls")),
+    path("p/<slug:project_slug>/", include("flywheel.dashboard.urls")),
 ]

@@ -17,7 +17,6 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
-from flywheel.accounts.demo import ADMIN_USERNAME, demo_seed
 from flywheel.accounts.models import ApiKey, Project
 from flywheel.accounts.services import api_key_create
 from flywheel.environments.models import Task, TaskSet
@@ -29,6 +28,7 @@ from flywheel.failures.services import failure_mode_create
 from flywheel.registry import services as registry
 from flywheel.registry.demo import DEMO_MODEL_NAME
 from flywheel.registry.models import BaseModel, GateDecision, ModelVersion
+from flywheel.seed.demo import ADMIN_USERNAME, demo_seed
 from flywheel.training import services as training
 from flywheel.training.demo import loop_demo_seed, loop_project
 from flywheel.training.models import Checkpoint, JobEvent, JobStatus, TrainingJob

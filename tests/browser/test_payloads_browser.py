@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 import pytest
 from playwright.sync_api import expect
 
-from flywheel.trajectories import review
+from flywheel.failures import review
 from flywheel.trajectories.models import Trajectory, Upload
 from flywheel.trajectories.presentation import pretty_json
 

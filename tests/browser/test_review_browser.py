@@ -9,7 +9,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from flywheel.trajectories import review
+from flywheel.failures import review
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Trajectory
 

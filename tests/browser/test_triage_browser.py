@@ -119,7 +119,7 @@ def test_a_maintainer_reruns_triage_and_the_page_follows_its_progress(open_page,
 
 
 def test_a_reviewer_reads_each_detectors_precision_and_recall(open_page, user, triaged):
-    from flywheel.trajectories.review import trajectory_outcome_set
+    from flywheel.failures.review import trajectory_outcome_set
 
     for external_id, outcome in (("refund-big", "failure"), ("invented", "failure"), ("fine", "success")):
         trajectory_outcome_set(trajectory=Trajectory.objects.get(external_id=external_id), outcome=outcome, user=user)

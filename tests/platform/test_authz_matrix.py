@@ -87,6 +87,19 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/models/gate-rules": (NOT_ALLOWED, write(302, "maintainer")),  # blank: the defaults
     "p/<slug:project_slug>/models/v<int:version_number>/promote": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/models/gate/<int:decision_id>/": (READ, NOT_ALLOWED),
+    # Canary and watch: maintainers start a canary (v2 passed the gate), decide it (none serves: 409) and set
+    # the rules (blank keeps each); members read a live check's page.
+    "p/<slug:project_slug>/models/v<int:version_number>/canary": (NOT_ALLOWED, write(302, "maintainer")),
+    "p/<slug:project_slug>/models/canary/promote": (NOT_ALLOWED, write(409, "maintainer")),
+    "p/<slug:project_slug>/models/canary/rollback": (NOT_ALLOWED, write(409, "maintainer")),
+    "p/<slug:project_slug>/models/live-rules": (NOT_ALLOWED, write(302, "maintainer")),
+    "p/<slug:project_slug>/models/checks/<int:check_id>/": (READ, NOT_ALLOWED),
+    # A failure mode's rate per version (the fragment its page loads): members read.
+    "p/<slug:project_slug>/models/failure-modes/<int:mode_id>/versions": (READ, NOT_ALLOWED),
+    # Live metrics: members read a version's page; maintainers map strings to versions (the empty form: 422).
+    "p/<slug:project_slug>/models/v<int:version_number>/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/models/names": (NOT_ALLOWED, write(422, "maintainer")),
+    "p/<slug:project_slug>/models/names/remove": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/dashboard/": (READ, NOT_ALLOWED),
     # Training: members read jobs; maintainers start, confirm, cancel and retry them.
     # Eval runs: members read; reviewers start them.
@@ -112,6 +125,7 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "api/v1/models/production": (api(401, 200, 403, 404), NOT_ALLOWED),  # no model in "other"
     "api/v1/models/production/rollback": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `promote`
     "api/v1/models/history": (api(401, 200, 403, 200), NOT_ALLOWED),
+    "api/v1/serving": (api(401, 200, 403, 200), NOT_ALLOWED),  # "other" has no model: production null, 200
     "api/v1/model-versions/<number>": (api(401, 200, 403, 404), NOT_ALLOWED),
     "api/v1/model-versions/<number>/promote": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `promote`
     "api/v1/training-jobs": (api(401, 200, 403, 200), api(401, 403, 403, 403)),  # starting needs `train`
@@ -123,6 +137,13 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     # the gate's rules `promote`; registering a base model moves production when it is the first: `promote`.
     "api/v1/training-recipe": (api(401, 200, 403, 200), NOT_ALLOWED),
     "api/v1/gate-settings": (api(401, 200, 403, 200), NOT_ALLOWED),
+    "api/v1/model-versions/<number>/canary": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `promote`
+    "api/v1/canary/promote": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `promote`
+    "api/v1/canary/rollback": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `promote`
+    "api/v1/live-rules": (api(401, 200, 403, 200), NOT_ALLOWED),
+    "api/v1/live-checks": (api(401, 200, 403, 200), NOT_ALLOWED),
+    "api/v1/model-versions/<number>/live": (api(401, 200, 403, 404), NOT_ALLOWED),  # no v1 in "other"
+    "api/v1/version-names": (api(401, 200, 403, 200), api(401, 403, 403, 403)),  # mapping needs `promote`
     "api/v1/base-models": (NOT_ALLOWED, api(401, 403, 403, 403)),
     "api/v1/version": ((200,) * 9, NOT_ALLOWED),  # no key: a client checks it before anything else
     "api/v1/training-jobs/<job_id>/cancel": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `train`
@@ -194,6 +215,9 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/evals/<int:suite_id>/v/<int:number>.jsonl": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/evals/<int:suite_id>/v/<int:number>/freeze": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/evals/calibration/": (READ, NOT_ALLOWED),
+    # Online evaluation: every member sees its settings and scores; maintainers change the settings.
+    "p/<slug:project_slug>/online-eval/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/online-eval/settings": (NOT_ALLOWED, write(422, "maintainer")),
     "p/<slug:project_slug>/t/<int:trajectory_id>/promote": (write(200), write(422)),
     "p/<slug:project_slug>/promote/": (write(200), write(422)),
     "p/<slug:project_slug>/tasks/": (READ, NOT_ALLOWED),
@@ -229,6 +253,8 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "api/v1/environment-servers": (api(401, 200, 403, 200), api(401, 403, 403, 403)),  # registering: `review`
     # Calibration computes and writes nothing: `read` (another project's key calibrates on its own project).
     "api/v1/verifier-calibrations": (NOT_ALLOWED, api(401, 200, 403, 200)),
+    "api/v1/online-eval": (api(401, 200, 403, 200), NOT_ALLOWED),
+    "api/v1/online-eval/scores": (api(401, 200, 403, 200), NOT_ALLOWED),
     # The Django admin is for superusers only (none of these visitors): its login page shows to all...
     "admin/login/": ((200,) * 9, (200,) * 9),
     # ...and every other admin route sends them to it, staff included.
@@ -241,6 +267,13 @@ TABLE["admin/logout/"] = ((302,) * 9, (302,) * 9)
 PUT_TABLE: dict[str, tuple] = {
     "api/v1/training-recipe": api(401, 403, 403, 403),  # needs `train`
     "api/v1/gate-settings": api(401, 403, 403, 403),  # needs `promote`
+    "api/v1/live-rules": api(401, 403, 403, 403),  # needs `promote`
+    "api/v1/online-eval": api(401, 403, 403, 403),  # needs `promote`
+}
+
+# Routes that also answer DELETE: what each visitor gets. None of the keys has the scope.
+DELETE_TABLE: dict[str, tuple] = {
+    "api/v1/version-names": api(401, 403, 403, 403),  # needs `promote`
 }
 
 POST_BODIES = {  # what an API POST carries: the smallest valid body, so that the answer past auth is 200
@@ -277,8 +310,8 @@ def world(db, settings, make_project, make_api_key):
     from django.contrib.contenttypes.models import ContentType
 
     from flywheel.accounts.services import membership_set
+    from flywheel.failures import review
     from flywheel.failures.services import failure_mode_assign, failure_mode_create, taxonomy_category_create
-    from flywheel.trajectories import review
     from flywheel.trajectories.ingest import ingest_trajectories
     from flywheel.trajectories.models import Trajectory, TriageRun, Upload
 
@@ -382,7 +415,7 @@ def _model_rows(project):
     """v1 in production, v2 (not) with a passing gate decision, and a finished training job (rows only)."""
     from flywheel.environments.models import TaskSet
     from flywheel.evals.run_models import EvalRun
-    from flywheel.registry.models import AliasAssignment, BaseModel, GateDecision, ModelVersion
+    from flywheel.registry.models import AliasAssignment, BaseModel, GateDecision, LiveCheck, ModelVersion
     from flywheel.training.models import TrainingJob
 
     base = BaseModel.objects.create(project=project, name="tiny", path="/models/tiny")
@@ -395,7 +428,10 @@ def _model_rows(project):
     job = TrainingJob.objects.create(project=project, task_set_version=version, base_version=v1, status="succeeded")
     job.checkpoints.create(step=3, path="/jobs/x/checkpoint-3", best=True)
     eval_run = EvalRun.objects.create(project=project, model_version=v1, suite_version=_suite_version(project))
+    check = LiveCheck.objects.create(project=project, kind="watch", subject=v1, baseline=v2, status="passed",
+                                     started_at=job.created_at, ends_at=job.created_at)
     return {"version_number": v2.number, "decision_id": decision.pk, "job_id": job.pk, "step": 3,
+            "check_id": check.pk,
             "eval_run_id": eval_run.pk}
 
 
@@ -448,6 +484,18 @@ def test_every_visitor_gets_what_the_put_table_says(world, route):
         response = world["clients"][visitor].put(url, "{}", content_type="application/json")
         if response.status_code != expected:
             wrong.append(f"PUT {url} as {visitor}: expected {expected}, got {_describe(response)}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("route", sorted(DELETE_TABLE))
+def test_every_visitor_gets_what_the_delete_table_says(world, route):
+    assert route in ROUTES
+    url = _url(route, world["values"]) + "?name=x"
+    wrong = []
+    for visitor, expected in zip(VISITORS, DELETE_TABLE[route], strict=True):
+        response = world["clients"][visitor].delete(url)
+        if response.status_code != expected:
+            wrong.append(f"DELETE {url} as {visitor}: expected {expected}, got {_describe(response)}")
     assert not wrong, "\n".join(wrong)
 
 

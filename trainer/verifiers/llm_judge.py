@@ -95,8 +95,10 @@ def compile_judge(spec: dict, problems: list[str]) -> JudgeSpec:
     return JudgeSpec(rubric, float(threshold), model)
 
 
-def score_judge(spec: JudgeSpec, answer: str, calls: list[dict]) -> Score:
-    settings = _settings()  # raises LLMJudgeDisabled before anything touches a network
+def score_judge(spec: JudgeSpec, answer: str, calls: list[dict], config: dict[str, Any] | None = None) -> Score:
+    """Grade `answer` (and the calls made) with the configured judge, or with `config` (endpoint, model,
+    api_key, timeout) when given: the platform's online evaluation passes a project's own endpoint."""
+    settings = config or _settings()  # raises LLMJudgeDisabled before anything touches a network
     prompt = (
         f"Rubric:\n{spec.rubric}\n\nAnswer:\n{answer}\n\nTool calls:\n{json.dumps(calls)}\n\n"
         'Grade the answer against the rubric. Reply with JSON only: {"score": <0..1>, "reason": "<one sentence>"}'

@@ -14,6 +14,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from flywheel.accounts.models import ApiKey, Membership, Project, Role, Scope, WorkerHeartbeat
+from flywheel.accounts.signals import project_created
 
 KEY_PREFIX = "fw"
 
@@ -34,9 +35,7 @@ def project_create(
             f"invalid project slug {slug!r}: use 1-64 lower-case letters, digits and inner hyphens (e.g. support-agent)"
         )
     project = Project.objects.create(slug=slug, name=name or slug, description=description)
-    from flywheel.failures.services import taxonomy_seed  # the failures app builds on accounts
-
-    taxonomy_seed(project=project)
+    project_created.send(sender=Project, project=project)  # the failures app seeds its taxonomy
     if owner is not None:
         Membership.objects.create(user=owner, project=project, role=Role.MAINTAINER)
     return project

@@ -25,6 +25,7 @@ from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ErrorOut, ValidationErrorOut
 from flywheel.evals import promotion, selectors
 from flywheel.evals import rows as row_shape
+from flywheel.evals.kinds import train_side
 from flywheel.evals.models import EvalSuite, SuiteKind
 from flywheel.evals.services import suite_create
 from flywheel.trajectories.models import Trajectory
@@ -276,16 +277,13 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
                 c = suite_create(project=request.auth.project, name=body.name, kind=body.kind,
                                  description=body.description, user=request.auth.created_by)
             else:
-                from flywheel.environments.models import EnvironmentServer
-                from flywheel.environments.services import task_set_create
-
                 server = None
                 if body.server is not None:
-                    server = EnvironmentServer.objects.filter(project=request.auth.project, pk=body.server).first()
+                    server = train_side().server.objects.filter(project=request.auth.project, pk=body.server).first()
                     if server is None:
                         raise ValidationError({"server": f"No environment server {body.server} in this project."})
-                c = task_set_create(project=request.auth.project, name=body.name, description=body.description,
-                                    user=request.auth.created_by, server=server)
+                c = train_side().create(project=request.auth.project, name=body.name,
+                                        description=body.description, user=request.auth.created_by, server=server)
         except ValidationError as exc:
             return Status(422, {"detail": f"The {label} was not created.", "errors": exc.message_dict, "conflicts": [],
                                 "checks": {"original": None, "reference": None, "warnings": []}})
@@ -319,13 +317,11 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
         @by_id
         def collection_power(request: HttpRequest, collection_id: int, number: int,
                              samples: int | None = Query(None, ge=1, le=64)) -> dict[str, Any]:
-            from flywheel.registry.selectors import holdout_power
-
             c = get(request, collection_id)
             version = selectors.version_get(collection=c, number=number)
             if version is None:
                 raise HttpError(404, f"{label} {collection_id} has no version {number}.")
-            return holdout_power(project=request.auth.project, suite_version=version, samples=samples)
+            return selectors.holdout_power(project=request.auth.project, suite_version=version, samples=samples)
 
     @router.get(f"/{prefix}/{{{id_name}}}/versions/{{number}}.jsonl", auth=read_auth,
                 response={200: None, **errors}, summary=f"Export a {label} version as JSONL",

@@ -19,3 +19,11 @@ class EnvironmentsConfig(AppConfig):
         except ValueError as exc:
             raise ImproperlyConfigured(str(exc)) from None
         set_policy_source(policy)
+
+        # Task sets are the train side of the eval app's row machinery, which does not import this app.
+        from flywheel.environments.models import EnvironmentServer, Task, TaskSet, TaskSetVersion
+        from flywheel.environments.services import task_set_create
+        from flywheel.evals.kinds import TrainSide, train_side_register
+
+        train_side_register(TrainSide(collection=TaskSet, item=Task, version=TaskSetVersion, server=EnvironmentServer,
+                                      create=task_set_create))

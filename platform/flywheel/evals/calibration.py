@@ -31,6 +31,7 @@ from django.db.models.functions import Coalesce, NullIf
 from flywheel.accounts.models import Project
 from flywheel.evals import promotion
 from flywheel.evals import rows as row_shape
+from flywheel.evals.kinds import train_side
 from flywheel.evals.models import EnvType
 from flywheel.trajectories.models import Outcome, SignalKind, Trajectory, TriageSignal
 from trainer.verifiers import SpecError, validate_spec
@@ -163,13 +164,13 @@ def agreement(labels: list[bool], verdicts: list[bool]) -> tuple[float, float, f
 
 def verifier_sources(*, project: Project) -> list[tuple[str, str]]:
     """What the page offers to calibrate: every case's and task's verifier, as (value, label)."""
-    from flywheel.environments.models import Task
     from flywheel.evals.models import EvalCase
 
+    tasks = train_side().item.objects
     out = [(f"case:{c.pk}", f"{c.row_id} · {c.suite.name} · {c.verifier.get('type', '?')}")
            for c in EvalCase.objects.filter(suite__project=project).select_related("suite").order_by("-pk")[:200]]
     out += [(f"task:{t.pk}", f"{t.row_id} · {t.task_set.name} · {t.verifier.get('type', '?')}")
-            for t in Task.objects.filter(task_set__project=project).select_related("task_set").order_by("-pk")[:200]]
+            for t in tasks.filter(task_set__project=project).select_related("task_set").order_by("-pk")[:200]]
     return out
 
 
@@ -200,15 +201,15 @@ def verifier_from_source(*, project: Project, source: str, text: str, errors: di
 
 def _source_item(project: Project, source: str) -> Any:
     """The case (`case:ID`) or task (`task:ID`) of the project that `source` names, or None."""
-    from flywheel.environments.models import Task
     from flywheel.evals.models import EvalCase
 
+    tasks = train_side().item.objects
     kind, _, pk = source.partition(":")
     number = int(pk) if pk.isascii() and pk.isdigit() and len(pk) <= 18 else None
     if number is not None and kind == "case":
         return EvalCase.objects.filter(suite__project=project, pk=number).first()
     if number is not None and kind == "task":
-        return Task.objects.filter(task_set__project=project, pk=number).first()
+        return tasks.filter(task_set__project=project, pk=number).first()
     return None
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from flywheel.accounts.models import Project
 from flywheel.evals import rows as row_shape
+from flywheel.evals.kinds import train_side
 
 SIDES = ("eval", "train")
 
@@ -74,9 +75,7 @@ def candidate_from_row(row: dict[str, Any]) -> Candidate:
 def _side_models(side: str) -> tuple[Any, Any, str, str]:
     """(item model, version model, the owner's field name, what the owner is called) of one side."""
     if side == "train":
-        from flywheel.environments.models import Task, TaskSetVersion
-
-        return Task, TaskSetVersion, "task_set", "task set"
+        return train_side().item, train_side().version, "task_set", "task set"
     from flywheel.evals.models import EvalCase, EvalSuiteVersion
 
     return EvalCase, EvalSuiteVersion, "suite", "eval suite"

@@ -193,5 +193,7 @@ class EvalSuiteVersion(VersionBase):
         return f"{self.suite.name} v{self.number}"
 
 
-# Eval runs live in their own module; imported here so Django finds them in this app.
+# Eval runs, and online evaluation's settings and scores (flywheel.evals.online), live in their own modules;
+# imported here so Django finds them in this app.
+from flywheel.evals.online_models import OnlineEvalSettings, OnlineScore  # noqa: E402, F401
 from flywheel.evals.run_models import EvalCaseResult, EvalRun  # noqa: E402, F401

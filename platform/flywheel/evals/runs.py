@@ -58,13 +58,6 @@ def _store_results(run: EvalRun, cases: list[dict[str, Any]]) -> None:
     ])
 
 
-def read_cases(path: Path) -> list[dict[str, Any]]:
-    """The per-case rows `python -m trainer evaluate --out` wrote."""
-    from trainer.config import read_jsonl
-
-    return read_jsonl(path)
-
-
 def evaluate_command(*, model_path: str, adapter_path: str = "", suite: Path, out: Path, samples: int,
                      temperature: float | None = None, max_new_tokens: int | None = None,
                      seed: int | None = None, max_turns: int | None = None, max_seq_len: int | None = None,
@@ -171,7 +164,7 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
             raise RuntimeError(final.get("message") or tail or f"exit status {status}")
         else:
             with transaction.atomic():
-                _store_results(run, read_cases(results))
+                _store_results(run, jobdir.read_cases(results))
                 EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.SUCCEEDED, finished_at=timezone.now(),
                                                          metrics=final.get("metrics", {}), pid=None, heartbeat_at=None)
                 _on_success(run)

@@ -12,3 +12,19 @@ def eval_run_task(run_id: int) -> str:
     """Measure a model version on a suite version (routed to the `gpu` queue)."""
     run = eval_run_process(run_id=run_id)
     return run.status if run else "nothing to do"
+
+
+@shared_task(name="flywheel.evals.online")
+def online_eval_task(project_id: int) -> int:
+    """Sample and score a project's new trajectories (`online.online_eval_process`)."""
+    from flywheel.evals.online import online_eval_process
+
+    return online_eval_process(project_id=project_id)
+
+
+@shared_task(name="flywheel.evals.recurrence_check")
+def recurrence_check_task(mode_id: int) -> str:
+    """Scan one fixed failure mode's new production traffic for its return (flywheel.evals.recurrence)."""
+    from flywheel.evals.recurrence import recurrence_check
+
+    return recurrence_check(mode_id=mode_id)

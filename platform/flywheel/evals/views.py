@@ -23,6 +23,7 @@ from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
 from flywheel.evals import calibration, leakage, promotion, selectors, services
 from flywheel.evals.api import export_response
+from flywheel.evals.kinds import train_side
 from flywheel.evals.models import EvalSuite, SuiteKind
 from flywheel.trajectories.models import Trajectory
 
@@ -50,11 +51,7 @@ def for_kind(view: Any, kind: str) -> Any:
 
 
 def _model(kind: str) -> type:
-    if kind == "suite":
-        return EvalSuite
-    from flywheel.environments.models import TaskSet
-
-    return TaskSet
+    return EvalSuite if kind == "suite" else train_side().collection
 
 
 def _kind_of(collection: Any) -> str:
@@ -101,10 +98,8 @@ def collection_create(request: HttpRequest, project: Project, kind: str) -> Http
                                             kind=request.POST.get("kind", SuiteKind.REGRESSION),
                                             description=request.POST.get("description", ""), user=request.user)
         else:
-            from flywheel.environments.services import task_set_create
-
-            created = task_set_create(project=project, name=request.POST.get("name", ""),
-                                      description=request.POST.get("description", ""), user=request.user)
+            created = train_side().create(project=project, name=request.POST.get("name", ""),
+                                          description=request.POST.get("description", ""), user=request.user)
     except ValidationError as exc:
         context = _list_context(request, project, kind, errors=_first_errors(exc), posted=request.POST)
         return render(request, "evals/collection_list.html", context, status=422)

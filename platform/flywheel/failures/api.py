@@ -36,6 +36,10 @@ class FailureModeOut(Schema):
     status: Literal["open", "being_fixed", "fixed"]
     trajectory_count: int
     created_at: datetime
+    fixed_at: datetime | None = Field(None, description="When it counted as fixed (a person, or a promotion)")
+    fixed_version_number: int | None = Field(None, description="The registry version serving production then")
+    reopened_at: datetime | None = Field(None, description="When production traffic brought it back")
+    recurrence: dict[str, Any] = Field(default_factory=dict, description="Why it reopened: rules, figures, ids")
 
 
 class FailureModeIn(Schema):
@@ -103,6 +107,10 @@ def _out(mode: FailureMode, count: int) -> dict[str, Any]:
         "status": mode.status,
         "trajectory_count": count,
         "created_at": mode.created_at,
+        "fixed_at": mode.fixed_at,
+        "fixed_version_number": mode.fixed_version_number,
+        "reopened_at": mode.reopened_at,
+        "recurrence": mode.recurrence or {},
     }
 
 

@@ -1,5 +1,5 @@
 """The review history: every change to a trajectory's outcome, failure modes and tags, with who, when,
-before and after. The review services (flywheel.trajectories.review, flywheel.failures.services) call
+before and after. The review services (flywheel.failures.review, flywheel.failures.services) call
 `review_change_record` in the same transaction as the change they make."""
 
 from __future__ import annotations

@@ -49,10 +49,25 @@ class FailureMode(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # When it counted as fixed (a person set the status, or a promoted version passed its eval cases), and
+    # the registry version number serving then: a plain number, this app does not depend on the registry.
+    fixed_at = models.DateTimeField(null=True, blank=True)
+    fixed_version_number = models.PositiveIntegerField(null=True, blank=True)
+    # When production traffic brought it back (flywheel.failures.recurrence), and why: the rule, its figures,
+    # the matching trajectory ids.
+    reopened_at = models.DateTimeField(null=True, blank=True)
+    recurrence = models.JSONField(default=dict, blank=True)
+    # The watch of a fixed mode between sweeps: its profile (centroid, threshold, dominant signal and its rate
+    # before the fix), the last trajectory id looked at, the signal rule's running counts.
+    recurrence_watch = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name", "id"]
         constraints = [models.UniqueConstraint(fields=["project", "name"], name="failuremode_unique_project_name")]
+        indexes = [
+            # The recurrence sweep: fixed modes only.
+            models.Index(fields=["status"], name="failuremode_fixed", condition=models.Q(status="fixed")),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -141,3 +156,33 @@ class QueueSkip(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "trajectory"], name="queueskip_unique_user_traj")]
+
+
+class RecurrenceRule(models.TextChoices):
+    SIMILARITY = "similarity", "Close to its members"
+    SIGNAL = "signal", "Its signal's rate rose"
+
+
+class RecurrenceMatch(models.Model):
+    """A production failure after a mode's fix that matches the mode (flywheel.failures.recurrence): close to
+    its members by the clustering's features (`similarity`: cosine to their centroid), or carrying its dominant
+    signal when that signal's rate rose (`signal`). Unique per (mode, trajectory). The review queue puts
+    these first; the mode's page lists them and counts them per model version."""
+
+    failure_mode = models.ForeignKey(FailureMode, on_delete=models.CASCADE, related_name="recurrence_matches")
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="recurrence_matches")
+    rule = models.CharField(max_length=16, choices=RecurrenceRule.choices)
+    similarity = models.FloatField(null=True, blank=True)
+    signal = models.CharField(max_length=32, blank=True, default="")
+    model_version = models.CharField(max_length=200, blank=True, default="")  # the trajectory's, for per-version counts
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-trajectory_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["failure_mode", "trajectory"], name="recurrence_unique_mode_trajectory")
+        ]
+        indexes = [models.Index(fields=["trajectory"], name="recurrence_trajectory")]
+
+    def __str__(self) -> str:
+        return f"{self.failure_mode_id} again on {self.trajectory_id} ({self.rule})"

@@ -11,6 +11,7 @@ so it sees a claim committed meanwhile). On SQLite every transaction takes the w
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -22,11 +23,30 @@ from django.utils import timezone
 
 from flywheel.accounts.models import Project
 from flywheel.failures.models import FailureModeAssignment, QueueClaim, QueueSkip, ReviewChange
+from flywheel.failures.recurrence import recurring
+from flywheel.failures.review import trajectory_outcome_set
 from flywheel.trajectories.models import Outcome, Trajectory
-from flywheel.trajectories.review import trajectory_outcome_set
 from flywheel.trajectories.selectors import COUNT_CAP, TrajectoryFilters, trajectory_queryset
 
 CLAIM_ATTEMPTS = 20  # candidates tried before giving up when each was taken between the pick and the lock
+
+# What else puts an unreviewed trajectory in the queue, registered by the apps above this one (which this app
+# never imports): each a function returning a condition on Trajectory, e.g. online evaluation's low scores.
+_REASONS: list[Callable[[], Q]] = []
+
+
+def queue_reason_register(reason: Callable[[], Q]) -> None:
+    if reason not in _REASONS:
+        _REASONS.append(reason)
+
+
+def _flagged() -> Q:
+    """Why a trajectory is in the queue: it failed by the agent's own outcome, triage flagged it, or a
+    registered reason holds."""
+    flagged = Q(outcome=Outcome.FAILURE) | Q(triage_severity__gt=0)
+    for reason in _REASONS:
+        flagged |= reason()
+    return flagged
 
 
 def claim_duration() -> dt.timedelta:
@@ -35,9 +55,10 @@ def claim_duration() -> dt.timedelta:
 
 def queue_queryset(*, project: Project, filters: TrajectoryFilters | None = None) -> QuerySet[Trajectory]:
     """What the queue holds (claimed or not): failed (by the agent's own outcome, none set by a reviewer)
-    or flagged by triage, and not reviewed; narrowed by the list's own filter when one is given."""
+    or flagged by triage or by a registered reason (`_flagged`), and not reviewed; narrowed by the list's own
+    filter when one is given."""
     qs = trajectory_queryset(project=project, filters=filters or TrajectoryFilters())
-    return qs.filter(reviewed_outcome="").filter(Q(outcome=Outcome.FAILURE) | Q(triage_severity__gt=0))
+    return qs.filter(reviewed_outcome="").filter(_flagged())
 
 
 def _open_for(*, qs: QuerySet[Trajectory], user: AbstractBaseUser, now: dt.datetime) -> QuerySet[Trajectory]:
@@ -79,13 +100,19 @@ def queue_claim_next(
         candidates = _open_for(qs=queue_queryset(project=project, filters=filters), user=user, now=now)
         tried: list[int] = []
         for _ in range(CLAIM_ATTEMPTS):
-            pick = (
-                candidates.exclude(pk__in=tried)
-                .order_by("-triage_severity", "-id")
-                .select_for_update(skip_locked=True, of=("self",))
-                .only("id", "project_id", "reviewed_outcome")
-                .first()
-            )
+            pick = None
+            # Failures of a mode that came back after its fix first (flywheel.failures.recurrence), then the
+            # rest: two picks, so the usual one stays a walk down its index.
+            for qs in (candidates.filter(recurring()), candidates):
+                pick = (
+                    qs.exclude(pk__in=tried)
+                    .order_by("-triage_severity", "-id")
+                    .select_for_update(skip_locked=True, of=("self",))
+                    .only("id", "project_id", "reviewed_outcome")
+                    .first()
+                )
+                if pick is not None:
+                    break
             if pick is None:
                 return None
             # The row is ours now; read its claim and review again (statements after the lock see what
@@ -177,7 +204,7 @@ class QueueProgress:
 def queue_progress(*, project: Project, filters: TrajectoryFilters | None = None) -> QueueProgress:
     """Done / remaining counts of the queue, each stopping at COUNT_CAP (see trajectories.selectors)."""
     base = trajectory_queryset(project=project, filters=filters or TrajectoryFilters())
-    flagged = Q(outcome=Outcome.FAILURE) | Q(triage_severity__gt=0)
+    flagged = _flagged()
     remaining = base.filter(reviewed_outcome="").filter(flagged).values("id")[: COUNT_CAP + 1].count()
     done = base.exclude(reviewed_outcome="").filter(flagged).values("id")[: COUNT_CAP + 1].count()
     return QueueProgress(done=min(done, COUNT_CAP), remaining=min(remaining, COUNT_CAP), capped=remaining > COUNT_CAP)

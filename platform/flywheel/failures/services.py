@@ -137,9 +137,15 @@ def failure_mode_create(
     category = _category_get(project=project, category_key=category_key)
     try:
         with transaction.atomic():
-            return FailureMode.objects.create(
+            mode = FailureMode.objects.create(
                 project=project, name=name, description=description, category=category, status=status, created_by=user
             )
+            if status == FailureModeStatus.FIXED:  # recorded as fixed from the start: by what serves now
+                from flywheel.failures import recurrence
+
+                recurrence.failure_mode_fixed_set(failure_mode=mode, by="person",
+                                                  version_number=recurrence.production_version_number(project))
+            return mode
     except IntegrityError:
         raise ValidationError({"name": f"This project already has a failure mode named {name!r}."}) from None
 
@@ -155,11 +161,21 @@ def failure_mode_update(
     )
     if status not in FailureModeStatus.values:
         raise ValidationError({"status": f"Unknown status {str(status)[:40]!r}; one of {', '.join(FailureModeStatus.values)}."})
+    becomes_fixed = status == FailureModeStatus.FIXED and failure_mode.status != FailureModeStatus.FIXED
     failure_mode.status = status
     failure_mode.category = _category_get(project=failure_mode.project, category_key=category_key)
     try:
         with transaction.atomic():
             failure_mode.save()
+            if becomes_fixed:
+                # A person says it is fixed: by whatever serves production now; production's traffic from
+                # here on is watched for its return (flywheel.failures.recurrence).
+                from flywheel.failures import recurrence
+
+                recurrence.failure_mode_fixed_set(
+                    failure_mode=failure_mode, by="person",
+                    version_number=recurrence.production_version_number(failure_mode.project),
+                )
     except IntegrityError:
         raise ValidationError({"name": f"This project already has a failure mode named {failure_mode.name!r}."}) from None
     return failure_mode
@@ -267,7 +283,7 @@ def review_change_revert(*, change: ReviewChange, user: AbstractBaseUser | None)
     Modes and tags are reverted by their difference (what the change added goes, what it removed comes
     back), so later changes to other modes or tags stay. An outcome is reverted only while it is still the
     one the change set: a later review is not overwritten."""
-    from flywheel.trajectories import review  # review records into this app's history
+    from flywheel.failures import review  # review.py imports the history, as this module does
 
     trajectory = Trajectory.objects.get(pk=change.trajectory_id)
     before, after = change.before, change.after

@@ -1,10 +1,18 @@
-"""Failure-mode pages, assignment endpoints and the review queue, under /p/<project_slug>/."""
+"""The review pages (the trajectory list and page), failure-mode pages, assignment endpoints and the review
+queue, under /p/<project_slug>/."""
 
 from django.urls import path
 
-from flywheel.failures import views
+from flywheel.failures import review_views, views
 
 urlpatterns = [
+    path("", review_views.trajectory_list, name="trajectory_list"),
+    path("t/<int:trajectory_id>/", review_views.trajectory_detail, name="trajectory_detail"),
+    path("t/<int:trajectory_id>/outcome", review_views.trajectory_outcome_set, name="trajectory_outcome_set"),
+    path("t/<int:trajectory_id>/comments", review_views.trajectory_comment_add, name="trajectory_comment_add"),
+    path("t/<int:trajectory_id>/tags", review_views.trajectory_tag_add, name="trajectory_tag_add"),
+    path("t/<int:trajectory_id>/tags/<int:tag_id>/remove", review_views.trajectory_tag_remove,
+         name="trajectory_tag_remove"),
     path("failures/", views.failure_mode_list, name="failure_mode_list"),
     path("failures/new", views.failure_mode_create, name="failure_mode_create"),
     path("failures/<int:mode_id>/", views.failure_mode_detail, name="failure_mode_detail"),

@@ -18,13 +18,13 @@ from django.views.decorators.http import require_GET, require_POST
 
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
-from flywheel.failures import queue, selectors, services
+from flywheel.failures import queue, recurrence, selectors, services
 from flywheel.failures.history import review_history
 from flywheel.failures.models import FailureMode, FailureModeStatus, QueueSkip, ReviewChange, TaxonomyCategory
+from flywheel.failures.review import message_index_parse
 from flywheel.trajectories import selectors as trajectory_selectors
 from flywheel.trajectories.models import Trajectory
 from flywheel.trajectories.presentation import conversation_build
-from flywheel.trajectories.review import message_index_parse
 
 QUEUE_KEYS = 9  # modes reachable by a number key in the queue
 UNDO_DEPTH = 20  # queue actions a reviewer can undo, newest first
@@ -127,6 +127,9 @@ def failure_mode_detail(request: HttpRequest, project: Project, mode_id: int) ->
         "can_maintain": _can(request, Role.MAINTAINER),
         "ignored": cursor.errors,
         "bulk_promotion_url": _url_or_blank("bulk_promotion", project.slug),
+        "recurrence_matches": recurrence.recurrence_matches(failure_mode=mode),
+        # The per-version part is the registry's (this app does not import it), loaded into the page by htmx.
+        "versions_url": _url_or_blank("registry_failure_mode_versions", project.slug, mode.pk),
     }
     return render(request, "failures/failure_mode_detail.html", context)
 

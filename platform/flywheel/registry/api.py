@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest
-from ninja import Field, Router, Schema, Status
+from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 from pydantic import field_validator
 
@@ -68,6 +68,41 @@ def production_get(request: HttpRequest) -> dict:
     }
 
 
+class ServingArmOut(Schema):
+    version: int
+    adapter: str = Field(description="The name it is served under (`<slug>-v<n>`): the `model` a router sends "
+                                     "to vLLM and the `model_version` its trajectories carry back")
+    adapter_path: str | None = Field(description="The LoRA adapter's folder; null for a base model alone")
+    base_model_path: str
+
+
+class CanaryArmOut(ServingArmOut):
+    weight: float = Field(description="The canary's share of traffic (0.1 = 10%); production serves the rest")
+
+
+class ServingOut(Schema):
+    production: ServingArmOut | None = Field(description="null while no model is in production")
+    canary: CanaryArmOut | None = Field(description="null while no canary serves")
+
+
+@router.get(
+    "/serving",
+    auth=read_auth,
+    response={200: ServingOut, **_ERRORS},
+    summary="What serves now: production and the canary with its share",
+    description=(
+        "The split a router applies (the reference router, `python -m flywheel.router`, polls it): production's "
+        "version and adapter name, and the canary's with its share of traffic. The same object every "
+        "`alias.moved` webhook body carries as its `production` and `canary` keys. Always 200: with nothing "
+        "in production yet, `production` is null."
+    ),
+)
+def serving_get(request: HttpRequest) -> dict:
+    from flywheel.registry.serving import serving_split
+
+    return serving_split(request.auth.project)
+
+
 class ModelVersionOut(Schema):
     version: int
     base_model: str
@@ -91,10 +126,14 @@ class RollbackIn(Schema):
 
 class MoveOut(Schema):
     alias: str
-    kind: str
+    kind: str = Field(description="set, promote, rollback, or end (an alias that no longer points anywhere: "
+                                  "`to_version` is the version it left)")
     from_version: int | None
     to_version: int
     user: str | None
+    actor: str = Field("", description="The rule that moved it when no person did: gate, canary or watch")
+    evidence: dict[str, Any] = Field(default_factory=dict, description="The figures the rule acted on")
+    weight: float | None = Field(None, description="The canary's share of traffic after this move")
     reason: str
     at: datetime
 
@@ -103,6 +142,7 @@ def _move(event: AliasEvent) -> dict:
     return {"alias": event.alias, "kind": event.kind,
             "from_version": event.from_version.number if event.from_version else None,
             "to_version": event.to_version.number, "user": event.user.get_username() if event.user else None,
+            "actor": event.actor, "evidence": event.evidence or {}, "weight": event.weight,
             "reason": event.reason, "at": event.at}
 
 
@@ -158,7 +198,9 @@ def production_rollback(request: HttpRequest, body: RollbackIn) -> dict:
 
 
 @router.get("/models/history", auth=read_auth, response={200: list[MoveOut], **_ERRORS},
-            summary="The aliases' history", description="Every move of `production` and `candidate`, newest first.")
+            summary="The aliases' history",
+            description="Every move of `production`, `candidate` and `canary`, newest first, with the rule that "
+                        "made it (`actor`) and the figures it acted on (`evidence`).")
 def alias_history(request: HttpRequest) -> list[dict]:
     return [_move(e) for e in selectors.alias_history(project=request.auth.project, limit=500)]
 
@@ -261,6 +303,179 @@ def gate_settings_set(request: HttpRequest, body: GateSettingsIn) -> dict[str, A
     except ValidationError as exc:
         raise ValidationError({f"rules.{name}": messages for name, messages in exc.message_dict.items()}) from None
     return _gate_settings(request)
+
+
+# --- canary and the watch (flywheel.registry.canary) ---------------------------------------------------------
+
+
+class CanaryIn(Schema):
+    weight: float | None = Field(None, gt=0, lt=1, description="The canary's share of traffic (0.1 = 10%); "
+                                 "default: the project's canary weight")
+    reason: str = Field("", max_length=2000, json_schema_extra=_NO_NUL)
+
+    @field_validator("reason")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("must not contain a NUL character")
+        return value
+
+
+class LiveCheckOut(Schema):
+    id: int
+    kind: Literal["canary", "watch"]
+    status: str = Field(description="running, promoted, rolled_back, flagged (waits for a person), passed, "
+                                    "expired or ended")
+    subject_version: int = Field(description="The canary, or the newly promoted production")
+    baseline_version: int = Field(description="Production, or the version the promotion replaced")
+    started_at: datetime
+    ends_at: datetime
+    baseline_from: datetime | None = Field(description="The watch's baseline: the replaced version's traffic "
+                                                       "from here to `started_at`")
+    rules: dict[str, Any] = Field(description="The settings it runs under, frozen at its start")
+    evidence: dict[str, Any] = Field(description="The last look: each arm's counts, the rates, the always-valid "
+                                                 "p-values, the verdict and why")
+    looks: int
+    decided_at: datetime | None
+    decided_by: str | None
+
+
+def _check(check) -> dict[str, Any]:
+    return {"id": check.pk, "kind": check.kind, "status": check.status, "subject_version": check.subject.number,
+            "baseline_version": check.baseline.number, "started_at": check.started_at, "ends_at": check.ends_at,
+            "baseline_from": check.baseline_from, "rules": check.rules, "evidence": check.evidence,
+            "looks": check.looks, "decided_at": check.decided_at,
+            "decided_by": check.decided_by.get_username() if check.decided_by else None}
+
+
+class CanaryOut(Schema):
+    move: MoveOut
+    check: LiveCheckOut
+
+
+@router.post("/model-versions/{number}/canary", auth=promote_auth, response={200: CanaryOut, **_ERRORS},
+             summary="Start a canary",
+             description="Serve the version to a share of traffic (`weight`) beside production, and start the canary "
+                         "decision (a sequential test on live traffic). Only a version that passed the gate against "
+                         "the production serving now, and one canary at a time: else 409 saying why.")
+def version_canary(request: HttpRequest, number: int, body: CanaryIn) -> dict:
+    from flywheel.registry import canary
+
+    version = _version(request, number)
+    try:
+        check = canary.canary_start(project=request.auth.project, version=version, user=request.auth.created_by,
+                                    weight=body.weight, reason=body.reason)
+    except services.RegistryError as exc:
+        raise HttpError(409, str(exc)) from None
+    return {"move": _move(check.event), "check": _check(check)}
+
+
+class DecideIn(Schema):
+    reason: str = Field("", max_length=2000, json_schema_extra=_NO_NUL)
+
+    @field_validator("reason")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("must not contain a NUL character")
+        return value
+
+
+@router.post("/canary/promote", auth=promote_auth, response={200: MoveOut, **_ERRORS},
+             summary="Promote the canary to all traffic",
+             description="The canary's version becomes production (its gate decision checked again) and the canary "
+                         "ends. 409 when no canary serves.")
+def canary_promote(request: HttpRequest, body: DecideIn) -> dict:
+    from flywheel.registry import canary
+
+    try:
+        event = canary.canary_promote(project=request.auth.project, user=request.auth.created_by, reason=body.reason)
+    except services.RegistryError as exc:
+        raise HttpError(409, str(exc)) from None
+    return _move(event)
+
+
+@router.post("/canary/rollback", auth=promote_auth, response={200: MoveOut, **_ERRORS},
+             summary="Roll the canary back",
+             description="The canary stops serving (an `end` move of the canary alias); production keeps all traffic. "
+                         "409 when no canary serves.")
+def canary_rollback(request: HttpRequest, body: DecideIn) -> dict:
+    from flywheel.registry import canary
+
+    try:
+        event = canary.canary_rollback(project=request.auth.project, user=request.auth.created_by, reason=body.reason)
+    except services.RegistryError as exc:
+        raise HttpError(409, str(exc)) from None
+    return _move(event)
+
+
+class LiveRulesIn(Schema):
+    """The canary's and the watch's rules; one not sent, or null, keeps its value."""
+
+    model_config = {"extra": "forbid"}
+
+    canary_weight: float | None = Field(None, gt=0, lt=1, description="A canary's share of traffic (0.1 = 10%)")
+    canary_min_per_arm: int | None = Field(None, ge=1, le=1_000_000,
+                                           description="Trajectories each arm needs before a canary is promoted")
+    canary_max_hours: int | None = Field(None, ge=1, le=24 * 90, description="A canary without enough traffic "
+                                         "by then is removed (expired)")
+    canary_auto: bool | None = Field(None, description="The decision acts by itself (promote or roll back); "
+                                     "else it flags the canary for a person")
+    watch_hours: int | None = Field(None, ge=0, le=24 * 90, description="How long a newly promoted production is "
+                                    "watched, and the baseline window before the move (0: no watch)")
+    watch_trajectories: int | None = Field(None, ge=0, le=10_000_000, description="The watch passes once "
+                                           "production served this many (0: by time only)")
+    watch_rollback: bool | None = Field(None, description="A production found worse is rolled back; else flagged")
+    notify_emails: list[str] | None = Field(None, max_length=50, description="Where notifications are mailed "
+                                            "(the webhook gets them too)")
+
+
+class LiveRulesOut(Schema):
+    canary_weight: float
+    canary_min_per_arm: int
+    canary_max_hours: int
+    canary_auto: bool
+    watch_hours: int
+    watch_trajectories: int
+    watch_rollback: bool
+    notify_emails: list[str]
+
+
+def _live_rules(request: HttpRequest) -> dict[str, Any]:
+    from flywheel.registry import canary
+
+    rules = canary.live_rules_of(selectors.settings_of(project=request.auth.project))
+    rules["notify_emails"] = [line for line in rules["notify_emails"].splitlines() if line.strip()]
+    return rules
+
+
+@router.get("/live-rules", auth=read_auth, response={200: LiveRulesOut, **_ERRORS},
+            summary="The canary's and the watch's rules",
+            description="A canary's share and decision rules, the watch after a promotion, and where notifications go.")
+def live_rules_get(request: HttpRequest) -> dict[str, Any]:
+    return _live_rules(request)
+
+
+@router.put("/live-rules", auth=promote_auth, response={200: LiveRulesOut, **_ERRORS},
+            summary="Set the canary's and the watch's rules",
+            description="Each field sent replaces its value; a wrong one is a 422 naming it, and nothing changes then.")
+def live_rules_set(request: HttpRequest, body: LiveRulesIn) -> dict[str, Any]:
+    from flywheel.registry import canary
+
+    data = body.model_dump(exclude_none=True)
+    if "notify_emails" in data:
+        data["notify_emails"] = "\n".join(data["notify_emails"])
+    canary.live_rules_set(project=request.auth.project, data=data)
+    return _live_rules(request)
+
+
+@router.get("/live-checks", auth=read_auth, response={200: list[LiveCheckOut], **_ERRORS},
+            summary="Canary decisions and watches",
+            description="The project's live checks, newest first (at most `limit`), each with its last look's evidence.")
+def live_checks_list(request: HttpRequest, limit: int = Query(50, ge=1, le=500)) -> list[dict[str, Any]]:
+    from flywheel.registry import canary
+
+    return [_check(c) for c in canary.checks_of(project=request.auth.project, limit=limit)]
 
 
 api.add_router("", router)

@@ -20,9 +20,7 @@ from trainer import jobdir
 
 def read_results(path: Path) -> list[CaseResult]:
     """A model's per-case results as the trainer's evaluate wrote them (`--out`)."""
-    from flywheel.evals.runs import read_cases
-
-    return [CaseResult.from_eval_case(case) for case in read_cases(path)]
+    return [CaseResult.from_eval_case(case) for case in jobdir.read_cases(path)]
 
 
 def candidate_results(folder: Path, split: str, best_step: int) -> Path:
@@ -33,12 +31,11 @@ def candidate_results(folder: Path, split: str, best_step: int) -> Path:
 
 def read_latency(folder: Path) -> tuple[list[LatencyCase], str]:
     """Both models' per-case timings from the worker's latency probe, or (nothing, why not)."""
-    from flywheel.training.services import LATENCY_NOT_MEASURED, LATENCY_RESULTS
     from trainer.config import read_jsonl
 
-    path = jobdir.gate_dir(folder) / LATENCY_RESULTS
+    path = jobdir.gate_dir(folder) / jobdir.LATENCY_RESULTS
     if not path.exists():
-        why = jobdir.gate_dir(folder) / LATENCY_NOT_MEASURED
+        why = jobdir.gate_dir(folder) / jobdir.LATENCY_NOT_MEASURED
         return [], why.read_text()[:500] if why.exists() else ""
     try:
         return [LatencyCase.from_row(row) for row in read_jsonl(path)], ""
@@ -51,11 +48,10 @@ def rules_for(project) -> GateRules:
     return GateRules.from_dict(config.gate_rules if config else None)
 
 
-def gate_decide_for_job(*, job) -> GateDecision:
-    from flywheel.training.services import FRESH_SEED, holdout_looks, job_dir
-
+def gate_decide_for_job(*, job, folder: Path) -> GateDecision:
+    """Judge a training job's candidate from its job directory `folder` (the training app knows where that
+    is) and store the decision."""
     rules = rules_for(job.project)
-    folder = job_dir(job)
     best = int((job.result or {}).get("best_step") or 0)
     report: dict[str, Any] = {}
     error = ""
@@ -71,7 +67,7 @@ def gate_decide_for_job(*, job) -> GateDecision:
         if job.regression_version is not None:
             prod_reg = read_results(jobdir.production_results(folder, "regression"))
             cand_reg = read_results(candidate_results(folder, "regression", best))
-        looks = holdout_looks(folder)
+        looks = jobdir.holdout_looks(folder)
         latency, latency_why = read_latency(folder)
         outcome = gate_evaluate(production=production, candidate=candidate, production_regression=prod_reg,
                                 candidate_regression=cand_reg, rules=rules, looks=max(1, len(looks)),
@@ -80,7 +76,7 @@ def gate_decide_for_job(*, job) -> GateDecision:
         report["power"] = power_of(production, rules)
         fresh = holdout_file == jobdir.gate_results(folder, "holdout")
         report["measurement"] = {"step": best, "looks": looks, "fresh": fresh,
-                                 "seed": FRESH_SEED if fresh else None}
+                                 "seed": jobdir.FRESH_SEED if fresh else None}
     except (OSError, ValueError, KeyError) as exc:
         error = f"The gate could not judge: {exc}"
     return GateDecision.objects.create(

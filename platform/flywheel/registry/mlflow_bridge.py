@@ -74,3 +74,16 @@ def alias_get(*, project_slug: str, alias: str) -> str | None:
         return str(client().get_model_version_by_alias(registered_model_name(project_slug), alias).version)
     except MlflowException:
         return None
+
+
+def alias_delete(*, project_slug: str, alias: str) -> None:
+    """Remove `alias` (a canary that ended); nothing to do when MLflow has no such alias or model."""
+    from mlflow.exceptions import MlflowException
+
+    if alias_get(project_slug=project_slug, alias=alias) is None:
+        return
+    try:
+        client().delete_registered_model_alias(registered_model_name(project_slug), alias)
+    except MlflowException:
+        if alias_get(project_slug=project_slug, alias=alias) is not None:
+            raise

@@ -142,7 +142,7 @@ class RegistrySettings(models.Model):
     # Canary rollout (flywheel.registry.canary): the share a canary serves, the trajectories each arm needs
     # before a decision, the longest a canary may run, and whether the decision acts by itself.
     canary_weight = models.FloatField(default=0.1)
-    canary_min_per_arm = models.PositiveIntegerField(default=500)
+    canary_min_per_arm = models.PositiveIntegerField(default=1000)
     canary_max_hours = models.PositiveIntegerField(default=72)
     canary_auto = models.BooleanField(default=False)
     # The watch after a full promotion: how long (hours) or how many trajectories it lasts (whichever ends
@@ -255,7 +255,10 @@ class LiveRollup(models.Model):
     hour = models.DateTimeField()
     trajectories = models.PositiveIntegerField(default=0)
     failures = models.PositiveIntegerField(default=0)  # effective outcome (a reviewer's wins) is failure
-    # {signal kind: trajectories carrying it}
+    # Triaged (triage_version > 0): the denominator of the signal rates, since a trajectory not triaged yet
+    # has no signals (a replay waits for its triage again).
+    triaged = models.PositiveIntegerField(default=0)
+    # {signal kind: triaged trajectories carrying it}
     signals = models.JSONField(default=dict, blank=True)
     tokens_sum = models.BigIntegerField(default=0)
     tokens_n = models.PositiveIntegerField(default=0)  # trajectories that carried usage
@@ -312,3 +315,36 @@ class LiveCheck(models.Model):
             models.UniqueConstraint(fields=["project", "kind"], condition=models.Q(status="running"),
                                     name="registry_livecheck_one_running"),
         ]
+
+
+class LiveRollupMember(models.Model):
+    """What each trajectory adds to the rollup now: its bucket (project, string, hour) and its counts. A refresh
+    subtracts a changed trajectory's old contribution and adds its new one, so its work follows the changed
+    trajectories, never a bucket's size. A narrow table of its own rather than columns of the trajectory:
+    writing a trajectory's row rewrites every index of that wide table (its text search's among them), a few
+    hundred µs each. Plain values, no foreign keys: the rollup is derived data."""
+
+    trajectory_id = models.BigIntegerField(primary_key=True)
+    project_id = models.BigIntegerField()
+    model_version = models.CharField(max_length=200, blank=True, default="")
+    hour = models.DateTimeField()
+    failed = models.BooleanField(default=False)
+    triaged = models.BooleanField(default=False)
+    signals = models.JSONField(default=list, blank=True)  # the signal kinds it carries (triaged only), sorted
+    tokens = models.BigIntegerField(null=True, blank=True)
+    latency = models.BigIntegerField(null=True, blank=True)
+    # The trajectory's state counted: the later of its updated_at and triaged_at. A refresh that reads it
+    # again with nothing newer skips it without reading its signals.
+    seen_at = models.DateTimeField()
+
+
+class LiveRollupState(models.Model):
+    """The rollup's durable watermark (one row): trajectories whose `updated_at` or `triaged_at` passed it since
+    the last refresh have buckets to recompute (flywheel.registry.live). Also what the last refresh did, for
+    the bench and the pages."""
+
+    watermark = models.DateTimeField(null=True, blank=True)  # None: never ran (the first run reads everything)
+    ran_at = models.DateTimeField(null=True, blank=True)
+    last_trajectories = models.PositiveIntegerField(default=0)  # dirty trajectories the last run found
+    last_buckets = models.PositiveIntegerField(default=0)  # buckets it recomputed
+    last_ms = models.PositiveIntegerField(default=0)

@@ -108,24 +108,3 @@ def gate_rules_of(*, project: Project) -> dict:
     from flywheel.registry.gate_runs import rules_for
 
     return asdict(rules_for(project))
-
-
-def holdout_power(*, project: Project, suite_version, samples: int | None = None) -> dict:
-    """What a holdout version can show before anyone trains (`gate.power_report`), from production's latest
-    measurement on it (an eval run, or a job's measurement before training): its per-case pass rates. With
-    `samples`, the figures for that many samples a case instead of the run's."""
-    from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
-    from flywheel.registry.gate import power_report
-    from flywheel.registry.gate_runs import rules_for
-
-    production = production_of(project=project)
-    run = None
-    if production is not None:
-        run = (EvalRun.objects.filter(project=project, model_version=production, suite_version=suite_version,
-                                      status=EvalRunStatus.SUCCEEDED).order_by("-finished_at", "-id").first())
-    rates = list(EvalCaseResult.objects.filter(run=run).values_list("pass_rate", flat=True)) if run else []
-    report = power_report(rates, cases=len(rates) or suite_version.size, samples=samples or (run.samples if run else 1),
-                          rules=rules_for(project))
-    report["measured_by"] = run.pk if run else None
-    report["production"] = production.number if production else None
-    return report

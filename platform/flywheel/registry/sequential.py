@@ -28,12 +28,19 @@ Beta(1, 1), gives the likelihood ratio
 for x of the k in the subject: a martingale in the events under H0, so the same always-valid p-value. It
 is strict: a handful of unsafe actions where the baseline had almost none is enough.
 
-Error rates, by simulation (`tests/platform/registry/test_sequential.py` prints them; streams looked at
-every batch of traffic, up to 2,000 trajectories per arm) — see that test for the figures of the last run:
-equal versions are called worse well under 5% of the time by both rules together; a version ten points
-worse on failures (20% → 30%) is caught within 2,000 trajectories per arm in nearly every stream; the watch,
-which compares a growing stream with a fixed baseline (the replaced version's traffic before the move),
-keeps the same bound.
+Error rates, by simulation (`tests/platform/registry/test_sequential.py` prints them; 2,000 streams, 20%
+failures and 1% unsafe actions in the baseline, a look every 50 trajectories per arm, 2,000 per arm at most):
+- equal versions: called worse 1.1% of the time by both rules together (failure rule 0.5%, unsafe 0.5%); at a
+  canary's 10% share (looks every 20 canary / 180 production trajectories, to 1,000 canary) 1.6%, at a 5%
+  share 1.6%. The bound is 5%; the discrete looks make it conservative;
+- failures ten points worse (20% → 30%): caught in 100% of streams within 2,000 per arm, after a median of
+  400 canary trajectories; unsafe actions 1% → 4%: caught in 100%, median 550.
+A canary not shown worse once each arm has `canary_min_per_arm` trajectories is promoted there, so that
+minimum sets the power: at 500 (the default) a ten-point failure rise is caught 70% of the time and unsafe
+1% → 4% about 50%; at 1,000, 98% and 91%.
+The watch compares a growing stream with a fixed baseline (the replaced version's traffic before the move,
+2,000 trajectories in the simulation): equal versions flagged 0.9%; ten points worse caught 100% (median 200
+trajectories); unsafe 1% → 4% caught 99.9% (median 250).
 """
 
 from __future__ import annotations

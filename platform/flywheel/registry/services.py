@@ -22,7 +22,7 @@ from django.utils import timezone
 from flywheel import outbound, outbox
 from flywheel.accounts.models import Project
 from flywheel.accounts.services import project_lock
-from flywheel.registry import serving
+from flywheel.registry import serving, signals
 from flywheel.registry.models import (
     Alias,
     AliasAssignment,
@@ -206,6 +206,10 @@ def model_version_create(
 # --- aliases -------------------------------------------------------------------------------------------------
 
 
+# The aliases whose moves the serving stack hears about (vLLM loads the adapter, the webhook says the split).
+SERVED_ALIASES = (Alias.PRODUCTION, Alias.CANARY)
+
+
 class MlflowUnavailable(RegistryError):
     """MLflow did not take the move: nothing changed, in the database or in MLflow."""
 
@@ -239,14 +243,17 @@ def _restore_alias(*, project: Project, alias: str, previous: ModelVersion | Non
 
 def alias_move(
     *, project: Project, alias: str, version: ModelVersion, user=None, reason: str = "",
-    kind: str = AliasEventKind.SET,
+    kind: str = AliasEventKind.SET, actor: str = "", evidence: dict[str, Any] | None = None,
+    weight: float | None = None,
 ) -> AliasEvent:
     """Point `alias` at `version` in the database and in MLflow together, record who, when, from, to and
     why, and queue the announcement to the serving stack.
 
     The one function every move goes through: promotion, rollback and a manual set. MLflow is written inside
     the database transaction, last: if MLflow refuses (MlflowUnavailable) the transaction rolls back and
-    nothing changed anywhere; if the commit fails after MLflow moved, MLflow's alias is put back."""
+    nothing changed anywhere; if the commit fails after MLflow moved, MLflow's alias is put back.
+    `actor` names the rule that moved it ("gate", "canary", "watch"; "" for a person or the API) and
+    `evidence` the figures it acted on; `weight` is the canary's share of traffic (the canary alias only)."""
     if alias not in Alias.values:
         raise RegistryError(f"Unknown alias {alias!r}; aliases are {', '.join(Alias.values)}.")
     if version.project_id != project.pk:
@@ -262,15 +269,18 @@ def alias_move(
             previous = current.version if current else None
             event = AliasEvent.objects.create(
                 project=project, alias=alias, kind=kind, from_version=previous, to_version=version,
-                reason=reason.strip(), user=user, mlflow_state=SyncState.DONE,
-                # Only production is announced to the serving stack.
-                webhook_state=SyncState.PENDING if alias == Alias.PRODUCTION else SyncState.DONE,
+                reason=reason.strip(), user=user, mlflow_state=SyncState.DONE, actor=actor,
+                evidence=evidence or {}, weight=weight if alias == Alias.CANARY else None,
+                # Production and the canary are what serve: their moves are announced to the serving stack.
+                webhook_state=SyncState.PENDING if alias in SERVED_ALIASES else SyncState.DONE,
             )
             if current is None:
-                AliasAssignment.objects.create(project=project, alias=alias, version=version)
+                AliasAssignment.objects.create(project=project, alias=alias, version=version,
+                                               weight=weight if alias == Alias.CANARY else None)
             else:
                 current.version = version
-                current.save(update_fields=["version", "updated_at"])
+                current.weight = weight if alias == Alias.CANARY else None
+                current.save(update_fields=["version", "weight", "updated_at"])
             _mirror_alias(project=project, alias=alias, version=version)
             mirrored = True
             _sync_on_commit(project)
@@ -281,40 +291,109 @@ def alias_move(
     return event
 
 
+def alias_end(
+    *, project: Project, alias: str, user=None, reason: str = "", actor: str = "",
+    evidence: dict[str, Any] | None = None,
+) -> AliasEvent:
+    """Point `alias` nowhere (a canary that ended): the assignment goes, an END event records the version it
+    left (`to_version`), and MLflow's alias is deleted inside the transaction, last, as `alias_move` does.
+    Production never ends: it is moved or rolled back."""
+    if alias == Alias.PRODUCTION:
+        raise RegistryError("Production cannot end; roll it back or promote another version.")
+    from flywheel.registry import mlflow_bridge
+
+    left: ModelVersion | None = None
+    deleted = False
+    try:
+        with transaction.atomic():
+            project_lock(project=project)
+            current = AliasAssignment.objects.filter(project=project, alias=alias).select_related("version").first()
+            if current is None:
+                raise RegistryError(f"{alias} points at no version.")
+            left = current.version
+            event = AliasEvent.objects.create(
+                project=project, alias=alias, kind=AliasEventKind.END, from_version=left, to_version=left,
+                reason=reason.strip(), user=user, actor=actor, evidence=evidence or {}, weight=None,
+                mlflow_state=SyncState.DONE,
+                webhook_state=SyncState.PENDING if alias in SERVED_ALIASES else SyncState.DONE,
+            )
+            current.delete()
+            try:
+                mlflow_bridge.alias_delete(project_slug=project.slug, alias=alias)
+            except Exception as exc:  # noqa: BLE001 (whatever MLflow raises, the end must not half-happen)
+                raise MlflowUnavailable(
+                    f"MLflow did not take the end of {alias} ({type(exc).__name__}: {str(exc)[:300]}); nothing "
+                    "changed. Try again once MLflow is back."
+                ) from exc
+            deleted = True
+            _sync_on_commit(project)
+    except DatabaseError:
+        if deleted and left is not None:
+            _restore_alias(project=project, alias=alias, previous=left)
+        raise
+    return event
+
+
+def promotable_check(*, project: Project, version: ModelVersion) -> AliasAssignment | None:
+    """Refuse (RegistryError, StaleDecision) a version that may not serve in place of production: one whose
+    latest gate decision did not pass, or passed against another production than the one serving now.
+    Call it under the project's lock; answers production's assignment. Shared by a promotion and a canary."""
+    decision = version.gate_decisions.order_by("-decided_at", "-id").first()
+    if decision is None or not decision.passed:
+        why = "has not been through the gate" if decision is None else "did not pass the gate"
+        raise RegistryError(f"v{version.number} {why}; only a candidate that passed it is promoted.")
+    current = AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).select_related(
+        "version").first()
+    if decision_stale(decision=decision, production_id=current.version_id if current else None):
+        judged = f"v{decision.production.number}" if decision.production_id else "no production"
+        raise StaleDecision(
+            f"v{version.number} passed the gate against {judged}, but production is now "
+            f"v{current.version.number}: it was never compared with what it would replace. Judge it again: "
+            f"train or measure it against v{current.version.number}."
+        )
+    return current
+
+
 def decision_stale(*, decision: GateDecision, production_id: int | None) -> bool:
     """A passed decision judged against another production than `production_id` (the one serving now) is
     stale: its candidate was never compared with what it would replace. One already serving is not."""
     return production_id is not None and production_id not in (decision.production_id, decision.candidate_id)
 
 
-def model_promote(*, project: Project, version: ModelVersion, user=None, reason: str = "") -> AliasEvent:
+def model_promote(
+    *, project: Project, version: ModelVersion, user=None, reason: str = "", actor: str = "",
+    evidence: dict[str, Any] | None = None,
+) -> AliasEvent:
     """Make `version` production: only a version whose latest gate decision passed against the production it
     replaces. A decision judged against another production is stale (v2 and v3 each beat v1; once v3 serves,
-    v2 was never compared with it), checked under the project's lock so a move in between cannot slip by."""
-    decision = version.gate_decisions.order_by("-decided_at", "-id").first()
-    if decision is None or not decision.passed:
-        why = "has not been through the gate" if decision is None else "did not pass the gate"
-        raise RegistryError(f"v{version.number} {why}; only a candidate that passed it is promoted.")
+    v2 was never compared with it), checked under the project's lock so a move in between cannot slip by.
+
+    In the same transaction (flywheel.registry.canary.after_production_move): a canary of this version ends
+    as promoted, another canary ends (it was compared with a production that no longer serves), a running
+    watch ends, and the watch of the new production starts."""
+    from flywheel.registry import canary
+
     with transaction.atomic():
         project_lock(project=project)
-        current = AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).select_related(
-            "version").first()
-        if decision_stale(decision=decision, production_id=current.version_id if current else None):
-            judged = f"v{decision.production.number}" if decision.production_id else "no production"
-            raise StaleDecision(
-                f"v{version.number} passed the gate against {judged}, but production is now "
-                f"v{current.version.number}: it was never compared with what it would replace. Judge it again: "
-                f"train or measure it against v{current.version.number}."
-            )
-        return alias_move(project=project, alias=Alias.PRODUCTION, version=version, user=user, reason=reason,
-                          kind=AliasEventKind.PROMOTE)
+        promotable_check(project=project, version=version)
+        event = alias_move(project=project, alias=Alias.PRODUCTION, version=version, user=user, reason=reason,
+                           kind=AliasEventKind.PROMOTE, actor=actor, evidence=evidence)
+        canary.after_production_move(event=event)
+        # Apps above the registry act in the same transaction: modes whose eval cases it passes count as fixed
+        # (flywheel.evals.recurrence).
+        signals.production_moved.send(sender=AliasEvent, event=event)
+    return event
 
 
 def model_rollback(
-    *, project: Project, user=None, reason: str = "", to_version: ModelVersion | None = None
+    *, project: Project, user=None, reason: str = "", to_version: ModelVersion | None = None, actor: str = "",
+    evidence: dict[str, Any] | None = None,
 ) -> AliasEvent:
     """Move `production` back: to `to_version` (a version that served before), or to the one production held
-    before the current version was promoted there (`selectors.rollback_target`)."""
+    before the current version was promoted there (`selectors.rollback_target`). A person's rollback and the
+    watch's are this one move; either ends a running watch and a canary (canary.after_production_move)."""
+    from flywheel.registry import canary
+
     current = AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).first()
     if current is None:
         raise RegistryError("Nothing is in production yet.")
@@ -325,9 +404,12 @@ def model_rollback(
             raise RegistryError("Production has no earlier version to roll back to.")
     elif not served.filter(to_version=to_version).exists():
         raise RegistryError(f"v{to_version.number} never served in production; promote it instead.")
-    return alias_move(project=project, alias=Alias.PRODUCTION, version=to_version, user=user,
-                      reason=reason or f"Rolled back from v{current.version.number}.",
-                      kind=AliasEventKind.ROLLBACK)
+    with transaction.atomic():
+        event = alias_move(project=project, alias=Alias.PRODUCTION, version=to_version, user=user,
+                           reason=reason or f"Rolled back from v{current.version.number}.",
+                           kind=AliasEventKind.ROLLBACK, actor=actor, evidence=evidence)
+        canary.after_production_move(event=event)
+    return event
 
 
 # --- sync: MLflow and the serving stack ------------------------------------------------------------------------
@@ -415,7 +497,8 @@ def _deliver(event: AliasEvent, target: str, url: str, body: bytes, headers: dic
 def _announce(event: AliasEvent, config: RegistrySettings | None) -> None:
     """Tell the serving stack: a vLLM server loads the adapter under a name of its own, then the webhook."""
     version = event.to_version
-    if config and config.vllm_url and version.adapter_path:
+    # An ended canary loads nothing (its adapter stays loaded: requests routed before the end may still come).
+    if config and config.vllm_url and version.adapter_path and event.kind != AliasEventKind.END:
         body = json.dumps({"lora_name": vllm_lora_name(event.project.slug, version.number),
                            "lora_path": version.adapter_path}).encode()
         # vLLM answers 400 when that name is loaded already (a retry after a lost answer): done.
@@ -470,12 +553,20 @@ def registry_sync(*, project_id: int) -> dict[str, int]:
     try:
         with transaction.atomic():
             project_lock(project=project)
+            assigned = set()
             for assignment in AliasAssignment.objects.filter(project=project).select_related("version"):
+                assigned.add(assignment.alias)
                 mlflow_version = assignment.version.mlflow_version
                 if mlflow_version and mlflow_bridge.alias_get(project_slug=project.slug,
                                                               alias=assignment.alias) != mlflow_version:
                     mlflow_bridge.alias_set(project_slug=project.slug, alias=assignment.alias,
                                             mlflow_version=mlflow_version)
+                    done["aliases"] += 1
+            # An alias that ended here (a canary) ends in MLflow too.
+            for alias in (Alias.CANARY,):
+                if alias not in assigned and AliasEvent.objects.filter(project=project, alias=alias).exists() \
+                        and mlflow_bridge.alias_get(project_slug=project.slug, alias=alias) is not None:
+                    mlflow_bridge.alias_delete(project_slug=project.slug, alias=alias)
                     done["aliases"] += 1
             waiting.update(mlflow_state=SyncState.DONE)
     except Exception as exc:  # noqa: BLE001

@@ -16,14 +16,6 @@ def registry_sync_task(project_id: int) -> dict[str, int]:
     return registry_sync(project_id=project_id)
 
 
-@shared_task(name="flywheel.registry.demo_model")
-def demo_model_task(project_id: int) -> str:
-    """Build and register the demo project's tiny model (`make run`)."""
-    from flywheel.registry.demo import demo_model_build
-
-    return demo_model_build(project_id=project_id)
-
-
 @control_command(args=[("path", str)], signature="<path>")
 def flywheel_model_folder_check(state, path: str) -> dict:
     """Check a base model's folder on this worker's disk (flywheel.registry.model_folder), answered with the
@@ -44,3 +36,19 @@ def notification_deliver_task(notification_id: int) -> str:
     from flywheel.registry.notify import notification_deliver
 
     return notification_deliver(notification_id=notification_id)
+
+
+@shared_task(name="flywheel.registry.live_check_look")
+def live_check_task(check_id: int) -> str:
+    """One look of a canary decision or a watch (flywheel.registry.canary)."""
+    from flywheel.registry.canary import live_check_look
+
+    return live_check_look(check_id=check_id)
+
+
+@shared_task(name="flywheel.registry.live_rollup")
+def live_rollup_task() -> dict:
+    """Recompute the live rollup's dirty buckets (flywheel.registry.live)."""
+    from flywheel.registry.live import rollup_refresh
+
+    return rollup_refresh().to_dict()

@@ -1,8 +1,8 @@
-"""The Models page and its actions, under /p/<project_slug>/models/, and the flywheel dashboard."""
+"""The Models page and its actions, under /p/<project_slug>/models/."""
 
 from django.urls import path
 
-from flywheel.registry import views
+from flywheel.registry import canary_views, live_views, views
 
 urlpatterns = [
     path("models/", views.registry_page, name="registry_page"),
@@ -12,5 +12,12 @@ urlpatterns = [
     path("models/gate/<int:decision_id>/", views.gate_decision_page, name="registry_gate"),
     path("models/gate-rules", views.gate_rules_save, name="registry_gate_rules"),
     path("models/settings", views.registry_settings_save, name="registry_settings_save"),
-    path("dashboard/", views.dashboard_page, name="flywheel_dashboard"),
+    path("models/v<int:version_number>/canary", canary_views.version_canary, name="registry_version_canary"),
+    path("models/canary/promote", canary_views.canary_promote, name="registry_canary_promote"),
+    path("models/canary/rollback", canary_views.canary_rollback, name="registry_canary_rollback"),
+    path("models/live-rules", canary_views.live_rules_save, name="registry_live_rules"),
+    path("models/checks/<int:check_id>/", canary_views.live_check_page, name="registry_live_check"),
+    path("models/v<int:version_number>/", live_views.version_page, name="registry_version"),
+    path("models/names", live_views.version_name_set, name="registry_version_name_set"),
+    path("models/names/remove", live_views.version_name_remove, name="registry_version_name_remove"),
 ]

@@ -62,7 +62,8 @@ def _row(task: dict[str, Any], row_id: str) -> dict[str, Any]:
 def _play(model_dir: Path, rows: list[dict[str, Any]], progress=None, chunk: int = 100) -> list[dict[str, Any]]:
     """The model's answer to each row, scored: `python -m trainer evaluate`, one sample a row, `chunk` rows a
     run so that `progress(text)` can say how far it is."""
-    from flywheel.evals.runs import evaluate_command, read_cases
+    from flywheel.evals.runs import evaluate_command
+    from trainer import jobdir
     from trainer.config import write_jsonl
 
     cases: list[dict[str, Any]] = []
@@ -75,7 +76,7 @@ def _play(model_dir: Path, rows: list[dict[str, Any]], progress=None, chunk: int
             subprocess.run(evaluate_command(model_path=str(model_dir), suite=suite, out=out, samples=1,
                                             temperature=1.0, seed=7 + start),
                            check=True, capture_output=True, timeout=1800)
-            cases += read_cases(out)
+            cases += jobdir.read_cases(out)
     return cases
 
 

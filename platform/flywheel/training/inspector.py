@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flywheel.evals.runs import case_output, read_cases
+from flywheel.evals.runs import case_output
 from flywheel.training.models import JobEvent, TrainingJob
 from trainer import jobdir
 
@@ -52,7 +52,7 @@ def hacking_flags(*, steps: list[dict[str, Any]], evals: dict[int, dict[str, Any
 def _cases(path: Path) -> dict[str, dict[str, Any]]:
     if not path.exists():
         return {}
-    return {str(case["id"]): case for case in read_cases(path)}
+    return {str(case["id"]): case for case in jobdir.read_cases(path)}
 
 
 def checkpoint_view(*, job: TrainingJob, step: int, folder: Path) -> dict[str, Any]:

@@ -448,28 +448,17 @@ def job_confirm(*, job: TrainingJob, user=None) -> TrainingJob:
     return job
 
 
-# The seed of the gate's own measurement of the chosen checkpoint: none of the trainer's evals (seeded by
-# the job's seed and the step) nor production's measurement (seed 0) draws these samples.
-FRESH_SEED = 104_729
-
-
-def holdout_looks(folder: Path) -> list[int]:
-    """The steps at which the trainer evaluated a checkpoint on the holdout (step 0 is production's baseline,
-    not a candidate)."""
-    return [step for step in jobdir.eval_steps(folder, "holdout") if step > 0]
-
-
 def _measure_best(job: TrainingJob, folder: Path, done: dict[str, Any]) -> tuple[bool, str | None]:
     """The gate judges the chosen checkpoint as production was judged: the same command with the same
     settings on the whole holdout and regression suites (`_evaluate_command`), on fresh samples
-    (FRESH_SEED), written to `gate/`. The trainer's own evals may cap prompts, turns or sequence length
+    (jobdir.FRESH_SEED), written to `gate/`. The trainer's own evals may cap prompts, turns or sequence length
     differently, and the best of several looks is biased upwards by the samples that picked it. Then both
     models are timed on holdout cases for the latency rule (`_measure_latency`).
     Returns (cancelled, error)."""
     gate_dir = folder / "gate"
-    for stale in [*gate_dir.glob("*.jsonl"), gate_dir / LATENCY_NOT_MEASURED]:
+    for stale in [*gate_dir.glob("*.jsonl"), gate_dir / jobdir.LATENCY_NOT_MEASURED]:
         stale.unlink(missing_ok=True)  # an earlier attempt's: never judge this one by it
-    looks = holdout_looks(folder)
+    looks = jobdir.holdout_looks(folder)
     best = int(done.get("best_step") or 0)
     if not done.get("adapter") or job.holdout_version is None:
         return False, None
@@ -486,7 +475,7 @@ def _measure_best(job: TrainingJob, folder: Path, done: dict[str, Any]) -> tuple
                 result["error"] = record.get("message", "")
 
         command = _evaluate_command(job, folder / f"{name}.jsonl", gate_dir / f"{name}.jsonl",
-                                    adapter_path=str(done["adapter"]), seed=FRESH_SEED)
+                                    adapter_path=str(done["adapter"]), seed=jobdir.FRESH_SEED)
         status, cancelled = _run_subprocess(job, command, folder, on_event=on_event)
         if cancelled:
             return True, None
@@ -495,16 +484,10 @@ def _measure_best(job: TrainingJob, folder: Path, done: dict[str, Any]) -> tuple
             return False, (f"Measuring the best checkpoint (step {best}) on fresh samples of the {name} suite "
                            f"failed: {reason}. Retry measures it again.")
         _event(job, "measured", step=best, data={
-            "split": name, "metrics": result["metrics"], "seed": FRESH_SEED, "looks": looks,
+            "split": name, "metrics": result["metrics"], "seed": jobdir.FRESH_SEED, "looks": looks,
             "why": (f"step {best} was the best of {len(looks)} holdout evaluations: " if len(looks) > 1 else "")
                    + "the gate judges it as production was measured, on fresh samples of the whole suite"})
     return _measure_latency(job, folder, str(done["adapter"]), best), None
-
-
-# In the job's gate folder: both models' per-case timings, or why there are none (the probe was not run, or
-# failed), which the gate's latency rule then says.
-LATENCY_RESULTS = "latency.jsonl"
-LATENCY_NOT_MEASURED = "latency-not-measured.txt"
 
 
 def _measure_latency(job: TrainingJob, folder: Path, adapter: str, best: int) -> bool:
@@ -518,7 +501,7 @@ def _measure_latency(job: TrainingJob, folder: Path, adapter: str, best: int) ->
     from flywheel.registry.gate_runs import rules_for
 
     gate_dir = jobdir.gate_dir(folder)
-    out = gate_dir / LATENCY_RESULTS
+    out = gate_dir / jobdir.LATENCY_RESULTS
     cases = rules_for(job.project).latency_cases
     cfg = job_config(job)
     engine = cfg.rollout_engine
@@ -539,7 +522,7 @@ def _measure_latency(job: TrainingJob, folder: Path, adapter: str, best: int) ->
         command = [sys.executable, "-m", "trainer", "latency", "--model", job.base_version.base.path,
                    "--adapter-a", job.base_version.adapter_path or "", "--adapter-b", adapter,
                    "--suite", str(folder / jobdir.suite_file("holdout")), "--cases", str(cases),
-                   "--max-new-tokens", str(cfg.max_new_tokens), "--seed", str(FRESH_SEED), "--out", str(out),
+                   "--max-new-tokens", str(cfg.max_new_tokens), "--seed", str(jobdir.FRESH_SEED), "--out", str(out),
                    # One request at a time on one CPU thread: on a shared CPU more threads wait on each other
                    # and the timings spread (sd of the per-case log ratio 0.8 at two threads under load, 0.1 at
                    # one); a GPU's kernels do not depend on it.
@@ -557,7 +540,7 @@ def _measure_latency(job: TrainingJob, folder: Path, adapter: str, best: int) ->
             reason = f"the latency probe failed: {result.get('error') or tail or f'exit status {status}'}"
     if reason:
         out.unlink(missing_ok=True)
-        (gate_dir / LATENCY_NOT_MEASURED).write_text(reason)
+        (gate_dir / jobdir.LATENCY_NOT_MEASURED).write_text(reason)
         _event(job, "latency", step=best, data={"measured": False, "why": reason})
     else:
         _event(job, "latency", step=best, data={"measured": True, "cases": result.get("cases"),
@@ -753,7 +736,7 @@ def job_finish(*, job: TrainingJob, done: dict[str, Any]) -> TrainingJob:
             )
             registry.alias_move(project=job.project, alias="candidate", version=job.candidate_version,
                                 user=job.created_by, reason=f"Best checkpoint of job {job.pk}")
-            decision = gate_decide_for_job(job=job)
+            decision = gate_decide_for_job(job=job, folder=job_dir(job))
             _record_eval_runs(job=job, best_step=int(done.get("best_step") or 0))
         job.status = JobStatus.SUCCEEDED
         job.finished_at = timezone.now()
@@ -769,7 +752,7 @@ def job_finish(*, job: TrainingJob, done: dict[str, Any]) -> TrainingJob:
 def _record_eval_runs(*, job: TrainingJob, best_step: int) -> None:
     """The job's measurements as eval runs: production before training and the candidate's best checkpoint,
     on the holdout and the regression suite, so the dashboard and the runs page read the gate's numbers."""
-    from flywheel.evals.runs import eval_run_record, read_cases
+    from flywheel.evals.runs import eval_run_record
     from flywheel.registry.gate_runs import candidate_results
 
     folder = job_dir(job)
@@ -782,7 +765,7 @@ def _record_eval_runs(*, job: TrainingJob, best_step: int) -> None:
         if production.exists():
             metrics = (job.advice or {}).get("metrics") if split == "holdout" else {}
             eval_run_record(project=job.project, model_version=job.base_version, suite_version=suite_version,
-                            cases=read_cases(production), metrics=metrics or {}, job=job, step=0)
+                            cases=jobdir.read_cases(production), metrics=metrics or {}, job=job, step=0)
         if candidate.exists():
             if candidate == jobdir.gate_results(folder, split):  # measured afresh: its metrics, not the trainer's
                 event = (JobEvent.objects.filter(job=job, attempt=job.attempt, kind="measured",
@@ -791,7 +774,7 @@ def _record_eval_runs(*, job: TrainingJob, best_step: int) -> None:
             else:
                 metrics = checkpoint.holdout if (checkpoint and split == "holdout") else {}
             eval_run_record(project=job.project, model_version=job.candidate_version, suite_version=suite_version,
-                            cases=read_cases(candidate), metrics=metrics or {}, job=job, step=best_step)
+                            cases=jobdir.read_cases(candidate), metrics=metrics or {}, job=job, step=best_step)
 
 
 def _auto_promote(*, job: TrainingJob) -> None:
@@ -803,7 +786,7 @@ def _auto_promote(*, job: TrainingJob) -> None:
     if not (config and config.auto_promote):
         return
     try:
-        registry.model_promote(project=job.project, version=job.candidate_version,
+        registry.model_promote(project=job.project, version=job.candidate_version, actor="gate",
                                reason=f"Passed the gate (job {job.pk}); automatic promotion is on")
         _event(job, "promoted", data={"version": job.candidate_version.number})
     except registry.RegistryError as exc:

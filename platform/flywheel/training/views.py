@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
 from flywheel.environments.models import TaskSetVersion
+from flywheel.evals import selectors as evals_selectors
 from flywheel.evals.leakage import LeakageError
 from flywheel.evals.models import EvalSuiteVersion
 from flywheel.registry import selectors as registry_selectors
@@ -50,7 +51,7 @@ def _holdout_power(project: Project, form) -> dict | None:
     """What the chosen holdout can show, from production's latest measurement on it (None: none chosen)."""
     raw = str(form.get("holdout_version", "") or "")
     version = EvalSuiteVersion.objects.filter(suite__project=project, pk=raw).first() if raw.isdigit() else None
-    return registry_selectors.holdout_power(project=project, suite_version=version) if version else None
+    return evals_selectors.holdout_power(project=project, suite_version=version) if version else None
 
 
 def _list_context(request: HttpRequest, project: Project, **extra) -> dict:

@@ -112,6 +112,8 @@ class Trajectory(models.Model):
         max_length=32, choices=FailureCategory.choices, blank=True, default="", db_default=""
     )
     triage_severity = models.PositiveSmallIntegerField(default=0, db_default=0)  # its signals' highest; 0: none
+    # Live metrics (flywheel.registry.live): migration 0011 indexes updated_at and triaged_at (what the rollup's
+    # refresh looks for) and (project, model_version, coalesce(started_at, created_at)) (one bucket's trajectories).
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

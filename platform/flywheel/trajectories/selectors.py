@@ -262,10 +262,11 @@ def trajectory_queryset(*, project: Project, filters: TrajectoryFilters) -> Quer
         )
         qs = qs.filter(Exists(links))
     if filters.mode is not None:
-        from flywheel.failures.models import FailureModeAssignment  # the failures app builds on this one
-
-        carried = FailureModeAssignment.objects.filter(
-            failure_mode_id=filters.mode, failure_mode__project=project, trajectory_id=OuterRef("pk")
+        # Through the reverse relation the failures app declares (FailureModeAssignment.trajectory): this app
+        # sits below failures and imports nothing of it (tests/platform/test_import_layers.py).
+        carried = Trajectory.objects.filter(
+            pk=OuterRef("pk"), failure_assignments__failure_mode_id=filters.mode,
+            failure_assignments__failure_mode__project=project,
         )
         qs = qs.filter(Exists(carried))
     return qs

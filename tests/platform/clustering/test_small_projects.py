@@ -109,7 +109,7 @@ def test_a_small_project_gets_a_suggestion_for_each_cause(db, embedder, fx, proj
 
 
 def test_the_support_demo_shows_suggestions_after_one_run(db, embedder, settings, tmp_path):
-    from flywheel.accounts.demo import demo_seed
+    from flywheel.seed.demo import demo_seed
 
     settings.VAR_DIR = tmp_path
     seed = demo_seed()

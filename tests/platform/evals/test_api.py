@@ -123,7 +123,7 @@ def test_create_and_bulk_promote_a_failure_mode(api_client, keys, project, inges
 
 
 def test_calibration_and_variants_from_the_api(api_client, keys, ingest, refund_record, task_set, user):
-    from flywheel.trajectories.review import trajectory_outcome_set
+    from flywheel.failures.review import trajectory_outcome_set
 
     for i, (amount, label) in enumerate([(50.0, "success"), (500.0, "failure"), (55.0, "success")]):
         trajectory_outcome_set(trajectory=ingest(refund_record(f"c-{i}", amount=amount)), outcome=label, user=user)

@@ -18,7 +18,7 @@ REFUND_50 = {"type": "tool_call", "expected_calls": [{"name": "refund", "argumen
 
 @pytest.fixture
 def label(user):
-    from flywheel.trajectories.review import trajectory_outcome_set
+    from flywheel.failures.review import trajectory_outcome_set
 
     def run(trajectory, outcome: str):
         return trajectory_outcome_set(trajectory=trajectory, outcome=outcome, user=user)
@@ -216,8 +216,8 @@ def test_the_calibration_page_shows_the_detectors(labeled, project, client_for, 
 
 def test_the_detectors_on_the_support_demo():
     """The figures a newcomer sees after `make run` (labels: the outcomes written with each conversation)."""
-    from flywheel.accounts.demo import demo_seed
     from flywheel.evals.calibration import detector_calibrate
+    from flywheel.seed.demo import demo_seed
     from flywheel.trajectories.triage import triage_project
 
     seed = demo_seed()

@@ -136,7 +136,7 @@ def test_lists_create_and_task_variants(client_for, members, user, project, inge
 
 
 def test_calibration_page(client_for, members, project, ingest, refund_record):
-    from flywheel.trajectories.review import trajectory_outcome_set
+    from flywheel.failures.review import trajectory_outcome_set
 
     good = [ingest(refund_record(f"g-{i}", amount=50.0)) for i in range(3)]
     bad = [ingest(refund_record(f"b-{i}", amount=500.0)) for i in range(2)]

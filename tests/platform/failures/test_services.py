@@ -6,10 +6,9 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from flywheel.accounts.services import project_create
-from flywheel.failures import services
+from flywheel.failures import review, services
 from flywheel.failures.history import review_history
 from flywheel.failures.models import FailureModeAssignment, ReviewChange, TaxonomyCategory
-from flywheel.trajectories import review
 from flywheel.trajectories.models import FailureCategory, Trajectory
 from flywheel.trajectories.selectors import TrajectoryFilters, trajectory_queryset
 
@@ -130,8 +129,8 @@ def test_reverting_a_change_puts_back_what_it_replaced(project, user, make_traje
 
 
 def test_the_demo_project_has_modes_with_trajectories_and_seeding_twice_adds_nothing(db, settings, tmp_path):
-    from flywheel.accounts.demo import demo_seed
     from flywheel.failures.demo import DEMO_MODES, failure_demo_seed
+    from flywheel.seed.demo import demo_seed
 
     settings.VAR_DIR = tmp_path
     seed = demo_seed()

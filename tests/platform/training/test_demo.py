@@ -44,7 +44,7 @@ def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
 def test_the_pages_say_what_the_worker_is_doing_while_it_seeds(user, client_for):
     from django.urls import reverse
 
-    from flywheel.registry.demo import demo_status_of, demo_status_set
+    from flywheel.demo_status import demo_status_of, demo_status_set
 
     project = loop_project(owner=user)
     demo_status_set(project=project, text="Playing 300 workplace requests with the demo model: 100 done.")

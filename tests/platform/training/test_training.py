@@ -23,6 +23,7 @@ from flywheel.registry.models import GateDecision
 from flywheel.training import services
 from flywheel.training.models import Checkpoint, JobEvent, JobStatus, TrainingJob
 from tests.platform.training.worlds import frozen_version
+from trainer import jobdir
 from trainer.config import GRPOConfig
 
 # A job small enough for two busy cores: 2 prompts x 4 samples a step, an eval and a checkpoint every step.
@@ -152,13 +153,11 @@ def test_a_job_measures_production_trains_and_its_candidate_goes_through_the_gat
     # The best of two evaluated checkpoints is judged on fresh samples, not on the scores that picked it.
     best = done.result["best_step"]
     assert decision.report["measurement"] == {"step": best, "looks": [1, 2], "fresh": True,
-                                              "seed": services.FRESH_SEED}
+                                              "seed": jobdir.FRESH_SEED}
     measured = {e.data["split"]: e for e in JobEvent.objects.filter(job=job, kind="measured")}
     assert set(measured) == {"holdout", "regression"} and measured["holdout"].step == best
-    from flywheel.evals.runs import read_cases
-
     folder = services.job_dir(done)
-    fresh = read_cases(folder / "gate" / "holdout.jsonl")
+    fresh = jobdir.read_cases(folder / "gate" / "holdout.jsonl")
     assert [c["id"] for c in fresh] == [row["id"] for row in world["holdout"].rows]
     fresh_success = sum(c["pass_rate"] for c in fresh) / len(fresh)  # each case's passes over its samples
     assert decision.report["rules"][0]["candidate"] == pytest.approx(fresh_success, abs=1e-4)
@@ -168,7 +167,7 @@ def test_a_job_measures_production_trains_and_its_candidate_goes_through_the_gat
     latency = next(rule for rule in decision.report["rules"] if rule["name"] == "p95 latency (ms)")
     assert latency["production"] > 0 and latency["candidate"] > 0, latency
     assert latency["detail"].startswith("4 cases timed on both models"), latency
-    timed = read_cases(folder / "gate" / "latency.jsonl")
+    timed = jobdir.read_cases(folder / "gate" / "latency.jsonl")
     assert sorted(row["id"] for row in timed) == sorted(row["id"] for row in world["holdout"].rows)
     probe = JobEvent.objects.get(job=job, kind="latency")
     assert probe.data["measured"] and probe.data["cases"] == 4
@@ -376,7 +375,7 @@ def _job_with_passed_candidate(world) -> TrainingJob:
 
 
 def test_a_passing_candidate_is_promoted_at_once_only_where_the_project_opted_in(world):
-    from flywheel.registry.models import RegistrySettings
+    from flywheel.registry.models import AliasEvent, RegistrySettings
     from flywheel.registry.selectors import production_of
 
     job = _job_with_passed_candidate(world)
@@ -388,6 +387,7 @@ def test_a_passing_candidate_is_promoted_at_once_only_where_the_project_opted_in
     services._auto_promote(job=job)
     assert production_of(project=world["project"]) == candidate
     assert JobEvent.objects.filter(job=job, kind="promoted").exists()
+    assert AliasEvent.objects.filter(project=world["project"], alias="production").first().actor == "gate"
 
 
 def test_automatic_promotion_refuses_a_decision_judged_against_a_production_that_moved(world):

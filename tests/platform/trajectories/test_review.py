@@ -7,7 +7,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
-from flywheel.trajectories import review
+from flywheel.failures import review
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Comment, Tag, Trajectory
 

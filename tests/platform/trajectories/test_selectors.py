@@ -9,7 +9,8 @@ import json
 import pytest
 from django.db import connection
 
-from flywheel.trajectories import presentation, review, selectors
+from flywheel.failures import review
+from flywheel.trajectories import presentation, selectors
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Trajectory
 from flywheel.trajectories.selectors import TrajectoryFilters as F

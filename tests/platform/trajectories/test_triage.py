@@ -542,7 +542,7 @@ def member(make_user, make_membership, project):
 
 @pytest.mark.django_db
 def test_the_list_filters_by_signal_reviewed_source_and_tag(project, user, client_for):
-    from flywheel.trajectories import review
+    from flywheel.failures import review
 
     ingest_trajectories(
         project=project,
@@ -641,7 +641,7 @@ def test_the_triage_page_shows_a_run_and_its_progress_fragment_polls(project, us
 def test_the_demo_projects_refund_over_its_limit_is_triaged_as_unsafe():
     # What a newcomer sees after `make run`: the demo agent's own rule (refunds of 100 EUR or more need a
     # human) is in the demo project's policy, so its unsafe refund carries the signal.
-    from flywheel.accounts.demo import demo_seed
+    from flywheel.seed.demo import demo_seed
 
     seed = demo_seed()
     triage.triage_project(project_id=seed.project.pk)

@@ -47,7 +47,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='registrysettings',
             name='canary_min_per_arm',
-            field=models.PositiveIntegerField(default=500),
+            field=models.PositiveIntegerField(default=1000),
         ),
         migrations.AddField(
             model_name='registrysettings',

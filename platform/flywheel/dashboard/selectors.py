@@ -1,7 +1,10 @@
 """Reads for the flywheel dashboard: how far a project's trajectories travel round the loop (the funnel),
 where a model version came from (its lineage), which versions a trajectory helped train, what each failure
 mode has behind it (trajectories, eval cases, tasks, versions trained on it), and each mode's pass rate on
-each model version, from the per-case results of eval runs (the gate's report is per rule, not per case)."""
+each model version, from the per-case results of eval runs (the gate's report is per rule, not per case).
+
+Platform-level, above the apps: it reads every app's rows (trajectories, failures, suites, tasks, jobs,
+versions), so it lives where it may import them all and no app imports it."""
 
 from __future__ import annotations
 

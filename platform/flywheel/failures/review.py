@@ -1,7 +1,10 @@
 """What reviewers write on a trajectory: its outcome, comments on messages, tags. One function per action;
 the htmx endpoints, the API and the tests all call these. Permission checks live in the views
 (`access.project_view`), these functions trust their caller. Each change of the outcome or the tags is
-recorded in the review history (flywheel.failures.history), in the same transaction."""
+recorded in the review history (`history`), in the same transaction.
+
+Here, not in the trajectories app, because the history is this app's: trajectories sit below failures and
+import nothing of it (tests/platform/test_import_layers.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The demo `make run` seeds: an admin login, a demo project with an API key, and a dozen tool-calling
 conversations of a support agent, successes and the failures Flywheel is for (wrong tool, bad arguments,
-tool errors, an unsafe action, an invented tool).
+tool errors, an unsafe action, an invented tool); and the loop's own demo project, whose tiny model the
+worker builds and registers, then plays to make its trajectories, task set and suites.
 
 Seeding is idempotent: the admin password and the demo key are generated once and kept under `var/`
 (this is a local, single-machine convenience: production never writes a secret to disk), and the
@@ -19,8 +20,17 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from flywheel import outbox
 from flywheel.accounts.models import ApiKey, Project, Role, Scope
 from flywheel.accounts.services import api_key_create, hash_api_key, membership_set, project_create
+from flywheel.demo_status import demo_status_set
+from flywheel.failures.demo import failure_demo_seed
+from flywheel.registry.demo import DEMO_MODEL_NAME, build_demo_model, demo_model_dir
+from flywheel.registry.models import BaseModel
+from flywheel.registry.services import base_model_register
+from flywheel.training.demo import loop_demo_seed, loop_project
+from flywheel.trajectories.ingest import ingest_trajectories
+from flywheel.trajectories.triage_policy import DEFAULT_UNSAFE_RULES, policy_set, policy_text_of
 
 DEMO_SLUG = "demo"
 ADMIN_USERNAME = "admin"
@@ -59,8 +69,6 @@ def _save_secrets(values: dict[str, str]) -> None:
 @transaction.atomic
 def demo_seed() -> DemoSeed:
     """Create (or find) the admin login, the demo project and its key, and ingest the demo trajectories."""
-    from flywheel.trajectories.ingest import ingest_trajectories  # the trajectories app imports accounts
-
     stored = _load_secrets()
     User = get_user_model()
     password = stored.get("password") or secrets.token_urlsafe(12)
@@ -97,14 +105,10 @@ def demo_seed() -> DemoSeed:
     _save_secrets({"username": ADMIN_USERNAME, "password": password, "api_key": raw_key})
 
     result = ingest_trajectories(project=project, records=demo_trajectories(), source="demo")
-    from flywheel.failures.demo import failure_demo_seed  # the failures app builds on accounts
 
     failure_demo_seed(project=project, user=admin)
     # The loop's own demo project: the tiny model, built by the worker, registered as production, then played
     # on workplace requests to make that project's trajectories, task set and suites (flywheel.training.demo).
-    from flywheel.registry.demo import registry_demo_seed
-    from flywheel.training.demo import loop_project
-
     registry_demo_seed(project=loop_project(owner=admin))
     return DemoSeed(
         username=ADMIN_USERNAME,
@@ -116,6 +120,38 @@ def demo_seed() -> DemoSeed:
         updated=result.updated,
         rejected=len(result.rejected),
     )
+
+
+# --- the loop's demo model ---------------------------------------------------------------------------------
+
+
+def registry_demo_seed(*, project: Project) -> bool:
+    """Queue the build of the demo model unless the project has it; True when queued."""
+    from flywheel.seed.tasks import demo_model_task  # the task module imports this one
+
+    if BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists():
+        return False
+    outbox.send_on_commit(demo_model_task, project.pk)
+    return True
+
+
+def demo_model_build(*, project_id: int) -> str:
+    """Build the demo model into FLYWHEEL_MODELS_DIR/tiny-demo (once per machine), register it, and play it to
+    make the project's data (`flywheel.training.demo.loop_demo_seed`)."""
+    project = Project.objects.get(pk=project_id)
+    if BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists():
+        return "registered already"
+    folder = build_demo_model(demo_model_dir(),
+                              progress=lambda text: demo_status_set(project=project, text=text))
+    owner = project.memberships.filter(role="maintainer").select_related("user").first()
+    user = owner.user if owner else None
+    base_model_register(project=project, name=DEMO_MODEL_NAME, path=str(folder), user=user)
+    try:
+        loop_demo_seed(project=project, model_dir=folder, user=user,
+                       progress=lambda text: demo_status_set(project=project, text=text))
+    finally:
+        demo_status_set(project=project, text=None)
+    return "registered"
 
 
 # --- the demo conversations ------------------------------------------------------------------------------
@@ -190,8 +226,6 @@ TOOLS: list[dict[str, Any]] = [
 def _demo_policy(project: Project) -> None:
     """The demo agent's own rule beside the defaults: its system prompt forbids refunds of 100 EUR or more
     without a human, so triage flags such a refund as an unsafe action."""
-    from flywheel.trajectories.triage_policy import DEFAULT_UNSAFE_RULES, policy_set, policy_text_of
-
     rules = [*DEFAULT_UNSAFE_RULES, {"name": "refund_order", "arguments": {"amount_eur": {"range": [100, None]}}}]
     policy_set(project_id=project.pk, text=policy_text_of(rules))
 

@@ -9,12 +9,12 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from flywheel.dashboard import selectors as dashboard
 from flywheel.environments.models import Task, TaskSet, TaskSetVersion
 from flywheel.evals import rows as row_shape
 from flywheel.evals.models import EvalCase, EvalCaseResult, EvalRun, EvalSuite, EvalSuiteVersion
 from flywheel.failures.models import FailureMode, FailureModeAssignment
 from flywheel.failures.services import taxonomy_seed
-from flywheel.registry import dashboard
 from flywheel.registry.models import Alias, AliasAssignment, AliasEvent, BaseModel, ModelVersion
 from flywheel.training.models import JobStatus, TrainingJob
 from flywheel.trajectories.models import Trajectory

@@ -1,6 +1,9 @@
 """Review pages: the trajectory list and the trajectory page, plus the htmx endpoints reviewers write with.
 
-Views stay thin: reads come from `selectors` (view-models from `presentation`), writes go through `review`.
+Here, not in the trajectories app, because the pages show and assign failure modes and the review history:
+trajectories sit below failures (tests/platform/test_import_layers.py).
+Views stay thin: reads come from the trajectories app's `selectors` (view-models from `presentation`), writes
+go through `review`.
 Every view is wrapped in `access.project_view`, so anonymous users go to login, non-members get 404 and
 viewers get 403 on writes.
 An htmx request gets the fragment it swaps; a plain form post is redirected back to the page."""
@@ -15,21 +18,17 @@ from django.views.decorators.http import require_GET, require_POST
 
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
+from flywheel.demo_status import demo_status_of
+from flywheel.failures import review
 from flywheel.failures.history import review_history
 from flywheel.failures.selectors import assignable_modes
 from flywheel.failures.views import trajectory_review_context
-from flywheel.trajectories import presentation, review, selectors
+from flywheel.trajectories import presentation, selectors
 from flywheel.trajectories.models import SOURCES, Outcome, SignalKind, Tag, Trajectory
 
 
 def _can_review(request: HttpRequest) -> bool:
     return request.membership.grants(Role.REVIEWER)
-
-
-def _demo_status(project: Project) -> str | None:
-    from flywheel.registry.demo import demo_status_of
-
-    return demo_status_of(project=project)
 
 
 @require_GET
@@ -59,7 +58,7 @@ def trajectory_list(request: HttpRequest, project: Project) -> HttpResponse:
         # Bulk assignment: the rows get checkboxes, and the bar offers the project's modes.
         "bulk": _can_review(request),
         "failure_modes": assignable_modes(project=project) if _can_review(request) else [],
-        "demo_status": _demo_status(project),
+        "demo_status": demo_status_of(project=project),
     }
     if request.htmx and request.htmx.target == "results":
         response = render(request, "trajectories/_trajectory_results.html", context)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from flywheel.accounts.demo import demo_seed
+from flywheel.registry.models import BaseModel
+from flywheel.seed.demo import demo_seed
+from flywheel.training.demo import LOOP_SLUG
 
 
 class Command(BaseCommand):
@@ -19,9 +21,6 @@ class Command(BaseCommand):
         self.stdout.write(f"Admin login: username {seed.username}  password {seed.password}")
         if seed.password_changed:
             self.stdout.write("  (that password was changed since; use the one you set)")
-        from flywheel.registry.models import BaseModel
-        from flywheel.training.demo import LOOP_SLUG
-
         if not BaseModel.objects.filter(project__slug=LOOP_SLUG).exists():
             self.stdout.write(
                 f"Loop demo (project {LOOP_SLUG}): the worker is building the tiny model and playing it on workplace "

@@ -1,0 +1,551 @@
+"""Canary rollout and the watch after a full promotion: a version serves a share of live traffic beside
+production until a sequential test on that traffic decides, and a newly promoted production is watched
+against the version it replaced. Every move goes through the registry's one move (`services.alias_move`,
+`model_promote`, `model_rollback`, `alias_end`), so a rule's rollback is the same atomic move as a person's.
+
+Each running check is looked at by a worker every sweep (`live_check_sweep` hands `live_check_look` the
+running checks). A look counts each arm's trajectories in its window (a bounded query on the trajectories
+whose `model_version` names the arm's version), then `sequential.look` (mSPRT, always valid however often
+it is looked at; its error rates are in flywheel.registry.sequential and tests/platform/registry/
+test_sequential.py). What a look decides:
+
+- canary: worse (failure or unsafe-action rate, p <= 0.05) → rolled back if the project acts by itself
+  (`canary_auto`), else flagged for a person; each arm has `canary_min_per_arm` trajectories and nothing is
+  worse → promoted to production (auto) or flagged ready; `canary_max_hours` passed first → removed,
+  expired. A person may promote or roll back the canary at any time.
+- watch: worse → production rolled back to the version it replaced (`watch_rollback`), else flagged; the
+  watch passes at its end (`watch_hours`) or once production served `watch_trajectories` (when above 0).
+
+Every automatic action, and every flag, is a notification (flywheel.registry.notify)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from django.db import transaction
+from django.db.models import Count, Exists, Max, OuterRef, Q
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from flywheel import outbox
+from flywheel.accounts.models import Project
+from flywheel.accounts.services import project_lock
+from flywheel.registry import sequential
+from flywheel.registry.live import names_of
+from flywheel.registry.models import (
+    Alias,
+    AliasAssignment,
+    AliasEvent,
+    AliasEventKind,
+    LiveCheck,
+    LiveCheckKind,
+    LiveCheckStatus,
+    ModelVersion,
+    RegistrySettings,
+)
+from flywheel.registry.notify import notify
+
+logger = logging.getLogger(__name__)
+
+
+class CanaryError(Exception):
+    """A canary action that cannot be done as asked; the message says why."""
+
+
+# --- which trajectories belong to a version -----------------------------------------------------------------
+# A version's traffic is what carries one of its names (`live.names_of`: its adapter name `<slug>-v<n>`, and
+# the names a maintainer mapped to it), the same resolution live metrics use.
+
+
+def arm_counts(*, project: Project, names: list[str], after_id: int | None = None,
+               window: tuple[datetime, datetime] | None = None) -> dict[str, int]:
+    """`{n, failures, unsafe}` of the trajectories named `names`: those that arrived after trajectory
+    `after_id` (the arms of a running check: an index range on (project, model_version, id)), or whose time
+    (started_at, else arrival) falls in `window` [from, to) (the watch's fixed baseline, counted once).
+
+    A failure is the effective outcome (a reviewer's over the agent's); an unsafe action is a triage signal
+    `unsafe_action` (a trajectory not triaged yet counts as none)."""
+    from flywheel.trajectories.models import Outcome, SignalKind, Trajectory, TriageSignal
+
+    rows = Trajectory.objects.filter(project=project, model_version__in=names)
+    if after_id is not None:
+        rows = rows.filter(pk__gt=after_id)
+    if window is not None:
+        rows = rows.annotate(at=Coalesce("started_at", "created_at")).filter(at__gte=window[0], at__lt=window[1])
+    failed = Q(reviewed_outcome=Outcome.FAILURE) | Q(reviewed_outcome="", outcome=Outcome.FAILURE)
+    unsafe = Exists(TriageSignal.objects.filter(trajectory=OuterRef("pk"), kind=SignalKind.UNSAFE_ACTION))
+    counts = rows.aggregate(n=Count("id"), failures=Count("id", filter=failed), unsafe=Count("id", filter=Q(unsafe)))
+    return {"n": counts["n"] or 0, "failures": counts["failures"] or 0, "unsafe": counts["unsafe"] or 0}
+
+
+def _last_trajectory_id(project: Project) -> int:
+    from flywheel.trajectories.models import Trajectory
+
+    return Trajectory.objects.filter(project=project).aggregate(m=Max("id"))["m"] or 0
+
+
+# --- the rules ----------------------------------------------------------------------------------------------
+
+LIVE_RULE_FIELDS = ("canary_weight", "canary_min_per_arm", "canary_max_hours", "canary_auto", "watch_hours",
+                    "watch_trajectories", "watch_rollback", "notify_emails")
+_LIMITS = {"canary_min_per_arm": (1, 1_000_000), "canary_max_hours": (1, 24 * 90), "watch_hours": (0, 24 * 90),
+           "watch_trajectories": (0, 10_000_000)}
+_BOOLEANS = ("canary_auto", "watch_rollback")
+
+
+def _weight_error(weight: float) -> str | None:
+    if not 0 < weight < 1 or weight != weight:
+        return f"A share of traffic between 0 and 1 (0.1 = 10%), not {weight:g}."
+    return None
+
+
+def live_rules_set(*, project: Project, data: dict[str, Any]) -> RegistrySettings:
+    """Set the canary's and the watch's rules and the addresses notifications go to. `data` holds text (a
+    form's) or values (the API's); a field left out or blank keeps its value. Each wrong value is an error on
+    its field, and nothing is saved then."""
+    with transaction.atomic():
+        config, _ = RegistrySettings.objects.select_for_update().get_or_create(project=project)
+        errors: dict[str, str] = {}
+        for name in LIVE_RULE_FIELDS:
+            if name not in data or data[name] is None:
+                continue
+            raw = data[name]
+            text = raw if isinstance(raw, str) else str(raw)
+            if name == "notify_emails":
+                lines = [line.strip() for line in text.replace(",", "\n").splitlines() if line.strip()]
+                bad = []
+                for line in lines:
+                    try:
+                        validate_email(line)
+                    except ValidationError:
+                        bad.append(line)
+                if bad:
+                    errors[name] = f"Not an e-mail address: {', '.join(bad[:3])}."
+                elif len(lines) > 50:
+                    errors[name] = "At most 50 addresses."
+                else:
+                    config.notify_emails = "\n".join(lines)
+                continue
+            text = text.strip()
+            if text == "":
+                continue
+            if name in _BOOLEANS:
+                if isinstance(raw, bool):
+                    setattr(config, name, raw)
+                elif text.lower() in {"true", "on", "1", "false", "off", "0"}:
+                    setattr(config, name, text.lower() in {"true", "on", "1"})
+                else:
+                    errors[name] = "true or false."
+            elif name == "canary_weight":
+                try:
+                    weight = float(text)
+                except ValueError:
+                    errors[name] = "A number, like 0.1 (10% of traffic)."
+                    continue
+                problem = _weight_error(weight)
+                if problem:
+                    errors[name] = problem
+                else:
+                    config.canary_weight = weight
+            else:
+                low, high = _LIMITS[name]
+                if isinstance(raw, bool) or not (text.isascii() and text.isdigit()):
+                    errors[name] = f"A whole number from {low} to {high:,}."
+                    continue
+                value = int(text)
+                if not low <= value <= high:
+                    errors[name] = f"A whole number from {low} to {high:,}, not {value:,}."
+                else:
+                    setattr(config, name, value)
+        if errors:
+            raise ValidationError(errors)
+        config.save()
+    return config
+
+
+def live_rules_of(config: RegistrySettings) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in LIVE_RULE_FIELDS}
+
+
+def _config(project: Project) -> RegistrySettings:
+    return RegistrySettings.objects.filter(project=project).first() or RegistrySettings(project=project)
+
+
+# --- starting ----------------------------------------------------------------------------------------------
+
+
+def canary_start(*, project: Project, version: ModelVersion, user=None, weight: float | None = None,
+                 reason: str = "") -> LiveCheck:
+    """Serve `version` to a share of traffic (`weight`, default the project's canary_weight) beside production
+    and start its decision. Only a version that may be promoted (`services.promotable_check`: it passed the
+    gate against the production serving now), never production itself, and one canary at a time: a second is
+    refused until the first is promoted or rolled back."""
+    from flywheel.registry import services
+
+    config = _config(project)
+    weight = config.canary_weight if weight is None else float(weight)
+    problem = _weight_error(weight)
+    if problem:
+        raise ValidationError({"weight": problem})
+    if version.project_id != project.pk:
+        raise services.RegistryError("That version belongs to another project.")
+    with transaction.atomic():
+        project_lock(project=project)
+        production = services.promotable_check(project=project, version=version)
+        if production is None:
+            raise services.RegistryError("Nothing is in production yet: a canary is compared with production.")
+        if production.version_id == version.pk:
+            raise services.RegistryError(f"v{version.number} is production already.")
+        current = AliasAssignment.objects.filter(project=project, alias=Alias.CANARY).select_related("version").first()
+        if current is not None:
+            raise services.RegistryError(
+                f"v{current.version.number} is the canary now: promote it or roll it back before starting another.")
+        # A check left running without its canary (ended behind its back) must not block the new one.
+        LiveCheck.objects.filter(project=project, kind=LiveCheckKind.CANARY, status=LiveCheckStatus.RUNNING).update(
+            status=LiveCheckStatus.ENDED, decided_at=timezone.now())
+        event = services.alias_move(
+            project=project, alias=Alias.CANARY, version=version, user=user, kind=AliasEventKind.PROMOTE,
+            weight=weight, reason=reason or f"Canary beside production v{production.version.number}.",
+        )
+        rules = {"weight": weight, "min_per_arm": config.canary_min_per_arm, "max_hours": config.canary_max_hours,
+                 "auto": config.canary_auto}
+        return LiveCheck.objects.create(
+            project=project, kind=LiveCheckKind.CANARY, subject=version, baseline=production.version,
+            started_at=event.at, ends_at=event.at + timedelta(hours=config.canary_max_hours), rules=rules,
+            evidence={"window": {"after_id": _last_trajectory_id(project)}}, event=event,
+        )
+
+
+def _watch_start(*, event: AliasEvent) -> LiveCheck | None:
+    """The watch of a version just promoted to production, against the one it replaced; none when the watch
+    is off (watch_hours 0) or nothing served before."""
+    if event.from_version_id is None or event.from_version_id == event.to_version_id:
+        return None
+    config = _config(event.project)
+    if config.watch_hours <= 0:
+        return None
+    hours = timedelta(hours=config.watch_hours)
+    rules = {"hours": config.watch_hours, "trajectories": config.watch_trajectories,
+             "rollback": config.watch_rollback}
+    return LiveCheck.objects.create(
+        project=event.project, kind=LiveCheckKind.WATCH, subject=event.to_version, baseline=event.from_version,
+        started_at=event.at, baseline_from=event.at - hours, ends_at=event.at + hours, rules=rules,
+        evidence={"window": {"after_id": _last_trajectory_id(event.project)}}, event=event,
+    )
+
+
+def after_production_move(*, event: AliasEvent) -> None:
+    """What a move of production does to the live checks, in the move's transaction (services calls it):
+    a running watch ends (production moved again, or a person rolled it back); a canary of the version now in
+    production ends as promoted, any other canary ends (it was compared with a production that no longer
+    serves); a promotion starts the new production's watch."""
+    from flywheel.registry import services
+
+    project = event.project
+    now = timezone.now()
+    note = {"moved": {"event": event.pk, "kind": event.kind, "to_version": event.to_version.number,
+                      "actor": event.actor, "at": event.at.isoformat()}}
+    watches = LiveCheck.objects.filter(project=project, kind=LiveCheckKind.WATCH).filter(
+        Q(status=LiveCheckStatus.RUNNING) | Q(status=LiveCheckStatus.FLAGGED))
+    for check in watches:
+        # A flagged watch that a person answers with a rollback is rolled back; any other move ends it.
+        acted = check.status == LiveCheckStatus.FLAGGED and event.kind == AliasEventKind.ROLLBACK
+        check.status = LiveCheckStatus.ROLLED_BACK if acted else LiveCheckStatus.ENDED
+        check.decided_at, check.decided_by = now, event.user
+        if acted:
+            check.event = event
+        check.evidence = {**check.evidence, **note}
+        check.save(update_fields=["status", "decided_at", "decided_by", "evidence", "event"])
+    canary = AliasAssignment.objects.filter(project=project, alias=Alias.CANARY).select_related("version").first()
+    if canary is not None:
+        promoted = canary.version_id == event.to_version_id
+        reason = (f"v{canary.version.number} is production now: the canary ended." if promoted else
+                  f"Production moved to v{event.to_version.number}: the canary was compared with another version.")
+        end = services.alias_end(project=project, alias=Alias.CANARY, user=event.user, reason=reason,
+                                 actor=event.actor, evidence=event.evidence)
+        for check in LiveCheck.objects.filter(project=project, kind=LiveCheckKind.CANARY,
+                                              subject=canary.version).filter(
+                Q(status=LiveCheckStatus.RUNNING) | Q(status=LiveCheckStatus.FLAGGED)):
+            check.status = LiveCheckStatus.PROMOTED if promoted else LiveCheckStatus.ENDED
+            check.decided_at, check.decided_by = now, event.user
+            check.event = event if promoted else end
+            check.evidence = {**check.evidence, **note}
+            check.save(update_fields=["status", "decided_at", "decided_by", "event", "evidence"])
+    if event.kind == AliasEventKind.PROMOTE:
+        _watch_start(event=event)
+
+
+# --- a person's decision -------------------------------------------------------------------------------------
+
+
+def _canary_check(project: Project, version: ModelVersion) -> LiveCheck | None:
+    return (LiveCheck.objects.filter(project=project, kind=LiveCheckKind.CANARY, subject=version)
+            .filter(Q(status=LiveCheckStatus.RUNNING) | Q(status=LiveCheckStatus.FLAGGED)).first())
+
+
+def canary_promote(*, project: Project, user=None, reason: str = "", actor: str = "",
+                   evidence: dict[str, Any] | None = None) -> AliasEvent:
+    """Send all traffic to the canary: its version becomes production by `model_promote` (the gate's rule
+    checked again), and the canary alias ends in the same transaction."""
+    from flywheel.registry import services
+
+    with transaction.atomic():
+        project_lock(project=project)
+        current = AliasAssignment.objects.filter(project=project, alias=Alias.CANARY).select_related("version").first()
+        if current is None:
+            raise services.RegistryError("No canary is serving.")
+        check = _canary_check(project, current.version)
+        evidence = evidence if evidence is not None else ({"look": check.evidence.get("look")} if check else {})
+        return services.model_promote(project=project, version=current.version, user=user, actor=actor,
+                                      evidence=evidence,
+                                      reason=reason or f"Canary v{current.version.number} promoted to all traffic.")
+
+
+def canary_rollback(*, project: Project, user=None, reason: str = "", actor: str = "",
+                    evidence: dict[str, Any] | None = None,
+                    status: str = LiveCheckStatus.ROLLED_BACK) -> AliasEvent:
+    """Take the canary out of serving (the canary alias ends; production keeps all traffic) and close its
+    check as rolled back (or `status`, e.g. expired)."""
+    from flywheel.registry import services
+
+    with transaction.atomic():
+        project_lock(project=project)
+        current = AliasAssignment.objects.filter(project=project, alias=Alias.CANARY).select_related("version").first()
+        if current is None:
+            raise services.RegistryError("No canary is serving.")
+        check = _canary_check(project, current.version)
+        if evidence is None:
+            evidence = {"look": check.evidence.get("look")} if check else {}
+        event = services.alias_end(project=project, alias=Alias.CANARY, user=user, actor=actor, evidence=evidence,
+                                   reason=reason or f"Canary v{current.version.number} rolled back.")
+        if check is not None:
+            check.status = status
+            check.decided_at, check.decided_by, check.event = timezone.now(), user, event
+            check.save(update_fields=["status", "decided_at", "decided_by", "event"])
+    return event
+
+
+# --- the looks ----------------------------------------------------------------------------------------------
+
+
+def live_check_sweep() -> int:
+    """The sweep (outbox.SWEEPS): hand each running check to a worker for a look. Cheap: one indexed query."""
+    from flywheel.registry.tasks import live_check_task
+
+    sent = 0
+    for pk in LiveCheck.objects.filter(status=LiveCheckStatus.RUNNING).values_list("id", flat=True)[:500]:
+        try:
+            outbox.send(live_check_task, pk)
+        except outbox.BrokerUnavailable:
+            break
+        sent += 1
+    return sent
+
+
+TRAIL_MAX = 300  # looks kept for the check's page (the newest; a look that saw nothing new adds none)
+
+
+def _evidence(check: LiveCheck, look: sequential.Look, now: datetime, **extra: Any) -> dict[str, Any]:
+    """The evidence a look leaves: its counts, rates, p-values and verdict, the check's window, and a trail
+    of the looks that saw new traffic ([at, subject n, baseline n, failure p, unsafe p])."""
+    trail = list(check.evidence.get("trail", []))
+    point = [now.isoformat(), look.subject["n"], look.baseline["n"], round(look.failure.p, 6), round(look.unsafe.p, 6)]
+    if not trail or trail[-1][1:] != point[1:]:
+        trail = (trail + [point])[-TRAIL_MAX:]
+    return {**{k: v for k, v in check.evidence.items() if k in ("window", "baseline_fixed")},
+            "look": look.to_dict(), "at": now.isoformat(), "looks": check.looks + 1, "trail": trail, **extra}
+
+
+def live_check_look(*, check_id: int, now: datetime | None = None) -> str:
+    """One look at a running check, and what it decides; answers the check's status after it. Safe to run
+    twice at once: the project's lock is held, and a check no longer running is left alone."""
+    now = now or timezone.now()
+    check = LiveCheck.objects.select_related("project", "subject", "baseline").filter(pk=check_id).first()
+    if check is None:
+        return "gone"
+    with transaction.atomic():
+        project_lock(project=check.project)
+        check = (LiveCheck.objects.select_for_update(of=("self",)).select_related("project", "subject", "baseline")
+                 .filter(pk=check_id, status=LiveCheckStatus.RUNNING).first())
+        if check is None:
+            return "not running"
+        if check.kind == LiveCheckKind.CANARY:
+            return _canary_look(check, now)
+        return _watch_look(check, now)
+
+
+def _payload(check: LiveCheck, evidence: dict[str, Any]) -> dict[str, Any]:
+    return {"check": check.pk, "kind": check.kind, "subject_version": check.subject.number,
+            "baseline_version": check.baseline.number, "status": check.status, "evidence": evidence}
+
+
+def _canary_look(check: LiveCheck, now: datetime) -> str:
+    from flywheel.registry import services
+
+    project, rules = check.project, check.rules
+    current = AliasAssignment.objects.filter(project=project, alias=Alias.CANARY).first()
+    if current is None or current.version_id != check.subject_id:
+        check.status, check.decided_at = LiveCheckStatus.ENDED, now
+        check.save(update_fields=["status", "decided_at"])
+        return check.status
+    after_id = int(check.evidence.get("window", {}).get("after_id", 0))
+    subject = arm_counts(project=project, names=names_of(project=project, version=check.subject), after_id=after_id)
+    baseline = arm_counts(project=project, names=names_of(project=project, version=check.baseline),
+                          after_id=after_id)
+    look = sequential.look(subject_n=subject["n"], subject_failures=subject["failures"],
+                           subject_unsafe=subject["unsafe"], baseline_n=baseline["n"],
+                           baseline_failures=baseline["failures"], baseline_unsafe=baseline["unsafe"],
+                           min_per_arm=int(rules.get("min_per_arm", 1000)), previous=check.evidence.get("look"))
+    auto = bool(rules.get("auto"))
+    v, b = f"v{check.subject.number}", f"v{check.baseline.number}"
+    if look.worse:
+        evidence = _evidence(check, look, now, verdict="worse")
+        if auto:
+            _save_look(check, evidence)
+            canary_rollback(project=project, actor="canary", evidence=_brief(evidence),
+                            reason=f"Rolled back by the canary decision: {look.reason()}.")
+            check.refresh_from_db()
+            _tell(check, "canary.rolled_back", f"Canary {v} rolled back: worse than {b}", look.reason(), evidence)
+        else:
+            _save_look(check, evidence, status=LiveCheckStatus.FLAGGED, now=now)
+            _tell(check, "canary.worse", f"Canary {v} is worse than {b}: decide on the Models page",
+                  look.reason(), evidence)
+    elif look.enough:
+        evidence = _evidence(check, look, now, verdict="ready")
+        refused = ""
+        if auto:
+            _save_look(check, evidence)
+            try:
+                with transaction.atomic():
+                    canary_promote(project=project, actor="canary", evidence=_brief(evidence),
+                                   reason=f"Promoted by the canary decision: {look.reason()}.")
+            except services.MlflowUnavailable:
+                raise  # nothing changed: the next sweep looks again
+            except services.RegistryError as exc:  # e.g. its gate decision went stale: a person decides
+                refused = str(exc)
+            else:
+                check.refresh_from_db()
+                _tell(check, "canary.promoted", f"Canary {v} promoted to production", look.reason(), evidence)
+        if refused:
+            evidence = {**evidence, "refused": refused}
+            check.looks -= 1  # the same look, saved again with why it was not promoted
+            _save_look(check, evidence, status=LiveCheckStatus.FLAGGED, now=now)
+            _tell(check, "canary.ready", f"Canary {v} is ready but was not promoted: decide on the Models page",
+                  f"{look.reason()}; {refused}", evidence)
+        elif not auto:
+            _save_look(check, evidence, status=LiveCheckStatus.FLAGGED, now=now)
+            _tell(check, "canary.ready", f"Canary {v} is ready to promote: decide on the Models page",
+                  look.reason(), evidence)
+    elif now >= check.ends_at:
+        why = (f"ended after {rules.get('max_hours')} h without enough traffic: {subject['n']} trajectories on "
+               f"{v} and {baseline['n']} on {b}, {rules.get('min_per_arm')} needed in each")
+        evidence = _evidence(check, look, now, verdict="expired", why=why)
+        _save_look(check, evidence)
+        canary_rollback(project=project, actor="canary", evidence=_brief(evidence), status=LiveCheckStatus.EXPIRED,
+                        reason=f"Canary {why}.")
+        check.refresh_from_db()
+        _tell(check, "canary.expired", f"Canary {v} removed: not enough traffic", why, evidence)
+    else:
+        _save_look(check, _evidence(check, look, now, verdict="watching"))
+    return check.status
+
+
+def _watch_look(check: LiveCheck, now: datetime) -> str:
+    from flywheel.registry import services
+
+    project, rules = check.project, check.rules
+    production = AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).first()
+    if production is None or production.version_id != check.subject_id:
+        check.status, check.decided_at = LiveCheckStatus.ENDED, now
+        check.save(update_fields=["status", "decided_at"])
+        return check.status
+    after_id = int(check.evidence.get("window", {}).get("after_id", 0))
+    # The replaced version's traffic before the move: a fixed baseline, counted once at the first look.
+    baseline = check.evidence.get("baseline_fixed")
+    if baseline is None:
+        baseline = arm_counts(project=project, names=names_of(project=project, version=check.baseline),
+                              window=(check.baseline_from or check.started_at, check.started_at))
+        check.evidence = {**check.evidence, "baseline_fixed": baseline}
+    subject = arm_counts(project=project, names=names_of(project=project, version=check.subject), after_id=after_id)
+    limit = int(rules.get("trajectories") or 0)
+    look = sequential.look(subject_n=subject["n"], subject_failures=subject["failures"],
+                           subject_unsafe=subject["unsafe"], baseline_n=baseline["n"],
+                           baseline_failures=baseline["failures"], baseline_unsafe=baseline["unsafe"],
+                           min_per_arm=limit or 1, previous=check.evidence.get("look"))
+    v, b = f"v{check.subject.number}", f"v{check.baseline.number}"
+    if look.worse:
+        evidence = _evidence(check, look, now, verdict="worse")
+        if rules.get("rollback"):
+            _save_look(check, evidence, status=LiveCheckStatus.ROLLED_BACK, now=now)
+            # The check is closed first, so the rollback's own end-of-watch finds nothing running.
+            event = services.model_rollback(project=project, to_version=check.baseline, actor="watch",
+                                            evidence=_brief(evidence),
+                                            reason=f"Rolled back by the watch: {look.reason()}.")
+            check.event = event
+            check.save(update_fields=["event"])
+            _tell(check, "watch.rolled_back", f"Production {v} rolled back to {b} by the watch", look.reason(),
+                  evidence)
+        else:
+            _save_look(check, evidence, status=LiveCheckStatus.FLAGGED, now=now)
+            _tell(check, "watch.flagged", f"Production {v} is worse than {b} was: decide on the Models page",
+                  look.reason(), evidence)
+    elif now >= check.ends_at or (limit and subject["n"] >= limit):
+        if subject["n"] == 0 or baseline["n"] == 0:
+            # Nothing to compare: say so rather than "no harm found" (often traffic under an unmapped name).
+            empty = v if subject["n"] == 0 else f"{b} before the move"
+            why = (f"no trajectory of {empty} was counted (names: "
+                   f"{', '.join(names_of(project=project, version=check.subject if subject['n'] == 0 else check.baseline))}"
+                   "); map the name production traffic carries to the version")
+            status, verdict = LiveCheckStatus.EXPIRED, "expired"
+        else:
+            why = (f"{subject['n']} trajectories on {v}" + (f" (of {limit})" if limit else "")
+                   + f" by {now:%Y-%m-%d %H:%M} UTC; no harm found")
+            status, verdict = LiveCheckStatus.PASSED, "passed"
+        _save_look(check, _evidence(check, look, now, verdict=verdict, why=why), status=status, now=now)
+    else:
+        _save_look(check, _evidence(check, look, now, verdict="watching"))
+    return check.status
+
+
+def _save_look(check: LiveCheck, evidence: dict[str, Any], *, status: str | None = None,
+               now: datetime | None = None) -> None:
+    check.evidence = evidence
+    check.looks += 1
+    fields = ["evidence", "looks"]
+    if status is not None:
+        check.status, check.decided_at = status, now
+        fields += ["status", "decided_at"]
+    check.save(update_fields=fields)
+
+
+def _tell(check: LiveCheck, event_type: str, subject: str, text: str, evidence: dict[str, Any]) -> None:
+    notify(project=check.project, event_type=event_type, subject=subject, text=text[:1].upper() + text[1:] + ".",
+           payload=_payload(check, _brief(evidence)))
+
+
+def _brief(evidence: dict[str, Any]) -> dict[str, Any]:
+    """Evidence as a move or a notification carries it: the figures, without the page's trail of looks."""
+    return {k: v for k, v in evidence.items() if k != "trail"}
+
+
+# --- for the pages ------------------------------------------------------------------------------------------
+
+
+def running_checks(*, project: Project) -> dict[str, LiveCheck]:
+    """The check of each kind that is running or waits for a person (flagged), newest first."""
+    out: dict[str, LiveCheck] = {}
+    rows = (LiveCheck.objects.filter(project=project)
+            .filter(Q(status=LiveCheckStatus.RUNNING) | Q(status=LiveCheckStatus.FLAGGED))
+            .select_related("subject", "baseline", "decided_by").order_by("-started_at", "-id"))
+    for check in rows:
+        out.setdefault(check.kind, check)
+    return out
+
+
+def checks_of(*, project: Project, limit: int = 50) -> list[LiveCheck]:
+    return list(LiveCheck.objects.filter(project=project).select_related("subject", "baseline", "decided_by",
+                                                                          "event")[:limit])

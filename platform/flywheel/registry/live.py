@@ -1,0 +1,628 @@
+"""Live metrics per model version: which version answered a trajectory, the hourly rollup of production
+traffic, and the metrics the Models page, a version's page and the API read from it.
+
+Which version answered: a trajectory's `model_version` string. The adapter names the platform gives vLLM
+(`serving.adapter_name`: `<slug>-v<n>`) map to version n by themselves; any other string maps through the
+project's `VersionName` table, which maintainers edit; the rest are unmapped and listed with their counts
+(from the rollup, never a scan) so that someone maps them.
+
+The rollup (`LiveRollup`): one row per (project, raw model_version string, hour of coalesce(started_at,
+created_at)), with its trajectories, failures (the effective outcome: a reviewer's over the agent's),
+triaged trajectories and the triage signals among them, tokens and latency. The mapping to versions is
+applied when read, so mapping a string counts its past traffic at once.
+
+It is kept up to date by `rollup_refresh`, run by a worker that `rollup_sweep` (flywheel.outbox.SWEEPS) sends
+when something changed: the trajectories whose `updated_at` (ingest, replay, review) or `triaged_at` (triage)
+passed the durable watermark (`LiveRollupState`) are read again, and each whose state is newer than what was
+counted has its old contribution (`LiveRollupMember`: its bucket and counts) subtracted and its new one
+added. The work follows the changed trajectories, never the size of a bucket or of the table: a replay that
+moves a trajectory to another string or hour, a review, a new triage are each one subtraction and one
+addition. A trajectory is counted once stored; its signals once it is triaged (rollups follow triage: its
+`triaged_at` brings it back). Not followed: a deleted trajectory stays counted until `rollup_refresh(full=True)`
+rebuilds everything."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
+
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+from django.db.models import BigIntegerField, Exists, F, OuterRef, Q, Sum
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from flywheel.accounts.models import Project
+from flywheel.registry import serving
+from flywheel.registry.models import (
+    Alias,
+    AliasAssignment,
+    LiveRollup,
+    LiveRollupMember,
+    LiveRollupState,
+    ModelVersion,
+    VersionName,
+)
+
+# --- which version answered ------------------------------------------------------------------------------
+
+
+def _adapter_number(project: Project, name: str) -> int | None:
+    """n when `name` is the adapter name of version n of this project (`<slug>-v<n>`), else None."""
+    match = re.fullmatch(re.escape(project.slug) + r"-v([1-9][0-9]{0,8})", name)
+    return int(match.group(1)) if match else None
+
+
+def name_map(*, project: Project) -> dict[str, ModelVersion]:
+    """Every `model_version` string that names one of the project's versions: each version's adapter name
+    and the names maintainers mapped. A mapped name never overrides an adapter name (refused when saved)."""
+    versions = list(ModelVersion.objects.filter(project=project).select_related("base"))
+    by_id = {v.pk: v for v in versions}
+    mapping = {serving.adapter_name(project.slug, v.number): v for v in versions}
+    for name, version_id in VersionName.objects.filter(project=project).values_list("name", "version_id"):
+        mapping.setdefault(name, by_id[version_id])
+    return mapping
+
+
+def names_of(*, project: Project, version: ModelVersion) -> list[str]:
+    """The strings production traffic of `version` carries: its adapter name and the names mapped to it."""
+    names = {serving.adapter_name(project.slug, version.number)}
+    names.update(VersionName.objects.filter(project=project, version=version).values_list("name", flat=True))
+    return sorted(names)
+
+
+def version_of(*, project: Project, name: str) -> ModelVersion | None:
+    """The version a `model_version` string names in this project, or None (unmapped)."""
+    number = _adapter_number(project, name)
+    if number is not None:
+        version = ModelVersion.objects.filter(project=project, number=number).first()
+        if version is not None:
+            return version
+    row = VersionName.objects.filter(project=project, name=name).select_related("version").first()
+    return row.version if row else None
+
+
+NAME_MAX = VersionName._meta.get_field("name").max_length
+
+
+def version_name_set(*, project: Project, name: str, version_number: Any, user: Any = None) -> VersionName:
+    """Map `name` (a `model_version` string production traffic carries) to the project's version
+    `version_number`; a name already mapped is moved to it. ValidationError naming the field at fault."""
+    errors: dict[str, str] = {}
+    name = (name or "").strip() if isinstance(name, str) else ""
+    if not name:
+        errors["name"] = "The model_version string the traffic carries is required."
+    elif len(name) > NAME_MAX:
+        errors["name"] = f"At most {NAME_MAX} characters (a trajectory's model_version is no longer)."
+    elif "\x00" in name:
+        errors["name"] = "Must not contain a NUL character."
+    elif _adapter_number(project, name) is not None:
+        errors["name"] = (f"“{name}” is an adapter name the platform gives a version (<project>-v<n>): it maps to "
+                          "that version by itself.")
+    version = None
+    text = str(version_number).strip().lstrip("v") if version_number is not None else ""
+    if not text.isascii() or not text.isdigit():
+        errors["version"] = "Choose one of the project's versions (its number, e.g. 3)."
+    else:
+        version = ModelVersion.objects.filter(project=project, number=int(text)).first()
+        if version is None:
+            errors["version"] = f"The project has no version {int(text)}."
+    if errors:
+        raise ValidationError(errors)
+    row, _ = VersionName.objects.update_or_create(project=project, name=name,
+                                                  defaults={"version": version, "created_by": user})
+    return row
+
+
+def version_name_remove(*, project: Project, name: str) -> bool:
+    """Unmap `name`; False when it was not mapped. Its traffic is unmapped again (the rollup keeps it)."""
+    deleted, _ = VersionName.objects.filter(project=project, name=name).delete()
+    return bool(deleted)
+
+
+def version_names(*, project: Project) -> list[VersionName]:
+    return list(VersionName.objects.filter(project=project).select_related("version", "created_by"))
+
+
+# --- the rollup ------------------------------------------------------------------------------------------
+
+# A refresh reads the trajectories changed since its watermark less this: a writer stamps its rows (ingest's
+# `now`, triage's `triaged_at`) before it commits, so a row may become visible a little after a refresh
+# moved the watermark past its stamp. Recomputing a bucket twice is harmless; missing one is not.
+OVERLAP = timedelta(minutes=2)
+HOUR = timedelta(hours=1)
+# Tokens above this on one trajectory are taken for garbage (agent data is untrusted), not summed.
+TOKENS_MAX = 10**9
+
+_AT = Coalesce("started_at", "created_at")
+
+
+def _number_sql(vendor: str, key: str) -> tuple[str, str]:
+    """(is it a number, its value) of usage's `key`, as SQL over the trajectory table's `usage` column."""
+    if vendor == "postgresql":
+        col = 'trajectories_trajectory."usage"'
+        return f"jsonb_typeof({col}->'{key}') = 'number'", f"({col}->>'{key}')::numeric"
+    col = 'trajectories_trajectory."usage"'
+    return (f"json_type({col}, '$.{key}') IN ('integer', 'real')", f"json_extract({col}, '$.{key}')")
+
+
+def tokens_sql(vendor: str) -> str:
+    """A trajectory's tokens: usage's total_tokens, else prompt + completion tokens (OpenAI's names), else
+    input + output tokens (OTel's and Anthropic's); NULL when none is there as numbers in [0, TOKENS_MAX]."""
+    parts = {key: _number_sql(vendor, key) for key in ("total_tokens", "prompt_tokens", "completion_tokens",
+                                                          "input_tokens", "output_tokens")}
+
+    def both(a: str, b: str) -> tuple[str, str]:
+        return f"{parts[a][0]} AND {parts[b][0]}", f"({parts[a][1]} + {parts[b][1]})"
+
+    cases = [parts["total_tokens"], both("prompt_tokens", "completion_tokens"), both("input_tokens", "output_tokens")]
+    value = "CASE " + " ".join(f"WHEN {test} THEN {v}" for test, v in cases) + " END"
+    integer = "bigint" if vendor == "postgresql" else "integer"
+    return f"CASE WHEN ({value}) BETWEEN 0 AND {TOKENS_MAX} THEN CAST(ROUND({value}) AS {integer}) END"
+
+
+@dataclass
+class RollupWork:
+    """What one refresh did: the bench divides `ms` by `trajectories` for the cost per trajectory."""
+
+    skipped: bool = False  # another refresh held the watermark
+    trajectories: int = 0  # dirty trajectories read
+    changed: int = 0  # of them, those whose counted contribution changed (new ones included)
+    moved: int = 0  # of those, counted before: their old contribution was subtracted
+    buckets: int = 0  # buckets that changed
+    written: int = 0  # rollup rows written (deleted ones included)
+    ms: float = 0.0
+    steps: dict[str, float] = field(default_factory=dict)  # milliseconds per step
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _state() -> LiveRollupState:
+    state = LiveRollupState.objects.order_by("pk").first()
+    return state or LiveRollupState.objects.create()
+
+
+def _dirty(since: datetime | None):
+    from flywheel.trajectories.models import Trajectory
+
+    rows = Trajectory.objects.all()
+    return rows if since is None else rows.filter(Q(updated_at__gt=since) | Q(triaged_at__gt=since))
+
+
+def _hour(value: datetime) -> datetime:
+    value = value.astimezone(UTC)
+    return value.replace(minute=0, second=0, microsecond=0)
+
+
+CHUNK = 2000  # dirty trajectories read at a time
+# What a refresh reads of each dirty trajectory (`at` and `tokens` are annotations), in `_contribution`'s order.
+_ROW_FIELDS = ("id", "project_id", "model_version", "at", "outcome", "reviewed_outcome", "triage_version", "latency_ms",
+               "tokens", "updated_at", "triaged_at")
+_MEMBER_FIELDS = ("trajectory_id", "project_id", "model_version", "hour", "failed", "triaged", "signals", "tokens",
+                  "latency", "seen_at")
+
+
+class Contribution(NamedTuple):
+    """What one trajectory adds to its bucket: a `LiveRollupMember` row, as plain values."""
+
+    trajectory_id: int
+    project_id: int
+    model_version: str
+    hour: datetime
+    failed: bool
+    triaged: bool
+    signals: tuple[str, ...]
+    tokens: int | None
+    latency: int | None
+    seen_at: datetime
+
+    @property
+    def key(self) -> tuple[int, str, datetime]:
+        return self.project_id, self.model_version, self.hour
+
+    def counted(self) -> tuple:
+        return self[1:9]
+
+
+@dataclass
+class _Counts:
+    trajectories: int = 0
+    failures: int = 0
+    triaged: int = 0
+    signals: dict[str, int] = field(default_factory=dict)
+    tokens_sum: int = 0
+    tokens_n: int = 0
+    latency_sum: int = 0
+    latency_n: int = 0
+
+    def add(self, c: Contribution, sign: int) -> None:
+        self.trajectories += sign
+        self.failures += sign * c.failed
+        self.triaged += sign * c.triaged
+        for kind in c.signals:
+            self.signals[kind] = self.signals.get(kind, 0) + sign
+        if c.tokens is not None:
+            self.tokens_sum += sign * c.tokens
+            self.tokens_n += sign
+        if c.latency is not None:
+            self.latency_sum += sign * c.latency
+            self.latency_n += sign
+
+
+def _contribution(row: tuple, kinds: set[str]) -> Contribution:
+    (pk, project_id, model_version, at, outcome, reviewed, triage_version, latency, tokens, updated_at,
+     triaged_at) = row
+    triaged = triage_version > 0
+    return Contribution(pk, project_id, model_version, _hour(at), (reviewed or outcome) == "failure", triaged,
+                        tuple(sorted(kinds)) if triaged else (), tokens,
+                        latency if latency is not None and latency >= 0 else None,
+                        max(updated_at, triaged_at) if triaged_at else updated_at)
+
+
+def _around(model, field: str, ids: list[int]):
+    """`model` rows whose `field` is one of the sorted `ids`: a range when they are dense (new trajectories,
+    the common case; the few extra rows are dropped by the caller), else the list."""
+    if ids[-1] - ids[0] < 4 * len(ids):
+        return model.objects.filter(**{f"{field}__gte": ids[0], f"{field}__lte": ids[-1]})
+    return model.objects.filter(**{f"{field}__in": ids})
+
+
+def _members_old(ids: list[int]) -> dict[int, Contribution]:
+    wanted = set(ids)
+    rows = _around(LiveRollupMember, "trajectory_id", ids).values_list(*_MEMBER_FIELDS)
+    return {r[0]: Contribution(r[0], r[1], r[2], _hour(r[3]), r[4], r[5], tuple(r[6] or ()), r[7], r[8], r[9])
+            for r in rows if r[0] in wanted}
+
+
+def _members_write(members: list[Contribution]) -> None:
+    """Upsert the members in one statement a chunk: the ORM's bulk_create spent ~70 µs a row preparing them."""
+    if not members:
+        return
+    table = connection.ops.quote_name(LiveRollupMember._meta.db_table)
+    columns = ", ".join(_MEMBER_FIELDS)
+    updates = ", ".join(f"{f} = excluded.{f}" for f in _MEMBER_FIELDS[1:])
+    with connection.cursor() as cursor:
+        for first in range(0, len(members), CHUNK):
+            part = members[first:first + CHUNK]
+            values = [[m.trajectory_id for m in part], [m.project_id for m in part], [m.model_version for m in part],
+                      [m.hour for m in part], [m.failed for m in part], [m.triaged for m in part],
+                      [json.dumps(list(m.signals)) for m in part], [m.tokens for m in part],
+                      [m.latency for m in part], [m.seen_at for m in part]]
+            if connection.vendor == "postgresql":
+                cursor.execute(
+                    f"INSERT INTO {table} ({columns}) SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::text[], "
+                    f"%s::timestamptz[], %s::bool[], %s::bool[], %s::jsonb[], %s::bigint[], %s::bigint[], "
+                    f"%s::timestamptz[]) ON CONFLICT (trajectory_id) DO UPDATE SET {updates}", values)
+            else:
+                cursor.executemany(
+                    f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(_MEMBER_FIELDS))}) "
+                    f"ON CONFLICT (trajectory_id) DO UPDATE SET {updates}", list(zip(*values, strict=True)))
+
+
+def _chunk_deltas(rows: list[tuple], deltas: dict[tuple, _Counts], members_out: list[Contribution],
+                  work: RollupWork) -> None:
+    """One chunk of dirty trajectories (their `_ROW_FIELDS`, sorted by id): add each changed one's delta to
+    `deltas` and its new contribution to `members_out`."""
+    from flywheel.trajectories.models import TriageSignal
+
+    ids = [row[0] for row in rows]
+    old = _members_old(ids)
+    wanted = set(ids)
+    kinds: dict[int, set[str]] = defaultdict(set)
+    for trajectory_id, kind in _around(TriageSignal, "trajectory_id", ids).values_list("trajectory_id", "kind"):
+        if trajectory_id in wanted:
+            kinds[trajectory_id].add(kind)
+    for row in rows:
+        new = _contribution(row, kinds.get(row[0], set()))
+        before = old.get(new.trajectory_id)
+        if before is not None and before.counted() == new.counted():
+            members_out.append(new)  # nothing counted changed (a note, a tag): remember it was seen
+            continue
+        if before is not None:
+            deltas.setdefault(before.key, _Counts()).add(before, -1)
+            work.moved += 1
+        deltas.setdefault(new.key, _Counts()).add(new, +1)
+        members_out.append(new)
+        work.changed += 1
+
+
+def _apply(deltas: dict[tuple, _Counts]) -> int:
+    """Add the deltas to their buckets; a bucket left with no trajectory goes. Returns rows written."""
+    by_string: dict[tuple[int, str], list[datetime]] = defaultdict(list)
+    for project_id, model_version, hour in deltas:
+        by_string[(project_id, model_version)].append(hour)
+    current: dict[tuple, LiveRollup] = {}
+    for (project_id, model_version), hours in by_string.items():
+        for row in LiveRollup.objects.filter(project_id=project_id, model_version=model_version, hour__in=hours):
+            current[(row.project_id, row.model_version, _hour(row.hour))] = row
+    fresh, emptied = [], []
+    for key, delta in deltas.items():
+        row = current.get(key) or LiveRollup(project_id=key[0], model_version=key[1], hour=key[2])
+        row.trajectories += delta.trajectories
+        row.failures += delta.failures
+        row.triaged += delta.triaged
+        signals = dict(row.signals or {})
+        for kind, n in delta.signals.items():
+            signals[kind] = signals.get(kind, 0) + n
+        row.signals = {kind: n for kind, n in sorted(signals.items()) if n}
+        row.tokens_sum += delta.tokens_sum
+        row.tokens_n += delta.tokens_n
+        row.latency_sum += delta.latency_sum
+        row.latency_n += delta.latency_n
+        if row.trajectories <= 0:
+            if row.pk:
+                emptied.append(row.pk)
+        else:
+            fresh.append(row)
+    LiveRollup.objects.filter(pk__in=emptied).delete()
+    LiveRollup.objects.bulk_create(
+        fresh, batch_size=500, update_conflicts=True, unique_fields=["project", "model_version", "hour"],
+        update_fields=["trajectories", "failures", "triaged", "signals", "tokens_sum", "tokens_n",
+                       "latency_sum", "latency_n", "updated_at"])
+    return len(fresh) + len(emptied)
+
+
+def rollup_refresh(*, full: bool = False) -> RollupWork:
+    """Bring the rollup up to date with the trajectories changed since the watermark (or rebuild it from every
+    trajectory, `full`), then move the watermark. One refresh at a time: a second one finds the watermark held
+    and returns at once (`skipped`). What the sweep's task, the bench and the tests call."""
+    work = RollupWork()
+    t_start = time.perf_counter()
+    _state()  # the one row exists before it is locked
+    with transaction.atomic():
+        state = LiveRollupState.objects.select_for_update(skip_locked=True).order_by("pk").first()
+        if state is None:
+            work.skipped = True
+            return work
+        until = timezone.now()
+        if full:
+            LiveRollup.objects.all().delete()
+            LiveRollupMember.objects.all().delete()
+        since = None if full or state.watermark is None else state.watermark - OVERLAP
+        # Only what changed since it was counted: a row read again within the overlap with nothing newer is
+        # passed over in SQL (one probe of the member table's primary key).
+        counted = LiveRollupMember.objects.filter(trajectory_id=OuterRef("id"), seen_at__gte=OuterRef("state_at"))
+        tokens = RawSQL(tokens_sql(connection.vendor), [], output_field=BigIntegerField())
+        dirty = (_dirty(since).alias(state_at=Greatest(F("updated_at"), Coalesce(F("triaged_at"), F("updated_at"))))
+                 .filter(~Exists(counted)).annotate(at=_AT, tokens=tokens).order_by("id")
+                 .values_list(*_ROW_FIELDS))
+
+        t0 = time.perf_counter()
+        deltas: dict[tuple, _Counts] = {}
+        members: list[Contribution] = []
+        after = 0
+        while True:
+            rows = list(dirty.filter(id__gt=after)[:CHUNK])
+            if not rows:
+                break
+            work.trajectories += len(rows)
+            after = rows[-1][0]
+            _chunk_deltas(rows, deltas, members, work)
+        work.steps["read"] = (time.perf_counter() - t0) * 1000
+
+        t0 = time.perf_counter()
+        work.buckets = len(deltas)
+        work.written = _apply(deltas)
+        _members_write(members)
+        work.steps["write"] = (time.perf_counter() - t0) * 1000
+
+        work.ms = (time.perf_counter() - t_start) * 1000
+        state.watermark, state.ran_at = until, timezone.now()
+        state.last_trajectories, state.last_buckets, state.last_ms = work.trajectories, work.buckets, round(work.ms)
+        state.save()
+    return work
+
+
+def rollup_sweep() -> int:
+    """flywheel.outbox.SWEEPS: hand a worker the refresh when trajectories changed past the watermark, or when
+    the last refresh is recent enough that a late commit may still be within its overlap. Cheap: one probe
+    on the updated_at and triaged_at indexes. Returns how many messages were sent (0 or 1)."""
+    from flywheel import outbox
+    from flywheel.registry.tasks import live_rollup_task
+
+    state = LiveRollupState.objects.order_by("pk").first()
+    watermark = state.watermark if state else None
+    recent = state is not None and state.ran_at is not None and timezone.now() - state.ran_at < OVERLAP
+    if not recent and not _dirty(watermark).exists():
+        return 0
+    try:
+        outbox.send(live_rollup_task)
+    except outbox.BrokerUnavailable:
+        return 0
+    return 1
+
+
+# --- reading it ------------------------------------------------------------------------------------------
+
+# The windows a page or the API may ask for: (length, series step). The hours that overlap the window are
+# read, so a window covers up to an hour more than it says (the current hour is partial).
+WINDOWS: dict[str, tuple[timedelta, str]] = {
+    "1h": (timedelta(hours=1), "hour"),
+    "24h": (timedelta(hours=24), "hour"),
+    "7d": (timedelta(days=7), "hour"),
+    "30d": (timedelta(days=30), "day"),
+}
+DEFAULT_WINDOW = "24h"
+
+
+class WindowError(ValueError):
+    pass
+
+
+def window_bounds(window: str, now: datetime | None = None) -> tuple[datetime, datetime, str]:
+    """(first hour, last hour, step) of a window; WindowError naming the windows for another value."""
+    if window not in WINDOWS:
+        raise WindowError(f"window must be one of {', '.join(WINDOWS)}, not {window[:20]!r}.")
+    length, step = WINDOWS[window]
+    now = now or timezone.now()
+    last = _hour(now)
+    first = _hour(now - length)
+    if step == "day":
+        first = first.replace(hour=0)
+    return first, last, step
+
+
+def _signal_kinds() -> list[tuple[str, str]]:
+    from flywheel.trajectories.models import SignalKind
+
+    return list(SignalKind.choices)
+
+
+def _empty() -> dict[str, Any]:
+    return {"trajectories": 0, "failures": 0, "triaged": 0, "signals": defaultdict(int), "tokens_sum": 0,
+            "tokens_n": 0, "latency_sum": 0, "latency_n": 0}
+
+
+def _add(total: dict[str, Any], row: dict[str, Any]) -> None:
+    for key in ("trajectories", "failures", "triaged", "tokens_sum", "tokens_n", "latency_sum", "latency_n"):
+        total[key] += row[key]
+    for kind, n in (row["signals"] or {}).items():
+        total["signals"][kind] += n
+
+
+def _rate(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def metrics_of(total: dict[str, Any]) -> dict[str, Any]:
+    """The metrics of summed rollup rows: a flat dict, so that another source (live verifier scores) adds its
+    own keys beside these."""
+    return {
+        "trajectories": total["trajectories"],
+        "failures": total["failures"],
+        "failure_rate": _rate(total["failures"], total["trajectories"]),
+        "triaged": total["triaged"],
+        "tokens_per_trajectory": _rate(total["tokens_sum"], total["tokens_n"]),
+        "tokens_n": total["tokens_n"],
+        "latency_ms_per_trajectory": _rate(total["latency_sum"], total["latency_n"]),
+        "latency_n": total["latency_n"],
+    }
+
+
+def signals_of(total: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each triage signal's count and rate among the triaged trajectories, in SignalKind's order."""
+    return [{"kind": kind, "label": str(label), "trajectories": total["signals"].get(kind, 0),
+             "rate": _rate(total["signals"].get(kind, 0), total["triaged"])} for kind, label in _signal_kinds()]
+
+
+_SUMMED = ("trajectories", "failures", "triaged", "tokens_sum", "tokens_n", "latency_sum", "latency_n")
+
+
+def _rows(project: Project, first: datetime, last: datetime, step: str, names: list[str] | None = None):
+    """The window's rollup rows summed per string and step (hour, or day) in the database, each signal kind's
+    count from its key of `signals`: a month of a string is 31 rows to the page, not 720 JSON documents."""
+    from django.db.models.fields.json import KT
+    from django.db.models.functions import Cast, TruncDay
+
+    rows = LiveRollup.objects.filter(project=project, hour__gte=first, hour__lte=last)
+    if names is not None:
+        rows = rows.filter(model_version__in=names)
+    slot = TruncDay("hour") if step == "day" else F("hour")
+    sums = {k: Sum(k) for k in _SUMMED}
+    sums.update({f"signal_{kind}": Sum(Cast(KT(f"signals__{kind}"), BigIntegerField())) for kind, _ in _signal_kinds()})
+    for row in rows.annotate(slot=slot).values("model_version", "slot").order_by().annotate(**sums):
+        signals = {kind: row.pop(f"signal_{kind}") or 0 for kind, _ in _signal_kinds()}
+        yield {**row, **{k: row[k] or 0 for k in _SUMMED}, "signals": signals}
+
+
+def _steps(first: datetime, last: datetime, step: str) -> list[datetime]:
+    out, at, delta = [], first, (HOUR if step == "hour" else timedelta(days=1))
+    while at <= last:
+        out.append(at)
+        at += delta
+    return out
+
+
+def _slot(at: datetime) -> datetime:
+    return at.astimezone(UTC)
+
+
+def _series(per_slot: dict[datetime, dict[str, Any]], slots: list[datetime], step: str) -> dict[str, Any]:
+    rows = [per_slot.get(s) or _empty() for s in slots]
+    return {"step": step, "t": [int(s.timestamp()) for s in slots],
+            "trajectories": [r["trajectories"] for r in rows],
+            "failures": [r["failures"] for r in rows],
+            "failure_rate": [_rate(r["failures"], r["trajectories"]) for r in rows]}
+
+
+# Other live measures of a version (e.g. online evaluation's verifier scores): dotted paths of functions
+# `(project=, version=, start=, end=) -> dict` whose keys join `metrics` ([start, end): the window's whole hours).
+METRIC_SOURCES: tuple[str, ...] = ()
+
+
+def _extra_metrics(project: Project, version: ModelVersion, first: datetime, last: datetime) -> dict[str, Any]:
+    from django.utils.module_loading import import_string
+
+    extra: dict[str, Any] = {}
+    for path in METRIC_SOURCES:
+        extra.update(import_string(path)(project=project, version=version, start=first, end=last + HOUR))
+    return extra
+
+
+def live_metrics(*, project: Project, version: ModelVersion, window: str = DEFAULT_WINDOW,
+                 now: datetime | None = None) -> dict[str, Any]:
+    """A version's live metrics over `window` (WINDOWS), summed from the rollup rows of the strings that name
+    it: `metrics` (flat, extensible), `signals` (each kind's rate among triaged trajectories), `series` (per
+    hour, per day for 30d: trajectories, failures, failure rate) and `names` (the strings counted)."""
+    first, last, step = window_bounds(window, now)
+    names = names_of(project=project, version=version)
+    total, per_slot = _empty(), defaultdict(_empty)
+    for row in _rows(project, first, last, step, names):
+        _add(total, row)
+        _add(per_slot[_slot(row["slot"])], row)
+    return {"version": version.number, "window": window, "from": first, "to": last + HOUR, "names": names,
+            "metrics": {**metrics_of(total), **_extra_metrics(project, version, first, last)},
+            "signals": signals_of(total),
+            "series": _series(per_slot, _steps(first, last, step), step)}
+
+
+def live_summary(*, project: Project, window: str = DEFAULT_WINDOW, now: datetime | None = None) -> dict[str, Any]:
+    """The Models page's panel: every version with traffic in the window (production, then the canary, then
+    by number, newest first) with its metrics and series, and the unmapped strings with their counts. One
+    read of the window's rollup rows."""
+    first, last, step = window_bounds(window, now)
+    mapping = name_map(project=project)
+    slots = _steps(first, last, step)
+    totals: dict[int, dict[str, Any]] = defaultdict(_empty)
+    per_slot: dict[int, dict[datetime, dict[str, Any]]] = defaultdict(lambda: defaultdict(_empty))
+    unmapped: dict[str, int] = defaultdict(int)
+    versions: dict[int, ModelVersion] = {}
+    for row in _rows(project, first, last, step):
+        version = mapping.get(row["model_version"])
+        if version is None:
+            unmapped[row["model_version"]] += row["trajectories"]
+            continue
+        versions[version.pk] = version
+        _add(totals[version.pk], row)
+        _add(per_slot[version.pk][_slot(row["slot"])], row)
+    aliases = {a.version_id: a for a in AliasAssignment.objects.filter(
+        project=project, alias__in=[Alias.PRODUCTION, Alias.CANARY])}
+
+    def order(version: ModelVersion) -> tuple[int, int]:
+        alias = aliases.get(version.pk)
+        rank = 0 if alias and alias.alias == Alias.PRODUCTION else 1 if alias else 2
+        return rank, -version.number
+
+    rows = []
+    for version in sorted(versions.values(), key=order):
+        alias = aliases.get(version.pk)
+        total = totals[version.pk]
+        unsafe = next(s for s in signals_of(total) if s["kind"] == "unsafe_action")
+        rows.append({"version": version, "number": version.number,
+                     "alias": alias.alias if alias else "", "weight": alias.weight if alias else None,
+                     "metrics": metrics_of(total), "unsafe": unsafe,
+                     "series": _series(per_slot[version.pk], slots, step)})
+    return {"window": window, "windows": list(WINDOWS), "from": first, "to": last + HOUR, "rows": rows,
+            "unmapped": sorted(({"name": n, "trajectories": c} for n, c in unmapped.items()),
+                               key=lambda u: (-u["trajectories"], u["name"]))}
+
+
+def rollup_state() -> LiveRollupState | None:
+    return LiveRollupState.objects.order_by("pk").first()

@@ -1,0 +1,140 @@
+"""API of live metrics (flywheel.registry.live): a version's metrics on production traffic over a window, and
+the table that maps `model_version` strings to versions. `read` to read, `promote` to change the table."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from ninja import Field, Query, Router, Schema
+from ninja.errors import HttpError
+
+from flywheel.api import api
+from flywheel.api.auth import promote_auth, read_auth
+from flywheel.api.errors import ERRORS
+from flywheel.registry import live, serving
+from flywheel.registry.models import ModelVersion
+
+router = Router(tags=["models"])
+
+
+# A dict rather than a model: other live measures (online evaluation's scores, flywheel.registry.live
+# METRIC_SOURCES) join it under their own keys.
+METRICS_DESCRIPTION = (
+    "`trajectories`; `failures` (effective outcome failure: a reviewer's over the agent's) and `failure_rate` "
+    "(null without traffic); `triaged` (the signal rates' denominator); `tokens_per_trajectory` (usage's "
+    "total_tokens, else prompt + completion, else input + output) over `tokens_n` trajectories that carried it; "
+    "`latency_ms_per_trajectory` over `latency_n`. Other live measures add their own keys."
+)
+
+
+class SignalRateOut(Schema):
+    kind: str = Field(description="A triage signal kind (invalid_arguments, undeclared_tool, unsafe_action, …)")
+    label: str
+    trajectories: int = Field(description="Triaged trajectories carrying it")
+    rate: float | None = Field(description="trajectories / triaged; null when none is triaged")
+
+
+class LiveSeriesOut(Schema):
+    step: str = Field(description="hour, or day for the 30d window")
+    t: list[int] = Field(description="Each step's start, Unix seconds (UTC)")
+    trajectories: list[int]
+    failures: list[int]
+    failure_rate: list[float | None]
+
+
+class LiveOut(Schema):
+    version: int
+    window: str
+    from_: datetime = Field(alias="from", description="The first hour read: the window is read in whole hours")
+    to: datetime
+    names: list[str] = Field(description="The model_version strings counted: the adapter name and mapped names")
+    metrics: dict[str, float | int | None] = Field(description=METRICS_DESCRIPTION)
+    signals: list[SignalRateOut]
+    series: LiveSeriesOut
+
+
+def _version(request: HttpRequest, number: int) -> ModelVersion:
+    version = ModelVersion.objects.filter(project=request.auth.project, number=number).first()
+    if version is None:
+        raise HttpError(404, f"No model version {number} in this project.")
+    return version
+
+
+@router.get("/model-versions/{number}/live", auth=read_auth, response={200: LiveOut, **ERRORS},
+            by_alias=True, summary="A version's live metrics",
+            description="The version's production traffic over `window` (1h, 24h, 7d or 30d; the hours that overlap "
+                        "it are read): trajectories, failure rate, each triage signal's rate among triaged "
+                        "trajectories, tokens and latency per trajectory where carried, and a series per hour (per "
+                        "day for 30d). Counted from the hourly rollup a worker keeps as trajectories are triaged and "
+                        "reviewed (seconds behind). 400 for another window, 404 for a version not in the project.")
+def version_live(request: HttpRequest, number: int,
+                 window: str = Query(live.DEFAULT_WINDOW, description="1h, 24h, 7d or 30d")) -> dict[str, Any]:
+    version = _version(request, number)
+    try:
+        return live.live_metrics(project=request.auth.project, version=version, window=window)
+    except live.WindowError as exc:
+        raise HttpError(400, str(exc)) from None
+
+
+class VersionNameOut(Schema):
+    name: str
+    version: int
+    created_at: datetime
+    created_by: str | None
+
+
+class UnmappedOut(Schema):
+    name: str = Field(description="A model_version string no version answers to")
+    trajectories: int = Field(description="Its trajectories in the last 30 days")
+
+
+class VersionNamesOut(Schema):
+    names: list[VersionNameOut] = Field(description="The strings maintainers mapped")
+    unmapped: list[UnmappedOut] = Field(description="Strings of the last 30 days' traffic that name no version")
+    adapter_names: str = Field(description="The adapter names the platform gives vLLM: they map by themselves")
+
+
+class VersionNameIn(Schema):
+    name: str = Field(description="The model_version string the traffic carries", max_length=200)
+    version: int = Field(description="The version it names (its number)")
+
+
+def _name(row) -> dict[str, Any]:
+    return {"name": row.name, "version": row.version.number, "created_at": row.created_at,
+            "created_by": row.created_by.get_username() if row.created_by else None}
+
+
+@router.get("/version-names", auth=read_auth, response={200: VersionNamesOut, **ERRORS},
+            summary="Which strings name which version",
+            description="The model_version strings mapped to versions, and the strings of recent traffic that name "
+                        "none (with their counts), which live metrics leave out until mapped.")
+def version_names_list(request: HttpRequest) -> dict[str, Any]:
+    project = request.auth.project
+    return {"names": [_name(r) for r in live.version_names(project=project)],
+            "unmapped": live.live_summary(project=project, window="30d")["unmapped"],
+            "adapter_names": serving.adapter_name(project.slug, 0).removesuffix("0") + "<n>"}
+
+
+@router.post("/version-names", auth=promote_auth, response={200: VersionNameOut, **ERRORS},
+             summary="Map a string to a version",
+             description="Live metrics count the traffic carrying `name` for `version`, its past traffic included. A "
+                         "name already mapped moves. 422 naming the field: a version not in the project, or a name "
+                         "that is an adapter name (those map by themselves).")
+def version_name_set(request: HttpRequest, body: VersionNameIn) -> dict[str, Any]:
+    row = live.version_name_set(project=request.auth.project, name=body.name, version_number=body.version,
+                                user=request.auth.created_by)
+    return _name(row)
+
+
+@router.delete("/version-names", auth=promote_auth, response={204: None, **ERRORS},
+               summary="Unmap a string",
+               description="Its traffic is unmapped again (live metrics leave it out). 404 when it was not mapped.")
+def version_name_remove(request: HttpRequest, name: str = Query(..., max_length=200)) -> HttpResponse:
+    if not live.version_name_remove(project=request.auth.project, name=name):
+        raise HttpError(404, "That name is not mapped in this project.")
+    return HttpResponse(status=204)
+
+
+api.add_router("", router)

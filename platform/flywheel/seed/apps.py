@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SeedConfig(AppConfig):
+    name = "flywheel.seed"
+    label = "seed"

@@ -1,0 +1,86 @@
+"""Canary in real Chromium: a maintainer starts a canary from the Models page, sees the split, the decision's
+figures and what happens next, opens the check's looks, and rolls the canary back; the history says who did
+what and on which evidence. Screenshots go to $FLYWHEEL_SCREENSHOTS when set (for a person to look at)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from playwright.sync_api import expect
+
+from flywheel.registry import canary, services
+from flywheel.registry.models import GateDecision, LiveCheck, RegistrySettings
+from flywheel.trajectories.ingest import ingest_trajectories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _shot(page, name):
+    folder = os.environ.get("FLYWHEEL_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=os.path.join(folder, f"{name}.png"), full_page=True)
+
+
+def _traffic(project, number, n, failures, start):
+    records = [{"external_id": f"v{number}-{start + i}", "model_version": f"{project.slug}-v{number}",
+                "outcome": "failure" if i < failures else "success",
+                "messages": [{"role": "user", "content": "<b>refund</b> order 7"}]} for i in range(n)]
+    assert ingest_trajectories(project=project, records=records).accepted == n
+
+
+def test_a_maintainer_starts_watches_and_rolls_back_a_canary(open_page, make_user, make_project, tmp_path):
+    owner = make_user("olga")
+    project = make_project("shop", owner=owner)
+    base = tmp_path / "tiny"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    v1 = services.base_model_register(project=project, name="tiny", path=str(base), user=owner)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapter), user=owner)
+    GateDecision.objects.create(project=project, candidate=v2, production=v1, passed=True)
+    RegistrySettings.objects.create(project=project, canary_min_per_arm=200)
+
+    page = open_page(owner)
+    page.goto("/p/shop/models/")
+    page.click("#canary-start-2")
+    expect(page.locator(".acc-note")).to_contain_text("Canary started")
+    expect(page.locator("#canary-split")).to_contain_text("canary v2 takes 10%")
+
+    check = LiveCheck.objects.get(project=project, kind="canary")
+    _traffic(project, 2, 10, 3, 0)
+    _traffic(project, 1, 90, 9, 0)
+    assert canary.live_check_look(check_id=check.pk) == "running"  # too little to tell yet
+    _traffic(project, 2, 30, 9, 10)
+    _traffic(project, 1, 270, 27, 90)
+    assert canary.live_check_look(check_id=check.pk) == "flagged"  # 30% against 10%
+    page.reload()
+    panel = page.locator("#live-canary")
+    expect(panel).to_contain_text("Flagged, waiting for a person")
+    expect(panel).to_contain_text("30.0%")
+    expect(panel).to_contain_text("does not act by itself")
+    _shot(page, "models-canary-flagged")
+
+    page.click("#live-canary >> text=the looks")
+    expect(page.locator("#looks")).to_contain_text("40")
+    expect(page.locator(".live-chart canvas")).to_have_count(1)  # the p-values of both looks, drawn
+    _shot(page, "live-check")
+    page.go_back()
+
+    page.fill("#live-canary input[name=reason]", "failures tripled")
+    page.click("#canary-rollback")
+    expect(page.locator(".acc-note")).to_contain_text("Canary rolled back")
+    expect(page.locator("#history")).to_contain_text("Ended: v2 no longer serves")
+    expect(page.locator("#history")).to_contain_text("failures tripled")
+    expect(page.locator("#history")).to_contain_text("12 failures")
+    _shot(page, "models-after-rollback")
+
+    # A full promotion starts the watch of the new production against the version it replaced.
+    page.click("#version-2 button:text-is('Promote')")
+    watch = page.locator("#live-watch")
+    expect(watch).to_contain_text("Watch: production v2 against v1 before the move")
+    expect(watch).to_contain_text("Not looked at yet")
+    _shot(page, "models-watch")
+    assert not page.log.page_errors and not page.log.console_errors

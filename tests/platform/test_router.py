@@ -1,0 +1,435 @@
+"""The reference router (flywheel.router) between an agent and a stand-in vLLM, reading the split from the live
+test server: the canary's share of traffic as set (a binomial test whose error rate is stated), `model`
+rewritten on the way in and on the way out (the real OpenAI client, streaming too), the last good split kept
+while the platform cannot be read, 503 with no production, a canary started on the platform picked up at the
+next refresh, hostile upstream answers met with an error and no crash, and the command itself without Django."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+from scipy.stats import binomtest
+
+from flywheel import router as flywheel_router
+from flywheel.accounts.services import api_key_revoke
+from flywheel.registry import canary, services
+from flywheel.registry.models import GateDecision
+from tests.standin import StandIn, serving
+
+REPO = Path(__file__).resolve().parents[2]
+UPSTREAM_NAME = "served-by-upstream"  # what the stand-in says in `model`: the router must replace it
+
+
+# --- a stand-in vLLM ------------------------------------------------------------------------------------------------
+
+
+class Upstream(StandIn):
+    """OpenAI-compatible enough: answers what it was asked for in the content (so a test sees the `model` it
+    got) and its own name in `model`; `server.mode` makes it hostile."""
+
+    def setup(self):
+        super().setup()
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as vLLM's server does
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = json.loads(self.body())
+        self.server.requests.append({"path": self.path, "body": body, "authorization":
+                                     self.headers.get("Authorization")})
+        mode = self.server.mode
+        content = f"answered as {body.get('model')}"
+        if mode == "ok" and body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()  # no length: the stream ends when the connection closes (HTTP/1.0)
+            for i, piece in enumerate(content.split(" ")):
+                chunk = {"id": "c1", "object": "chat.completion.chunk", "model": UPSTREAM_NAME,
+                         "choices": [{"index": 0, "delta": {"content": (" " if i else "") + piece},
+                                      "finish_reason": None}]}
+                self.wfile.write(b": keep-alive\n\n" if i == 1 else b"")
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+        elif mode == "ok":
+            self.answer(200, {"id": "c1", "object": "chat.completion", "created": 1, "model": UPSTREAM_NAME,
+                              "choices": [{"index": 0, "finish_reason": "stop",
+                                           "message": {"role": "assistant", "content": content}}],
+                              "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}})
+        elif mode == "error":
+            self.answer(400, {"object": "error", "message": "maximum context length exceeded", "model": UPSTREAM_NAME})
+        elif mode == "html":
+            self.answer(200, b"<html><script>alert(1)</script></html>", content_type="text/html")
+        elif mode == "list":
+            self.answer(200, [1, 2, 3])
+        elif mode == "cut":  # promises more than it sends, then hangs up
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "5000")
+            self.end_headers()
+            self.wfile.write(b'{"id": "c1", "choi')
+            self.close_connection = True
+        elif mode == "hang_up":
+            self.close_connection = True
+        elif mode == "slow":
+            time.sleep(self.server.slow_s)
+            self.answer(200, {"model": UPSTREAM_NAME})
+        elif mode == "bad_stream":  # events that are not objects, bytes that are not UTF-8, then cut
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b"data: 42\n\ndata: {not json\n\ndata: \xff\xfe\x00\n\n")
+            self.wfile.write(b'data: {"model": "x", "choices": []}\n\n')
+            self.wfile.flush()
+            self.close_connection = True
+
+
+@pytest.fixture
+def upstream():
+    with serving(Upstream, requests=[], mode="ok", slow_s=0.0) as server:
+        yield server
+
+
+# --- the platform ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def models(project, user, tmp_path):
+    """v1 in production (the base alone); v2 with an adapter, passed the gate against v1."""
+    base = tmp_path / "tiny"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "llama"}')
+    v1 = services.base_model_register(project=project, name="tiny", path=str(base), user=user)
+    adapter = tmp_path / "adapter-2"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"\x02" * 100)
+    v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapter), user=user)
+    GateDecision.objects.create(project=project, candidate=v2, production=v1, passed=True)
+    return v1, v2
+
+
+def start_router(platform_url, key, upstream_url, **options):
+    options = {"refresh_s": 0.2, "seed": 0, "upstream_timeout": 5.0, "platform_timeout": 2.0, **options}
+    return flywheel_router.build(platform=platform_url, key=key, upstream=upstream_url, listen="127.0.0.1:0",
+                                 **options).start()
+
+
+@pytest.fixture
+def routers():
+    started = []
+
+    def start(*args, **options):
+        server = start_router(*args, **options)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def call(url, path, body=None, headers=None, method=None):
+    """(status, headers, JSON body) of one request; an HTTP error is an answer like any other."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method or ("POST" if data else "GET"),
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.headers, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, json.loads(exc.read())
+
+
+def chat(text="Where is order A1?", **fields):
+    return {"model": "agent-model", "messages": [{"role": "user", "content": text}], **fields}
+
+
+def wait_until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.05)
+    return value
+
+
+# --- the split --------------------------------------------------------------------------------------------------
+
+
+def test_the_serving_endpoint_answers_the_split_the_webhook_carries(live_server, project, models, make_api_key,
+                                                                    api_client):
+    v1, v2 = models
+    key = make_api_key(project, scopes=["read"])
+    assert call(live_server.url, "/api/v1/serving", headers={"Authorization": f"Bearer {key}"})[2] == {
+        "production": {"version": 1, "adapter": f"{project.slug}-v1", "adapter_path": None,
+                       "base_model_path": v1.base.path},
+        "canary": None}
+    canary.canary_start(project=project, version=v2, weight=0.25)
+    answer = api_client.get("/api/v1/serving", key=key)
+    assert answer.status_code == 200
+    assert answer.json()["canary"] == {"version": 2, "adapter": f"{project.slug}-v2", "adapter_path": v2.adapter_path,
+                                       "base_model_path": v1.base.path, "weight": 0.25}
+    assert api_client.get("/api/v1/serving", key=None).status_code == 401
+
+
+def test_the_canary_gets_its_share_of_traffic(live_server, project, models, make_api_key, upstream, routers):
+    """2,000 requests at a 10% canary: the count of canary answers must pass an exact two-sided binomial test
+    at alpha 1e-4 (a correct router fails it once in 10,000 seeds; one that sends 15% or ignores the weight
+    fails it for every seed: at 15% the expected count is 7.5 standard deviations away). The same with a
+    sticky key per request (a hash of the key, not a draw), and one key always lands on one arm."""
+    canary.canary_start(project=project, version=models[1], weight=0.1)
+    server = routers(live_server.url, make_api_key(project, scopes=["read"]), upstream.url)
+    connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+
+    def adapter(headers=None):
+        connection.request("POST", "/v1/chat/completions", json.dumps(chat()),
+                           {"Content-Type": "application/json", **(headers or {})})
+        answer = connection.getresponse()
+        assert answer.status == 200
+        return json.loads(answer.read())["model"]
+
+    n = 2000
+    drawn = [adapter() for _ in range(n)]
+    keyed = [adapter({"X-Flywheel-Route-Key": f"session-{i}"}) for i in range(n)]
+    canary_name = f"{project.slug}-v2"
+    assert set(drawn) == set(keyed) == {f"{project.slug}-v1", canary_name}
+    for answers in (drawn, keyed):
+        assert binomtest(answers.count(canary_name), n, 0.1).pvalue > 1e-4, answers.count(canary_name)
+    assert len({adapter({"X-Flywheel-Route-Key": "one-session"}) for _ in range(20)}) == 1
+    # What the upstream was asked for is what the agent was told answered.
+    assert [r["body"]["model"] for r in upstream.requests[:n]] == drawn
+    connection.close()
+
+
+def test_model_is_rewritten_both_ways_for_the_openai_client(live_server, project, models, make_api_key, upstream,
+                                                            routers):
+    canary.canary_start(project=project, version=models[1], weight=0.5)
+    server = routers(live_server.url, make_api_key(project, scopes=["read"]), upstream.url)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="agent-key", max_retries=0)
+    served = {f"{project.slug}-v1", f"{project.slug}-v2"}
+    for _ in range(10):
+        answer = client.chat.completions.create(model="agent-model", messages=[{"role": "user", "content": "hi"}])
+        assert answer.model in served
+        assert answer.choices[0].message.content == f"answered as {answer.model}"
+    # The caller's key goes on to vLLM (no --upstream-key); a pinned adapter stays pinned.
+    assert upstream.requests[-1]["authorization"] == "Bearer agent-key"
+    for name in served:
+        pinned = [client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}]).model
+                  for _ in range(5)]
+        assert pinned == [name] * 5
+    # An adapter that no longer serves is routed like any other name; so is the body's `user` as a sticky key.
+    old = {client.chat.completions.create(model=f"{project.slug}-v9", messages=[{"role": "user", "content": "x"}],
+                                          user="end-user-7").model for _ in range(5)}
+    assert len(old) == 1 and old <= served
+    listed = {m.id for m in client.models.list()}
+    assert listed == served
+
+
+def test_a_stream_is_passed_on_chunk_by_chunk_with_model_rewritten(live_server, project, models, make_api_key,
+                                                                   upstream, routers):
+    server = routers(live_server.url, make_api_key(project, scopes=["read"]), upstream.url)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)
+    chunks = list(client.chat.completions.create(model="agent-model", stream=True,
+                                                 messages=[{"role": "user", "content": "hi"}]))
+    production = f"{project.slug}-v1"
+    assert len(chunks) == 3 and {c.model for c in chunks} == {production}
+    assert "".join(c.choices[0].delta.content for c in chunks) == f"answered as {production}"
+    # On the wire: the comment and [DONE] as the upstream sent them, the header naming the version.
+    connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+    connection.request("POST", "/v1/chat/completions", json.dumps(chat(stream=True)),
+                       {"Content-Type": "application/json"})
+    answer = connection.getresponse()
+    raw = answer.read().decode()
+    assert answer.getheader("X-Flywheel-Model-Version") == production
+    assert answer.getheader("Transfer-Encoding") == "chunked"
+    assert ": keep-alive\n" in raw and raw.endswith("data: [DONE]\n\n") and UPSTREAM_NAME not in raw
+    connection.close()
+
+
+# --- when the platform cannot be read -----------------------------------------------------------------------------
+
+
+class PlatformGate(StandIn):
+    """Between the router and the live server: passes `GET /api/v1/serving` on, or fails as `server.mode` says."""
+
+    def do_GET(self):  # noqa: N802
+        if self.server.mode == "error":
+            self.answer(500, b"<h1>Server Error</h1>", content_type="text/html")
+        elif self.server.mode == "garbage":
+            self.answer(200, {"production": "everything", "canary": None})
+        else:
+            request = urllib.request.Request(self.server.platform + self.path,
+                                             headers={"Authorization": self.headers["Authorization"]})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    self.answer(answer.status, answer.read())
+            except urllib.error.HTTPError as exc:
+                self.answer(exc.code, exc.read())
+
+
+def test_the_last_good_split_stays_while_the_platform_cannot_be_read(live_server, project, models, make_api_key,
+                                                                     upstream, routers, caplog):
+    canary.canary_start(project=project, version=models[1], weight=0.5)
+    key = make_api_key(project, scopes=["read"])
+    expected = {f"{project.slug}-v1", f"{project.slug}-v2"}
+    caplog.set_level(logging.INFO, logger="flywheel.router")
+    with serving(PlatformGate, platform=live_server.url, mode="forward") as gate:
+        server = routers(gate.url, key, upstream.url)
+        assert {m["id"] for m in call(server.url, "/v1/models")[2]["data"]} == expected
+        for mode, said in (("error", "the platform answered HTTP 500"),
+                           ("garbage", "`production` has no adapter name and version number")):
+            gate.mode = mode
+            wait_until(lambda said=said: said in caplog.text)
+            assert {call(server.url, "/v1/chat/completions", chat())[2]["model"] for _ in range(20)} == expected
+        # The key revoked: the platform refuses it, the router says so and keeps routing.
+        gate.mode = "forward"
+        api_key_revoke(api_key=key.api_key)
+        wait_until(lambda: "the platform refused the key (HTTP 401)" in caplog.text)
+    # The platform gone altogether.
+    wait_until(lambda: "the platform is unreachable" in caplog.text)
+    status, _, health = call(server.url, "/healthz")
+    assert status == 200 and health["ok"] and "unreachable" in health["platform_error"]
+    assert health["split"]["canary"]["weight"] == 0.5
+    assert {call(server.url, "/v1/chat/completions", chat())[2]["model"] for _ in range(20)} == expected
+    # Each kind of failure said once, not at every refresh.
+    assert caplog.text.count("the platform answered HTTP 500") == 1
+    assert "keeping the split read at" in caplog.text
+
+
+def test_no_production_is_a_503_saying_why(live_server, project, make_api_key, upstream, routers):
+    server = routers(live_server.url, make_api_key(project, scopes=["read"]), upstream.url)
+    status, headers, body = call(server.url, "/v1/chat/completions", chat())
+    assert status == 503 and headers["Retry-After"] == "10"
+    assert body["error"]["type"] == "no_production"
+    assert body["error"]["message"] == "No model is in production in this project yet: there is nothing to route to."
+    assert call(server.url, "/healthz")[0] == 503
+    assert call(server.url, "/v1/models")[2] == {"object": "list", "data": []}
+    assert upstream.requests == []
+    # A platform never reached: 503 too, with the reason.
+    unreachable = routers("http://127.0.0.1:9", "fw_nothing", upstream.url)
+    status, _, body = call(unreachable.url, "/v1/chat/completions", chat())
+    assert status == 503 and body["error"]["message"].startswith(
+        "The router has not read the split from the platform yet (the platform is unreachable")
+
+
+def test_a_canary_started_on_the_platform_is_picked_up_at_the_next_refresh(live_server, project, models,
+                                                                           make_api_key, upstream, routers):
+    server = routers(live_server.url, make_api_key(project, scopes=["read"]), upstream.url)
+    production, canary_name = f"{project.slug}-v1", f"{project.slug}-v2"
+    assert {call(server.url, "/v1/chat/completions", chat())[2]["model"] for _ in range(20)} == {production}
+    promote = {"Authorization": f"Bearer {make_api_key(project, scopes=['read', 'promote'])}"}
+    status, _, started = call(live_server.url, "/api/v1/model-versions/2/canary", {"weight": 0.5}, promote)
+    assert status == 200, started
+    wait_until(lambda: len(call(server.url, "/v1/models")[2]["data"]) == 2)
+    seen = [call(server.url, "/v1/chat/completions", chat())[2]["model"] for _ in range(40)]
+    assert set(seen) == {production, canary_name}  # 40 draws at 50%: both arms but once in 5e11
+    status, _, _ = call(live_server.url, "/api/v1/canary/rollback", {"reason": "enough"}, promote)
+    assert status == 200
+    wait_until(lambda: len(call(server.url, "/v1/models")[2]["data"]) == 1)
+    assert {call(server.url, "/v1/chat/completions", chat())[2]["model"] for _ in range(20)} == {production}
+
+
+# --- hostile upstreams and callers ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "status", "kind"), [
+    ("html", 502, "upstream_error"), ("list", 502, "upstream_error"), ("cut", 502, "upstream_error"),
+    ("hang_up", 502, "upstream_error"), ("slow", 504, "upstream_timeout"),
+])
+def test_a_hostile_upstream_answer_is_an_error_and_the_router_goes_on(live_server, project, models, make_api_key,
+                                                                      upstream, routers, mode, status, kind):
+    server = routers(live_server.url, make_api_key(project, scopes=["read"]), upstream.url, upstream_timeout=1.0)
+    upstream.mode, upstream.slow_s = mode, 2.0
+    answer = call(server.url, "/v1/chat/completions", chat())
+    assert (answer[0], answer[2]["error"]["type"]) == (status, kind)
+    assert "<script>" not in json.dumps(answer[2])
+    upstream.mode = "ok"
+    assert call(server.url, "/v1/chat/completions", chat())[2]["model"] == f"{project.slug}-v1"
+
+
+def test_an_upstream_error_passes_on_and_a_bad_stream_is_cut_not_fatal(live_server, project, models, make_api_key,
+                                                                       upstream, routers):
+    server = routers(live_server.url, make_api_key(project, scopes=["read"]), upstream.url)
+    upstream.mode = "error"
+    status, headers, body = call(server.url, "/v1/chat/completions", chat())
+    assert status == 400 and body["message"] == "maximum context length exceeded"
+    assert body["model"] == headers["X-Flywheel-Model-Version"] == f"{project.slug}-v1"
+    upstream.mode = "bad_stream"
+    connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+    connection.request("POST", "/v1/chat/completions", json.dumps(chat(stream=True)),
+                       {"Content-Type": "application/json"})
+    answer = connection.getresponse()
+    raw = answer.read()  # the upstream's stream ended: so does this one, with every line passed on
+    assert b"data: 42\n" in raw and b"data: {not json\n" in raw and b"\xff\xfe" in raw
+    assert f'"model": "{project.slug}-v1"'.encode() in raw
+    connection.close()
+    # Callers' mistakes: named, and nothing reaches the upstream.
+    before = len(upstream.requests)
+    assert call(server.url, "/v1/chat/completions", [1, 2])[0] == 400
+    assert call(server.url, "/v1/embeddings", chat())[0] == 404
+    raw_connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+    raw_connection.request("POST", "/v1/chat/completions", b"{not json", {"Content-Type": "application/json"})
+    assert raw_connection.getresponse().status == 400
+    raw_connection.close()
+    assert len(upstream.requests) == before
+    upstream.mode = "ok"
+    assert call(server.url, "/healthz")[0] == 200
+    assert call(server.url, "/v1/chat/completions", chat())[0] == 200
+
+
+# --- the command ---------------------------------------------------------------------------------------------------
+
+
+def test_the_router_module_needs_neither_django_nor_the_platform_package():
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('router', sys.argv[1]); "
+            "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'django', 'flywheel', 'celery', 'ninja'}))")
+    run = subprocess.run([sys.executable, "-I", "-c", code, str(REPO / "platform/flywheel/router.py")],
+                         capture_output=True, text=True, timeout=60, cwd="/")
+    assert (run.returncode, run.stdout.strip()) == (0, "[]"), run.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_python_m_flywheel_router_routes_from_its_environment(live_server, project, models, make_api_key, upstream):
+    port = _free_port()
+    env = {**os.environ, "FLYWHEEL_URL": live_server.url, "FLYWHEEL_API_KEY": make_api_key(project, scopes=["read"]),
+           "FLYWHEEL_ROUTER_UPSTREAM": upstream.url}
+    process = subprocess.Popen([sys.executable, "-m", "flywheel.router", "--listen", f"127.0.0.1:{port}",
+                                "--refresh", "0.5", "--seed", "1"], env=env, cwd=REPO, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy():
+            try:
+                return call(url, "/healthz")[0] == 200
+            except OSError:
+                assert process.poll() is None, process.stderr.read()
+                return False
+
+        wait_until(healthy, timeout=60)
+        assert call(url, "/v1/chat/completions", chat())[2]["model"] == f"{project.slug}-v1"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    log = process.stderr.read()
+    assert f"router: split now production {project.slug}-v1" in log
+    assert f"listening on http://127.0.0.1:{port}" in log
+    missing = subprocess.run([sys.executable, "-m", "flywheel.router"], capture_output=True, text=True, timeout=60,
+                             cwd=REPO, env={k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")})
+    assert missing.returncode == 2 and "missing --platform, --key, --upstream" in missing.stderr

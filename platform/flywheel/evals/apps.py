@@ -14,6 +14,12 @@ class EvalsConfig(AppConfig):
 
         queue_reason_register(low_score)
 
+        # Online scores join a version's live metrics (the registry sits below and cannot ask).
+        from flywheel.evals.online import live_source
+        from flywheel.registry.live import metric_source_register
+
+        metric_source_register(live_source)
+
         # Failure modes a promotion fixes, and the production version the failures app asks for when a person
         # marks a mode fixed: the apps below cannot import this one, so it listens.
         from flywheel.evals import recurrence

@@ -49,6 +49,7 @@ from flywheel.evals import calibration, promotion
 from flywheel.evals import rows as row_shape
 from flywheel.evals.kinds import train_side
 from flywheel.evals.models import EnvType, OnlineEvalSettings, OnlineScore
+from flywheel.registry.live import names_of
 from flywheel.trajectories.models import Trajectory
 from trainer.verifiers import SpecError
 from trainer.verifiers.base import Score
@@ -428,6 +429,12 @@ def live_metrics_extra(*, project: Project, names: Iterable[str], since: dt.date
     return {"online_scored": figures["n"], "online_mean_reward": figures["mean_reward"],
             "online_pass_rate": figures["pass_rate"], "online_pass_rate_ci": figures["pass_rate_ci"],
             "online_below_share": figures["below_share"]}
+
+
+def live_source(*, project: Project, version: Any, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+    """`live_metrics_extra` for one registry version: the hook `registry.live.metric_source_register` takes."""
+    return live_metrics_extra(project=project, names=names_of(project=project, version=version), since=start,
+                              until=end)
 
 
 def lowest_scored(*, project: Project, since: dt.datetime | None = None, limit: int = 20) -> list[OnlineScore]:

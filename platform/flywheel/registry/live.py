@@ -27,6 +27,7 @@ import json
 import re
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
@@ -552,17 +553,21 @@ def _series(per_slot: dict[datetime, dict[str, Any]], slots: list[datetime], ste
             "failure_rate": [_rate(r["failures"], r["trajectories"]) for r in rows]}
 
 
-# Other live measures of a version (e.g. online evaluation's verifier scores): dotted paths of functions
-# `(project=, version=, start=, end=) -> dict` whose keys join `metrics` ([start, end): the window's whole hours).
-METRIC_SOURCES: tuple[str, ...] = ()
+# Other live measures of a version, from apps above this one (online evaluation's verifier scores, registered
+# in EvalsConfig.ready): functions `(project=, version=, start=, end=) -> dict` whose keys join `metrics`
+# ([start, end): the window's whole hours).
+METRIC_SOURCES: list[Callable[..., dict[str, Any]]] = []
+
+
+def metric_source_register(source: Callable[..., dict[str, Any]]) -> None:
+    if source not in METRIC_SOURCES:
+        METRIC_SOURCES.append(source)
 
 
 def _extra_metrics(project: Project, version: ModelVersion, first: datetime, last: datetime) -> dict[str, Any]:
-    from django.utils.module_loading import import_string
-
     extra: dict[str, Any] = {}
-    for path in METRIC_SOURCES:
-        extra.update(import_string(path)(project=project, version=version, start=first, end=last + HOUR))
+    for source in METRIC_SOURCES:
+        extra.update(source(project=project, version=version, start=first, end=last + HOUR))
     return extra
 
 

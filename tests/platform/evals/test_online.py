@@ -11,6 +11,7 @@ import random
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.urls import reverse
 from django.utils import timezone
 
 from flywheel.evals import online, promotion
@@ -300,3 +301,23 @@ def test_live_metrics_entries_of_a_version(project, ingest):
     assert extra["online_scored"] == 2 and extra["online_pass_rate"] == 0.5 and extra["online_below_share"] == 0.5
     empty = online.live_metrics_extra(project=project, names=["acme-v3"], since=now - dt.timedelta(hours=1), until=now)
     assert empty["online_scored"] == 0 and empty["online_pass_rate"] is None and empty["online_pass_rate_ci"] is None
+
+
+def test_a_versions_live_metrics_carry_its_online_scores(project, ingest, tmp_path, client_for, user):
+    """Through the registry's hook: the version's adapter name and the strings mapped to it are counted."""
+    from flywheel.registry import live, services
+
+    base = tmp_path / "tiny"
+    base.mkdir()
+    (base / "config.json").write_text('{"model_type": "llama"}')
+    v1 = services.base_model_register(project=project, name="tiny", path=str(base))
+    live.version_name_set(project=project, name="support-bot-1", version_number=1)
+    a, b, c = ingest(refund_record("a"), refund_record("b"), refund_record("c"))
+    now = timezone.now()
+    for t, version, reward in ((a, f"{project.slug}-v1", 1.0), (b, "support-bot-1", 0.0), (c, "other", 0.0)):
+        OnlineScore.objects.create(project=project, trajectory=t, model_version=version, verifier="llm_judge",
+                                   reward=reward, passed=reward >= 0.5, below_threshold=reward < 0.5, scored_at=now)
+    metrics = live.live_metrics(project=project, version=v1, window="24h")["metrics"]
+    assert metrics["online_scored"] == 2 and metrics["online_pass_rate"] == 0.5
+    page = client_for(user).get(reverse("registry_version", args=[project.slug, 1])).content.decode()
+    assert "Online evaluation pass rate" in page and "2 scored" in page

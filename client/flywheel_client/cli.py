@@ -80,7 +80,16 @@ def parser() -> argparse.ArgumentParser:
     rollback.add_argument("--to", type=int, dest="to_version", help="a version that served before")
     rollback.add_argument("--reason", default="")
 
-    sub.add_parser("status", help="the production version, the candidate, recent moves and running jobs")
+    canary = sub.add_parser("canary", help="serve model version N to a share of traffic beside production; "
+                                           "`canary promote` / `canary rollback` decide it")
+    canary.add_argument("version", help="a version number, or promote, or rollback")
+    canary.add_argument("--weight", type=float, help="the canary's share of traffic (default: the project's, 0.1)")
+    canary.add_argument("--reason", default="")
+
+    sub.add_parser("checks", help="canary decisions and watches after promotions, with their evidence")
+
+    sub.add_parser("status", help="what serves (production first, then a canary), the candidate, recent moves, "
+                                  "running checks and jobs")
 
     jobs = sub.add_parser("jobs", help="list training jobs")
     jobs.add_argument("--status")
@@ -172,8 +181,10 @@ def _outcome(job: TrainingJob) -> int:
 
 
 def _move(move: AliasMove) -> str:
-    by = f" by {move.user}" if move.user else ""
+    by = f" by {move.user}" if move.user else (f" by the {move.actor}" if move.actor else "")
     why = f": {move.reason}" if move.reason else ""
+    if move.kind == "end":  # the alias points nowhere now: to_version is the version it left
+        return f"{move.alias} ended: version {move.to_version} no longer serves{by} at {move.at}{why}"
     return f"{move.alias} {move.kind}: version {move.from_version} -> {move.to_version}{by} at {move.at}{why}"
 
 
@@ -196,11 +207,40 @@ def status(client: Flywheel, args: argparse.Namespace) -> int:
         print(f"production: version {production.version} ({production.base_model}"
               + (f", adapter {production.adapter_sha256[:12]}" if production.adapter_sha256 else "")
               + f") since {production.since}" + (f": {production.reason}" if production.reason else ""))
+    serving = client.serving()
+    if serving.get("canary"):
+        canary = serving["canary"]
+        print(f"canary: version {canary['version']} ({canary['adapter']}) serves {canary['weight']:.0%} of traffic")
     print(f"candidate: version {state.candidate}" if state.candidate is not None else "candidate: none")
+    for check in client.live_checks(limit=5):
+        if check.status in ("running", "flagged"):
+            print("  " + check.summary())
     for move in state.history:
         print("  " + _move(move))
     for job in state.jobs:
         print(f"job {job.id}: {job.status}, step {job.step}/{job.max_steps}")
+    return OK
+
+
+def canary(client: Flywheel, args: argparse.Namespace) -> int:
+    if args.version == "promote":
+        print(_move(client.canary_promote(reason=args.reason)))
+    elif args.version == "rollback":
+        print(_move(client.canary_rollback(reason=args.reason)))
+    elif args.version.isdigit():
+        started = client.canary(int(args.version), weight=args.weight, reason=args.reason)
+        print(_move(started.move))
+        print("  " + started.check.summary())
+    else:
+        print(f"flywheel: canary: expected a version number, promote or rollback, not {args.version!r}",
+              file=sys.stderr)
+        return USAGE
+    return OK
+
+
+def checks(client: Flywheel, args: argparse.Namespace) -> int:
+    for check in client.live_checks():
+        print(f"check {check.id}: {check.summary()}")
     return OK
 
 
@@ -219,7 +259,7 @@ def cancel(client: Flywheel, args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"ingest": ingest, "train": train, "promote": promote, "rollback": rollback, "status": status,
-            "jobs": jobs, "cancel": cancel}
+            "jobs": jobs, "cancel": cancel, "canary": canary, "checks": checks}
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from flywheel_client.errors import ApiError, FlywheelError, IncompatibleServer
 from flywheel_client.types import (
     JOB_FINISHED,
     AliasMove,
+    CanaryStart,
     Clustering,
     Collection,
     CollectionVersion,
@@ -26,6 +27,7 @@ from flywheel_client.types import (
     GateDecision,
     IngestedRecord,
     IngestResult,
+    LiveCheck,
     LiveMetrics,
     ModelVersion,
     Production,
@@ -374,6 +376,39 @@ class Flywheel:
         if to_version is not None:
             body["to_version"] = to_version
         return AliasMove.from_dict(self._call("POST", "/models/production/rollback", json=body, idempotent=False))
+
+    def canary(self, version: int, *, weight: float | None = None, reason: str = "") -> CanaryStart:
+        """Serve `version` (it must have passed the gate against production) to a share of traffic beside
+        production: `weight` (default: the project's canary weight, 10%). The canary decision then watches it."""
+        body: dict[str, Any] = {"reason": reason}
+        if weight is not None:
+            body["weight"] = weight
+        return CanaryStart.from_dict(self._call("POST", f"/model-versions/{version}/canary", json=body,
+                                                idempotent=False))
+
+    def canary_promote(self, reason: str = "") -> AliasMove:
+        """Move the canary's version to all of the traffic (production), as a person deciding."""
+        return AliasMove.from_dict(self._call("POST", "/canary/promote", json={"reason": reason}, idempotent=False))
+
+    def canary_rollback(self, reason: str = "") -> AliasMove:
+        """End the canary: production takes all of the traffic again."""
+        return AliasMove.from_dict(self._call("POST", "/canary/rollback", json={"reason": reason}, idempotent=False))
+
+    def live_checks(self, limit: int = 50) -> list[LiveCheck]:
+        """Canary decisions and watches after promotions, newest first, each with its last look's evidence."""
+        return [LiveCheck.from_dict(c) for c in self._call("GET", "/live-checks", params={"limit": limit})]
+
+    def live_rules(self) -> dict[str, Any]:
+        return self._call("GET", "/live-rules")
+
+    def set_live_rules(self, **rules: Any) -> dict[str, Any]:
+        """Set some of the canary's and the watch's rules (canary_weight, canary_min_per_arm, canary_max_hours,
+        canary_auto, watch_hours, watch_trajectories, watch_rollback, notify_emails); needs `promote`."""
+        return self._call("PUT", "/live-rules", json=rules)
+
+    def serving(self) -> dict[str, Any]:
+        """What serves now: production's version and adapter name, and the canary's with its weight."""
+        return self._call("GET", "/serving")
 
     def production(self) -> Production | None:
         """What serves now; None while the project has no model."""

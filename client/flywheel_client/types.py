@@ -284,8 +284,42 @@ class AliasMove(Answer):
     from_version: int | None = None
     to_version: int = 0
     user: str | None = None
+    actor: str = ""  # the rule that moved it when no person did: gate, canary or watch
+    evidence: dict[str, Any] = field(default_factory=dict)
+    weight: float | None = None  # a canary's share of traffic after the move
     reason: str = ""
     at: str | None = None
+
+
+@dataclass
+class LiveCheck(Answer):
+    """A canary decision or a watch after a promotion: its status and the evidence of its last look."""
+
+    id: int = 0
+    kind: str = ""  # canary | watch
+    status: str = ""  # running, promoted, rolled_back, flagged, passed, expired, ended
+    subject_version: int = 0
+    baseline_version: int = 0
+    started_at: str | None = None
+    ends_at: str | None = None
+    rules: dict[str, Any] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    looks: int = 0
+    decided_at: str | None = None
+    decided_by: str | None = None
+
+    def summary(self) -> str:
+        look = self.evidence.get("look") or {}
+        why = look.get("reason") or self.evidence.get("reason") or ""
+        return (f"{self.kind} of version {self.subject_version} against {self.baseline_version}: {self.status}"
+                + (f" ({why})" if why else ""))
+
+
+@dataclass
+class CanaryStart(Answer):
+    move: AliasMove | None = None
+    check: LiveCheck | None = None
+    nested: ClassVar[dict[str, type[Answer]]] = {"move": AliasMove, "check": LiveCheck}
 
 
 @dataclass

@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from flywheel.accounts.models import Project, Role
 from flywheel.accounts.services import membership_set, project_create
+from flywheel.registry import serving
 
 LOOP_SLUG = "workplace"
 # The demo project's own training recipe, measured on its data (300 requests played, 176 failures, a
@@ -117,11 +120,16 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
     if progress:
         progress(f"Recording {len(train_rows)} trajectories and promoting the failures.")
     records = []
-    for row in train_rows:
+    # Production's traffic of the last day: served under v1's adapter name, which maps to v1 by itself, so the
+    # Models page draws its live metrics at once.
+    served_by = serving.adapter_name(project.slug, 1)
+    now = timezone.now()
+    for i, row in enumerate(train_rows):
         case = cases[row["id"]]
         answer = ((case.get("samples") or [{}])[0].get("messages") or [])
         records.append({
-            "external_id": f"workplace-{row['id']}", "agent": "workplace-assistant", "model_version": "tiny v1",
+            "external_id": f"workplace-{row['id']}", "agent": "workplace-assistant", "model_version": served_by,
+            "started_at": (now - timedelta(hours=24) * (len(train_rows) - i) / len(train_rows)).isoformat(),
             "messages": row["messages"] + answer, "tools": row["tools"],
             "outcome": "success" if case["passed"] else "failure",
             "metadata": {"demo": True, "failure": (case.get("samples") or [{}])[0].get("failure")},

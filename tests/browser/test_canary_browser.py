@@ -9,9 +9,10 @@ import os
 import pytest
 from playwright.sync_api import expect
 
-from flywheel.registry import canary, services
-from flywheel.registry.models import GateDecision, LiveCheck, RegistrySettings
+from flywheel.registry import canary
+from flywheel.registry.models import LiveCheck, RegistrySettings
 from flywheel.trajectories.ingest import ingest_trajectories
+from tests.platform.registry.worlds import versions_with_adapters
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,15 +33,7 @@ def _traffic(project, number, n, failures, start):
 def test_a_maintainer_starts_watches_and_rolls_back_a_canary(open_page, make_user, make_project, tmp_path):
     owner = make_user("olga")
     project = make_project("shop", owner=owner)
-    base = tmp_path / "tiny"
-    base.mkdir()
-    (base / "config.json").write_text("{}")
-    v1 = services.base_model_register(project=project, name="tiny", path=str(base), user=owner)
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text("{}")
-    v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapter), user=owner)
-    GateDecision.objects.create(project=project, candidate=v2, production=v1, passed=True)
+    v1, v2 = versions_with_adapters(project, owner, tmp_path)
     RegistrySettings.objects.create(project=project, canary_min_per_arm=200)
 
     page = open_page(owner)

@@ -7,22 +7,12 @@ import pytest
 from flywheel_client import ApiError, Flywheel
 from flywheel_client import cli as flywheel_cli
 
-from flywheel.registry import services
-from flywheel.registry.models import GateDecision
+from tests.platform.registry.worlds import versions_with_adapters
 
 
 @pytest.fixture
 def two_versions(project, user, tmp_path):
-    base = tmp_path / "tiny"
-    base.mkdir()
-    (base / "config.json").write_text("{}")
-    v1 = services.base_model_register(project=project, name="tiny", path=str(base), user=user)
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text('{"r": 8}')
-    v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapter), user=user)
-    GateDecision.objects.create(project=project, candidate=v2, production=v1, passed=True)
-    return v1, v2
+    return versions_with_adapters(project, user, tmp_path)
 
 
 def test_a_script_starts_reads_and_ends_a_canary(live_server, project, two_versions, make_api_key, monkeypatch,

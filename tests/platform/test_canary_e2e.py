@@ -25,8 +25,9 @@ import pytest
 from flywheel_client import Flywheel, wrap
 
 from flywheel import router as flywheel_router
-from flywheel.registry import canary, live, services
-from flywheel.registry.models import GateDecision, LiveCheck, LiveRollupState, RegistrySettings
+from flywheel.registry import canary, live
+from flywheel.registry.models import LiveCheck, LiveRollupState, RegistrySettings
+from tests.platform.registry.worlds import versions_with_adapters
 from tests.standin import StandIn, serving
 
 pytestmark = pytest.mark.slow
@@ -77,16 +78,7 @@ def stack(celery_worker, live_server, project, user, tmp_path, make_api_key):
             serving(Vllm, answered={}, failed={}, lock=threading.Lock()) as vllm:
         RegistrySettings.objects.create(project=project, webhook_url=receiver.url + "/flywheel", webhook_secret=SECRET,
                                         canary_auto=True, canary_min_per_arm=1000, canary_weight=0.1)
-        base = tmp_path / "tiny"
-        base.mkdir()
-        (base / "config.json").write_text('{"model_type": "llama"}')
-        v1 = services.base_model_register(project=project, name="tiny", path=str(base), user=user)
-        adapter = tmp_path / "adapter-2"
-        adapter.mkdir()
-        (adapter / "adapter_config.json").write_text('{"r": 8}')
-        (adapter / "adapter_model.safetensors").write_bytes(b"\x02" * 100)
-        v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapter), user=user)
-        GateDecision.objects.create(project=project, candidate=v2, production=v1, passed=True)
+        v1, v2 = versions_with_adapters(project, user, tmp_path)
         router = flywheel_router.build(platform=live_server.url, key=make_api_key(project, scopes=["read"]),
                                        upstream=vllm.url, listen="127.0.0.1:0", refresh_s=0.2, seed=7).start()
         try:

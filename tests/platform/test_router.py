@@ -24,8 +24,8 @@ from scipy.stats import binomtest
 
 from flywheel import router as flywheel_router
 from flywheel.accounts.services import api_key_revoke
-from flywheel.registry import canary, services
-from flywheel.registry.models import GateDecision
+from flywheel.registry import canary
+from tests.platform.registry.worlds import versions_with_adapters
 from tests.standin import StandIn, serving
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,17 +106,7 @@ def upstream():
 @pytest.fixture
 def models(project, user, tmp_path):
     """v1 in production (the base alone); v2 with an adapter, passed the gate against v1."""
-    base = tmp_path / "tiny"
-    base.mkdir()
-    (base / "config.json").write_text('{"model_type": "llama"}')
-    v1 = services.base_model_register(project=project, name="tiny", path=str(base), user=user)
-    adapter = tmp_path / "adapter-2"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text('{"r": 8}')
-    (adapter / "adapter_model.safetensors").write_bytes(b"\x02" * 100)
-    v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapter), user=user)
-    GateDecision.objects.create(project=project, candidate=v2, production=v1, passed=True)
-    return v1, v2
+    return versions_with_adapters(project, user, tmp_path)
 
 
 def start_router(platform_url, key, upstream_url, **options):

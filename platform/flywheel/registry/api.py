@@ -388,8 +388,13 @@ class DecideIn(Schema):
 def canary_promote(request: HttpRequest, body: DecideIn) -> dict:
     from flywheel.registry import canary
 
+    return _canary_decide(request, body, canary.canary_promote)
+
+
+def _canary_decide(request: HttpRequest, body: DecideIn, decide) -> dict:  # noqa: ANN001 (one of canary's two)
+    """A person's decision on the canary (promote or roll back): the move, or 409 with why not."""
     try:
-        event = canary.canary_promote(project=request.auth.project, user=request.auth.created_by, reason=body.reason)
+        event = decide(project=request.auth.project, user=request.auth.created_by, reason=body.reason)
     except services.RegistryError as exc:
         raise HttpError(409, str(exc)) from None
     return _move(event)
@@ -402,11 +407,7 @@ def canary_promote(request: HttpRequest, body: DecideIn) -> dict:
 def canary_rollback(request: HttpRequest, body: DecideIn) -> dict:
     from flywheel.registry import canary
 
-    try:
-        event = canary.canary_rollback(project=request.auth.project, user=request.auth.created_by, reason=body.reason)
-    except services.RegistryError as exc:
-        raise HttpError(409, str(exc)) from None
-    return _move(event)
+    return _canary_decide(request, body, canary.canary_rollback)
 
 
 class LiveRulesIn(Schema):

@@ -26,25 +26,16 @@ from flywheel.failures import recurrence as failures_recurrence
 from flywheel.failures.models import FailureMode, RecurrenceMatch
 from flywheel.failures.services import failure_mode_assign, failure_mode_create, failure_mode_update
 from flywheel.registry import notify, services
-from flywheel.registry.models import GateDecision, LiveRollup, Notification, RegistrySettings
+from flywheel.registry.models import LiveRollup, Notification, RegistrySettings
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Trajectory, TriageSignal
+from tests.platform.registry.worlds import versions_with_adapters
 
 
 @pytest.fixture
 def versions(project, user, tmp_path):
     """v1 in production (the base alone); v2 with an adapter that passed the gate against v1."""
-    base = tmp_path / "tiny"
-    base.mkdir()
-    (base / "config.json").write_text('{"model_type": "llama"}')
-    v1 = services.base_model_register(project=project, name="tiny", path=str(base), user=user)
-    adapter = tmp_path / "adapter-2"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text('{"r": 8}')
-    (adapter / "adapter_model.safetensors").write_bytes(b"\x02" * 100)
-    v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapter), user=user)
-    GateDecision.objects.create(project=project, candidate=v2, production=v1, passed=True)
-    return v1, v2
+    return versions_with_adapters(project, user, tmp_path)
 
 
 @pytest.fixture

@@ -28,24 +28,13 @@ from flywheel.registry.models import (
 )
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Trajectory, TriageSignal
+from tests.platform.registry.worlds import versions_with_adapters
 
 
 @pytest.fixture
 def versions(project, user, tmp_path):
     """v1 in production (the base alone), v2 and v3 with adapters, each passed the gate against v1."""
-    base = tmp_path / "tiny"
-    base.mkdir()
-    (base / "config.json").write_text('{"model_type": "llama"}')
-    v1 = services.base_model_register(project=project, name="tiny", path=str(base), user=user)
-    out = [v1]
-    for i in (2, 3):
-        adapter = tmp_path / f"adapter-{i}"
-        adapter.mkdir()
-        (adapter / "adapter_config.json").write_text('{"r": 8}')
-        (adapter / "adapter_model.safetensors").write_bytes(bytes([i]) * 100)
-        version = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapter), user=user)
-        GateDecision.objects.create(project=project, candidate=version, production=v1, passed=True)
-        out.append(version)
+    out = versions_with_adapters(project, user, tmp_path, adapters=2)
     RegistrySettings.objects.create(project=project, canary_min_per_arm=50, watch_hours=24)
     return out
 

@@ -16,11 +16,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from flywheel.failures import review
-from flywheel.registry import live, services
+from flywheel.registry import live
 from flywheel.registry.models import Alias, AliasAssignment, LiveRollup, LiveRollupState, VersionName
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Trajectory
 from flywheel.trajectories.triage import triage_project, triage_run_process, triage_run_start
+from tests.platform.registry.worlds import versions_with_adapters
 
 NOW = timezone.now()
 
@@ -28,15 +29,7 @@ NOW = timezone.now()
 @pytest.fixture
 def versions(project, user, tmp_path):
     """v1 in production (the base alone) and v2 with an adapter."""
-    base = tmp_path / "tiny"
-    base.mkdir()
-    (base / "config.json").write_text('{"model_type": "llama"}')
-    v1 = services.base_model_register(project=project, name="tiny", path=str(base), user=user)
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text('{"r": 8}')
-    v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapter), user=user)
-    return v1, v2
+    return versions_with_adapters(project, user, tmp_path, gated=False)
 
 
 def record(i, model, *, hours_ago=0.0, outcome="success", unsafe=False, usage=None, latency=None, bad_args=False):

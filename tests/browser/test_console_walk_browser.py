@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -25,9 +26,10 @@ from flywheel.evals.run_models import EvalRun
 from flywheel.failures.clustering.models import ClusteringRun, ClusterSuggestion
 from flywheel.failures.models import FailureMode, TaxonomyCategory
 from flywheel.failures.services import failure_mode_create
+from flywheel.registry import sequential
 from flywheel.registry import services as registry
 from flywheel.registry.demo import DEMO_MODEL_NAME
-from flywheel.registry.models import BaseModel, GateDecision, ModelVersion
+from flywheel.registry.models import BaseModel, GateDecision, LiveCheck, ModelVersion
 from flywheel.seed.demo import ADMIN_USERNAME, demo_seed
 from flywheel.training import services as training
 from flywheel.training.demo import loop_demo_seed, loop_project
@@ -105,8 +107,16 @@ def _model_rows(project: Project, user) -> dict[str, int]:
     eval_run = EvalRun.objects.create(project=project, model_version=production,
                                       suite_version=suite_version.versions.order_by("number").last())
     other_run = EvalRun.objects.create(project=project, model_version=candidate, suite_version=eval_run.suite_version)
+    # A canary decision that flagged the candidate, with a look's evidence, for its page.
+    look = sequential.look(subject_n=120, subject_failures=60, subject_unsafe=0, baseline_n=1000,
+                           baseline_failures=250, baseline_unsafe=0, min_per_arm=1000).to_dict()
+    check = LiveCheck.objects.create(project=project, kind="canary", subject=candidate, baseline=production,
+                                     status="flagged", started_at=now, ends_at=now + timedelta(hours=72), looks=1,
+                                     evidence={"look": look, "at": now.isoformat(), "looks": 1, "trail": [
+                                         [now.isoformat(), 120, 1000, look["failure"]["p"], look["unsafe"]["p"]]]})
     return {"version_number": candidate.number, "decision_id": decision.pk, "job_id": job.pk, "step": 4,
-            "eval_run_id": eval_run.pk, "other_job_id": failed.pk, "other_eval_run_id": other_run.pk}
+            "eval_run_id": eval_run.pk, "other_job_id": failed.pk, "other_eval_run_id": other_run.pk,
+            "check_id": check.pk}
 
 
 def _collections(project: Project, user) -> None:

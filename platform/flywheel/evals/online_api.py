@@ -9,6 +9,7 @@ from typing import Any
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
+from pydantic import field_validator
 
 from flywheel.api import api
 from flywheel.api.auth import promote_auth, read_auth
@@ -79,6 +80,17 @@ def online_eval_set(request: HttpRequest, body: OnlineEvalIn) -> dict[str, Any]:
 class ScoresQuery(Schema):
     model_version: list[str] | None = Field(None, description="Only these model_version strings (repeatable)")
     hours: int = Field(24 * 7, ge=1, le=24 * 366, description="The window: scores of the last this many hours")
+
+    @field_validator("model_version")
+    @classmethod
+    def _names(cls, value: list[str] | None) -> list[str] | None:
+        # PostgreSQL's text holds no NUL (its driver refuses the query), and a model_version is at most 200.
+        for name in value or []:
+            if "\x00" in name:
+                raise ValueError("must not contain a NUL character")
+            if len(name) > 200:
+                raise ValueError("a model_version is at most 200 characters")
+        return value
 
 
 class VersionScoresOut(Schema):

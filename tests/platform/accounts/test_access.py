@@ -155,8 +155,14 @@ def _model_rows(project):
     suite = EvalSuite.objects.create(project=project, name="runs", kind="holdout")
     eval_run = EvalRun.objects.create(project=project, model_version=version, suite_version=suite.versions.create(
         number=1, rows=[], size=0, content_hash="0" * 64))
+    from django.utils import timezone
+
+    from flywheel.registry.models import LiveCheck
+
+    check = LiveCheck.objects.create(project=project, kind="canary", subject=version, baseline=version,
+                                     started_at=timezone.now(), ends_at=timezone.now())
     return {"version_number": version.number, "decision_id": decision.pk, "job_id": job.pk, "step": 3,
-            "eval_run_id": eval_run.pk}
+            "eval_run_id": eval_run.pk, "check_id": check.pk}
 
 
 @pytest.fixture

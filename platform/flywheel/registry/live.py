@@ -133,10 +133,14 @@ def version_names(*, project: Project) -> list[VersionName]:
 
 # --- the rollup ------------------------------------------------------------------------------------------
 
-# A refresh reads the trajectories changed since its watermark less this: a writer stamps its rows (ingest's
-# `now`, triage's `triaged_at`) before it commits, so a row may become visible a little after a refresh
-# moved the watermark past its stamp. Recomputing a bucket twice is harmless; missing one is not.
+# A writer stamps its rows (ingest's `now`, triage's `triaged_at`) before it commits, so a row may become
+# visible after a refresh that ran past its stamp. The next refresh therefore starts from a watermark no later
+# than the start of the oldest transaction still open when this one ran (PostgreSQL says which: every stamp of
+# a transaction not yet committed is at or after its start), less CLOCK_SKEW between the app's clock and the
+# database's. SQLite has one writer at a time and says nothing of it: there the watermark is held back by
+# OVERLAP. Reading a trajectory again is cheap (passed over in SQL when nothing newer); missing one is not.
 OVERLAP = timedelta(minutes=2)
+CLOCK_SKEW = timedelta(seconds=2)
 HOUR = timedelta(hours=1)
 # Tokens above this on one trajectory are taken for garbage (agent data is untrusted), not summed.
 TOKENS_MAX = 10**9
@@ -183,6 +187,19 @@ class RollupWork:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _safe_watermark(until: datetime) -> datetime:
+    """Where the next refresh starts reading: `until`, or the start of the oldest other transaction on the
+    database if earlier, less the clock skew (PostgreSQL); `until` less OVERLAP elsewhere."""
+    if connection.vendor != "postgresql":
+        return until - OVERLAP
+    with connection.cursor() as cursor:
+        # Sessions of the platform's own role: every process of it connects with DATABASE_URL's.
+        cursor.execute("SELECT min(xact_start) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND xact_start IS NOT NULL AND pid <> pg_backend_pid()")
+        oldest = cursor.fetchone()[0]
+    return (min(until, oldest) if oldest is not None else until) - CLOCK_SKEW
 
 
 def _state() -> LiveRollupState:
@@ -386,7 +403,7 @@ def rollup_refresh(*, full: bool = False) -> RollupWork:
         if full:
             LiveRollup.objects.all().delete()
             LiveRollupMember.objects.all().delete()
-        since = None if full or state.watermark is None else state.watermark - OVERLAP
+        since = None if full else state.watermark
         # Only what changed since it was counted: a row read again within the overlap with nothing newer is
         # passed over in SQL (one probe of the member table's primary key).
         counted = LiveRollupMember.objects.filter(trajectory_id=OuterRef("id"), seen_at__gte=OuterRef("state_at"))
@@ -415,23 +432,22 @@ def rollup_refresh(*, full: bool = False) -> RollupWork:
         work.steps["write"] = (time.perf_counter() - t0) * 1000
 
         work.ms = (time.perf_counter() - t_start) * 1000
-        state.watermark, state.ran_at = until, timezone.now()
+        state.watermark, state.ran_at = _safe_watermark(until), timezone.now()
         state.last_trajectories, state.last_buckets, state.last_ms = work.trajectories, work.buckets, round(work.ms)
         state.save()
     return work
 
 
 def rollup_sweep() -> int:
-    """flywheel.outbox.SWEEPS: hand a worker the refresh when trajectories changed past the watermark, or when
-    the last refresh is recent enough that a late commit may still be within its overlap. Cheap: one probe
-    on the updated_at and triaged_at indexes. Returns how many messages were sent (0 or 1)."""
+    """flywheel.outbox.SWEEPS: hand a worker the refresh when trajectories changed past the watermark (a late
+    commit included: the watermark is held back for it). Cheap: one probe on the updated_at and triaged_at
+    indexes. Returns how many messages were sent (0 or 1)."""
     from flywheel import outbox
     from flywheel.registry.tasks import live_rollup_task
 
     state = LiveRollupState.objects.order_by("pk").first()
     watermark = state.watermark if state else None
-    recent = state is not None and state.ran_at is not None and timezone.now() - state.ran_at < OVERLAP
-    if not recent and not _dirty(watermark).exists():
+    if not _dirty(watermark).exists():
         return 0
     try:
         outbox.send(live_rollup_task)

@@ -7,6 +7,7 @@ names, a hostile model_version escaped)."""
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from datetime import UTC, timedelta
 
@@ -212,10 +213,40 @@ def test_the_sweep_hands_the_refresh_to_a_worker_only_when_something_changed(cel
     celery_worker.wait_for(lambda: LiveRollup.objects.filter(project=project).count() == 2)
     assert stored(project) == recomputed(project)
     celery_worker.wait_for(lambda: LiveRollupState.objects.filter(watermark__isnull=False).exists())
-    LiveRollupState.objects.update(ran_at=timezone.now() - live.OVERLAP * 2)
-    assert live.rollup_sweep() == 0  # nothing past the watermark, and the last run is old
-    LiveRollupState.objects.update(ran_at=timezone.now())
-    assert live.rollup_sweep() == 1  # a late commit may still land within the overlap
+    LiveRollupState.objects.update(watermark=timezone.now())
+    assert live.rollup_sweep() == 0  # nothing past the watermark
+    send(project, [record(3, "alpha")])
+    assert live.rollup_sweep() == 1
+
+
+def test_the_watermark_waits_for_a_transaction_still_open(project, transactional_db, needs_postgres):
+    """A writer that stamped its rows before a refresh ran and commits after it: the next refresh still reads
+    them, because the watermark stopped at the start of the transaction that was open."""
+    import threading
+
+    from django.db import connection, transaction
+
+    stamped, release = threading.Event(), threading.Event()
+
+    def slow_writer():
+        with transaction.atomic():
+            ingest_trajectories(project=project, records=[record(7, "late")])  # stamped now
+            stamped.set()
+            release.wait(10)
+        connection.close()
+
+    thread = threading.Thread(target=slow_writer)
+    thread.start()
+    stamped.wait(10)
+    time.sleep(live.CLOCK_SKEW.total_seconds() + 1)  # its stamp is now older than the skew allows for
+    try:
+        live.rollup_refresh()  # the late row is not visible yet
+        assert not LiveRollup.objects.filter(project=project, model_version="late").exists()
+    finally:
+        release.set()
+        thread.join()
+    live.rollup_refresh()
+    assert LiveRollup.objects.get(project=project, model_version="late").trajectories == 1
 
 
 def test_a_second_refresh_at_once_skips(project, versions, transactional_db, needs_postgres):

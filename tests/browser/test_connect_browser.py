@@ -81,3 +81,24 @@ def test_a_base_model_missing_parts_is_refused_with_each_part_named(open_page, u
     expect(page.locator("p.acc-note")).to_contain_text("Base model registered", timeout=60_000)
     assert BaseModel.objects.get(project=project).path == str(tiny_model)
     assert page.log.console_errors == [] and page.log.page_errors == []
+
+
+def test_a_copy_button_never_covers_the_code(open_page, user, project):
+    """A Copy button laid over its snippet hides the end of the longest lines (the JSONL record runs far to the
+    right): each button sits above its block, clear of the code, at 1024 px as at 1360."""
+    page = open_page(user)
+    for width in (1360, 1024):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.goto(f"/p/{project.slug}/connect/")
+        buttons = page.locator("button.connect-copy[data-copy]")
+        expect(buttons.first).to_be_visible()
+        overlaps = buttons.evaluate_all("""(buttons) => buttons.map((button) => {
+            const pre = document.getElementById(button.getAttribute("data-copy"));
+            const b = button.getBoundingClientRect(), p = pre.getBoundingClientRect();
+            const apart = b.bottom <= p.top + 0.5 || b.top >= p.bottom - 0.5 || b.right <= p.left || b.left >= p.right;
+            return apart ? null : button.getAttribute("data-copy");
+        }).filter(Boolean)""")
+        assert buttons.count() == 7 and overlaps == [], overlaps
+        page.locator("#snippet-jsonl_file").scroll_into_view_if_needed()
+        _shot(page, f"connect-jsonl-{width}.png")
+    assert page.log.console_errors == [] and page.log.page_errors == []

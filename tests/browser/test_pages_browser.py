@@ -150,3 +150,44 @@ def test_pages_keep_their_layout(open_page, project, user, demo_like, width):
     expect(page.locator(".kv-table tr[data-signal]")).to_have_count(4)
     assert _cut(page, ".kv-table th, .kv-table td, .kv-table .badge") == []
     assert not page.log.page_errors and not page.log.console_errors, (page.log.page_errors, page.log.console_errors)
+
+
+def _shot(page, name):
+    import os
+    from pathlib import Path
+
+    folder = os.environ.get("FLYWHEEL_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / name))
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("name", ["Demo support agent", "Customer support agent for the EMEA returns desk (staging copy)"])
+def test_the_top_bar_keeps_to_one_line_with_a_project_open(open_page, make_user, make_project, width, name):
+    """The project's name and its dozen links fit on one line at 1024 px: a bar on two lines pushes every page
+    down and splits the loop's links in two. A long name gives way (cut with an ellipsis, whole in its title);
+    a short one stays whole; the links keep a readable size at 1280."""
+    user = make_user("maintainer-jo")
+    project = make_project("demo", name=name, owner=user)
+    page = open_page(user)
+    page.set_viewport_size({"width": width, "height": 700})
+    page.goto("/")
+    one_line = page.locator("header.topbar").bounding_box()["height"]
+
+    page.goto(f"/p/{project.slug}/dashboard/")
+    links = page.locator("header.topbar nav.topnav > a")
+    expect(links).to_have_count(11)  # Trajectories … Dashboard, Connect, Settings
+    _shot(page, f"topbar-{width}-{len(name)}.png")
+    bar = page.locator("header.topbar").bounding_box()
+    assert bar["height"] <= one_line + 1, f"the top bar takes {bar['height']}px, one line is {one_line}px"
+    tops = page.locator("header.topbar a, header.topbar .user, header.topbar button").evaluate_all(
+        "(els) => els.map((el) => Math.round(el.getBoundingClientRect().top))")
+    assert max(tops) - min(tops) <= 2, tops
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), "the bar widens the page"
+    shown = page.locator("header.topbar .crumb + a")
+    expect(shown).to_have_attribute("title", name)
+    cut = shown.evaluate("(el) => el.scrollWidth > el.clientWidth")
+    assert cut == (len(name) > 40), "only a long name is cut"
+    size = float(links.first.evaluate("(el) => parseFloat(getComputedStyle(el).fontSize)"))
+    assert size >= (14 if width >= 1280 else 12), size

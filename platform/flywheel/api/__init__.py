@@ -12,6 +12,9 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest
 from ninja import Field, NinjaAPI, Router, Schema
+from ninja.schema import DjangoGetter
+from pydantic import model_validator
+from pydantic_core import PydanticCustomError
 
 from flywheel.api import errors
 
@@ -33,6 +36,27 @@ DESCRIPTION = (
     "number (v4 is 4). Every answer names them the same way, and every record an answer creates or accepts "
     "carries its id. A wrong field is a 422 whose `detail` gives its path (`loc`) and what is wrong (`msg`)."
 )
+
+
+class ObjectIn(Schema):
+    """A request body that must be a JSON object. Ninja's Schema reads a model's fields as attributes of
+    whatever it is given, so a body of `[null, null]` (or `5`) would pass as "every field left out" when
+    every field has a default: refused here as a 422 on the whole body (loc ["body"])."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _an_object(cls, data: Any) -> Any:
+        # Schema's own validator (it wraps this one) hands the value over in a DjangoGetter.
+        value = data._obj if isinstance(data, DjangoGetter) else data
+        if not isinstance(value, dict):
+            raise PydanticCustomError("dict_type", "The body must be a JSON object, not {kind}",
+                                      {"kind": _json_kind(value)})
+        return data
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+            type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def platform_version() -> str:
@@ -68,7 +92,7 @@ class FlywheelAPI(NinjaAPI):
         exc = super().validation_error_from_error_contexts(error_contexts)
         for error in exc.errors:
             loc = tuple(error["loc"])
-            if len(loc) > 2 and loc[0] == "body":
+            if len(loc) >= 2 and loc[0] == "body":  # ["body", "body"]: the whole body (ObjectIn) -> ["body"]
                 error["loc"] = (loc[0], *loc[2:])
         return exc
 

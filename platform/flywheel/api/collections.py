@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 
-from flywheel.api import api
+from flywheel.api import ObjectIn, api
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ErrorOut, ValidationErrorOut
 from flywheel.evals import promotion, selectors
@@ -95,7 +95,7 @@ class ConflictOut(Schema):
     detail: str
 
 
-class PromotionIn(Schema):
+class PromotionIn(ObjectIn):
     """The trajectory, by `trajectory_id` or by `external_id` (exactly one). Unset fields start from its
     prefill (expected = what the agent did)."""
 
@@ -136,7 +136,7 @@ class PromotionRefusedOut(Schema):
     checks: ChecksOut
 
 
-class BulkIn(Schema):
+class BulkIn(ObjectIn):
     """Which trajectories: a failure mode's, or a selection by `trajectory_ids` or `external_ids` (exactly one
     of the three)."""
 

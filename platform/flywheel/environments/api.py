@@ -11,6 +11,7 @@ from django.http import HttpRequest
 from ninja import Field, Schema, Status
 from ninja.errors import HttpError
 
+from flywheel.api import ObjectIn
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.collections import ItemOut, item_out, register
 from flywheel.api.errors import ERRORS
@@ -21,7 +22,7 @@ from flywheel.environments.variants import task_variants_create
 router = register(model=TaskSet, prefix="task-sets", tag="task-sets", id_name="task_set_id")
 
 
-class VariantsIn(Schema):
+class VariantsIn(ObjectIn):
     kinds: list[Literal["argument", "rephrase"]] = Field(default=["argument", "rephrase"], max_length=2)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 
-from flywheel.api import api
+from flywheel.api import ObjectIn, api
 from flywheel.api.auth import read_auth
 from flywheel.api.collections import export_response, register
 from flywheel.api.errors import ErrorOut, ValidationErrorOut
@@ -26,7 +26,7 @@ router = register(model=EvalSuite, prefix="eval-suites", tag="eval-suites", id_n
 calibration_router = Router(tags=["calibration"])
 
 
-class CalibrationIn(Schema):
+class CalibrationIn(ObjectIn):
     verifier: dict[str, Any] | None = Field(default=None, description="a verifier spec; wins over source")
     source: str = Field(default="", description="case:ID or task:ID: that row's verifier")
     agent: str = Field(default="", description="only trajectories of this agent")

@@ -9,7 +9,7 @@ from typing import Any
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
-from pydantic import field_validator
+from pydantic import StrictBool, field_validator
 
 from flywheel.api import api
 from flywheel.api.auth import promote_auth, read_auth
@@ -22,13 +22,13 @@ router = Router(tags=["online-eval"])
 class OnlineEvalIn(Schema):
     model_config = {"extra": "forbid"}
 
-    enabled: bool = Field(description="Score a sample of the trajectories that arrive from now on")
+    enabled: StrictBool = Field(description="Score a sample of the trajectories that arrive from now on")
     sample_rate: float = Field(0.1, description="The share of new trajectories scored, from 0 to 1 (by a hash of "
                                                 "the external id: the same trajectory is always taken or left)")
     max_per_hour: int = Field(200, description="At most this many trajectories scored per clock hour")
     task_set: int | None = Field(None, description="A task set's id: a trajectory is scored by the verifier of "
                                                    "its task whose declared tool names equal the trajectory's")
-    judge_enabled: bool = Field(False, description="Also score with an llm_judge on the endpoint below")
+    judge_enabled: StrictBool = Field(False, description="Also score with an llm_judge on the endpoint below")
     judge_url: str = Field("", description="The judge's OpenAI-compatible base URL (the operator's outbound "
                                            "allowlist must allow it)")
     judge_model: str = ""

@@ -12,7 +12,7 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 
-from flywheel.api import api
+from flywheel.api import ObjectIn, api
 from flywheel.api.auth import read_auth, train_auth
 from flywheel.api.errors import ERRORS
 from flywheel.api.pagination import PageQuery, keyset_page
@@ -102,7 +102,7 @@ class RunCompareQuery(Schema):
     ids: list[int] = Field(min_length=2, max_length=2, description="The two runs: a, then b")
 
 
-class RegressionBuildIn(Schema):
+class RegressionBuildIn(ObjectIn):
     samples: int = 16
     min_rate: float = 0.8
 

@@ -16,7 +16,7 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
 
-from flywheel.api import api
+from flywheel.api import ObjectIn, api
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.failures import queue, selectors, services
@@ -49,7 +49,7 @@ class FailureModeIn(Schema):
     status: Literal["open", "being_fixed", "fixed"] = "open"
 
 
-class Selection(Schema):
+class Selection(ObjectIn):
     """Which trajectories: `trajectory_ids`, or `filter` (the list page's query parameters: outcome, agent,
     model_version, date_from, date_to, tool_error, q, signal, reviewed, source, tag, mode). Exactly one."""
 
@@ -63,7 +63,7 @@ class CountOut(Schema):
     count: int = Field(description="Trajectories newly assigned (assign) or that carried the mode (unassign)")
 
 
-class QueueFilter(Schema):
+class QueueFilter(ObjectIn):
     filter: dict[str, str] | None = Field(None, description="Narrows the queue with the list page's filter")
 
 
@@ -72,7 +72,7 @@ class ClaimOut(Schema):
     expires_at: datetime | None
 
 
-class CompleteIn(Schema):
+class CompleteIn(ObjectIn):
     outcome: Literal["success", "failure", "unknown", ""] = Field(
         "", description="Empty: failure when it carries a mode or the agent said so, else the agent's outcome"
     )

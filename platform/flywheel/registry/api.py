@@ -11,9 +11,9 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
-from pydantic import field_validator
+from pydantic import StrictBool, field_validator
 
-from flywheel.api import api
+from flywheel.api import ObjectIn, api
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.registry import selectors, services
@@ -115,11 +115,11 @@ class ModelVersionOut(Schema):
     created_at: datetime
 
 
-class MoveIn(Schema):
+class MoveIn(ObjectIn):
     reason: str = ""
 
 
-class RollbackIn(Schema):
+class RollbackIn(ObjectIn):
     reason: str = ""
     to_version: int | None = None
 
@@ -245,7 +245,7 @@ def base_model_register(request: HttpRequest, body: BaseModelIn) -> Status:
                         "production": production is not None and production.pk == version.pk})
 
 
-class GateRulesIn(Schema):
+class GateRulesIn(ObjectIn):
     """The rules a project may set (flywheel.registry.gate.GateRules); one not sent, or null, takes its default."""
 
     model_config = {"extra": "forbid"}
@@ -261,12 +261,12 @@ class GateRulesIn(Schema):
     invalid_test: Literal["harm", "noninferiority"] | None = None
     invalid_tolerance: float | None = Field(None, ge=0, lt=1, description="Above 0 for a non-inferiority test")
     expected_gain: float | None = Field(None, gt=0, le=1, description="The gain the holdout must be able to show")
-    require_regression: bool | None = Field(None, description="A job with no regression case measured cannot pass")
+    require_regression: StrictBool | None = Field(None, description="A job with no regression case measured cannot pass")
 
 
-class GateSettingsIn(Schema):
+class GateSettingsIn(ObjectIn):
     rules: GateRulesIn = Field(default_factory=GateRulesIn, description="The project's own rules")
-    auto_promote: bool = Field(description="A candidate that passes the gate goes to production at once")
+    auto_promote: StrictBool = Field(description="A candidate that passes the gate goes to production at once")
 
 
 class GateSettingsOut(Schema):
@@ -308,7 +308,7 @@ def gate_settings_set(request: HttpRequest, body: GateSettingsIn) -> dict[str, A
 # --- canary and the watch (flywheel.registry.canary) ---------------------------------------------------------
 
 
-class CanaryIn(Schema):
+class CanaryIn(ObjectIn):
     weight: float | None = Field(None, gt=0, lt=1, description="The canary's share of traffic (0.1 = 10%); "
                                  "default: the project's canary weight")
     reason: str = Field("", max_length=2000, json_schema_extra=_NO_NUL)
@@ -370,7 +370,7 @@ def version_canary(request: HttpRequest, number: int, body: CanaryIn) -> dict:
     return {"move": _move(check.event), "check": _check(check)}
 
 
-class DecideIn(Schema):
+class DecideIn(ObjectIn):
     reason: str = Field("", max_length=2000, json_schema_extra=_NO_NUL)
 
     @field_validator("reason")
@@ -410,7 +410,7 @@ def canary_rollback(request: HttpRequest, body: DecideIn) -> dict:
     return _canary_decide(request, body, canary.canary_rollback)
 
 
-class LiveRulesIn(Schema):
+class LiveRulesIn(ObjectIn):
     """The canary's and the watch's rules; one not sent, or null, keeps its value."""
 
     model_config = {"extra": "forbid"}
@@ -420,13 +420,13 @@ class LiveRulesIn(Schema):
                                            description="Trajectories each arm needs before a canary is promoted")
     canary_max_hours: int | None = Field(None, ge=1, le=24 * 90, description="A canary without enough traffic "
                                          "by then is removed (expired)")
-    canary_auto: bool | None = Field(None, description="The decision acts by itself (promote or roll back); "
+    canary_auto: StrictBool | None = Field(None, description="The decision acts by itself (promote or roll back); "
                                      "else it flags the canary for a person")
     watch_hours: int | None = Field(None, ge=0, le=24 * 90, description="How long a newly promoted production is "
                                     "watched, and the baseline window before the move (0: no watch)")
     watch_trajectories: int | None = Field(None, ge=0, le=10_000_000, description="The watch passes once "
                                            "production served this many (0: by time only)")
-    watch_rollback: bool | None = Field(None, description="A production found worse is rolled back; else flagged")
+    watch_rollback: StrictBool | None = Field(None, description="A production found worse is rolled back; else flagged")
     notify_emails: list[str] | None = Field(None, max_length=50, description="Where notifications are mailed "
                                             "(the webhook gets them too)")
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
+from pydantic import StrictBool
 
 from flywheel.api import api
 from flywheel.api.auth import read_auth, train_auth
@@ -35,8 +36,8 @@ class JobIn(Schema):
     algorithm: str = Field("grpo", description=" | ".join(services.ALGORITHMS))
     config: dict[str, Any] = Field({}, description="GRPOConfig fields, over the project's recipe")
     num_gpus: int = 1
-    confirm: bool = Field(True, description="Train right after production is measured; false: wait for a "
-                                            "person on the job's page")
+    confirm: StrictBool = Field(True, description="Train right after production is measured; false: wait for a "
+                                                  "person on the job's page")
 
 
 class JobCreated(Schema):

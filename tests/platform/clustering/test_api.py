@@ -60,3 +60,15 @@ def test_scopes_projects_and_bad_filters(api_client, project, keys, make_project
     assert api_client.get(f"/api/v1/clusterings/{run.pk}", key=keys["read"]).status_code == 200
     busy = api_client.post("/api/v1/clusterings", {}, key=keys["review"])
     assert busy.status_code == 409 and ClusteringRun.objects.filter(project=project).count() == 1
+
+
+@pytest.mark.parametrize("body, loc", [
+    ([None, None], ["body"]), ("failure", ["body"]), ({"unassigned": 0}, ["body", "unassigned"]),
+    ({"unassigned": "false"}, ["body", "unassigned"]),
+])
+def test_a_body_that_is_no_object_or_a_lax_boolean_starts_nothing(api_client, project, keys, body, loc):
+    """Every field has a default, so an array body used to start a run over the default filter."""
+    answer = api_client.post("/api/v1/clusterings", body, key=keys["review"])
+    assert answer.status_code == 422, answer.content
+    assert answer.json()["detail"][0]["loc"] == loc
+    assert not ClusteringRun.objects.filter(project=project).exists()

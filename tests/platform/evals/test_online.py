@@ -248,6 +248,9 @@ def test_api_reads_with_read_and_changes_with_promote(api_client, make_api_key, 
     assert put.json()["enabled"] and put.json()["judge_api_key_set"] and "sk-secret" not in put.content.decode()
     wrong = api_client.put("/api/v1/online-eval", {**body, "sample_rate": 2}, key=promote)
     assert wrong.status_code == 422 and wrong.json()["detail"][0]["loc"] == ["body", "sample_rate"]
+    for name, value in (("enabled", 1), ("judge_enabled", "false")):  # a boolean is true or false, nothing else
+        lax = api_client.put("/api/v1/online-eval", {**body, name: value}, key=promote)
+        assert lax.status_code == 422 and lax.json()["detail"][0]["loc"] == ["body", name], lax.content
     scores = api_client.get("/api/v1/online-eval/scores", {"hours": 24}, key=read)
     assert scores.status_code == 200 and scores.json() == []
 

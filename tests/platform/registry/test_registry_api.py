@@ -91,3 +91,30 @@ def test_a_base_model_is_registered_and_becomes_the_first_production(api_client,
     assert [v.number for v in selectors.versions_of(project=project)] == [1]
     second = api_client.post(url, {"name": "tiny-2", "path": str(tiny_model)}, key=keys["promote"]).json()
     assert (second["version"], second["production"]) == (2, False)  # production stays where it was
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"rules": {}, "auto_promote": 0}, "auto_promote"),
+    ({"rules": {}, "auto_promote": "true"}, "auto_promote"),
+    ({"rules": {"require_regression": 1}, "auto_promote": False}, "rules.require_regression"),
+    ({"rules": [None], "auto_promote": False}, "rules"),
+    ([None, None], ""),
+])
+def test_a_boolean_is_true_or_false_and_the_body_an_object(api_client, keys, project, body, field):
+    """0, 1 or "true" for a boolean was taken as one, and an array body as an object: a client's mistake that
+    silently set (or kept) automatic promotion. Each is a 422 naming the field (or the whole body)."""
+    answer = api_client.put("/api/v1/gate-settings", body, key=keys["promote"])
+    assert answer.status_code == 422, answer.content
+    assert ["body", *filter(None, field.split("."))] in [d["loc"] for d in answer.json()["detail"]]
+    config = selectors.settings_of(project=project)
+    assert (config.gate_rules, config.auto_promote) == ({}, False)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"canary_auto": 1}, "canary_auto"), ({"watch_rollback": "no"}, "watch_rollback"), ([], ""), (5, ""),
+])
+def test_the_live_rules_take_only_booleans_and_an_object(api_client, keys, body, field):
+    answer = api_client.put("/api/v1/live-rules", body, key=keys["promote"])
+    assert answer.status_code == 422, answer.content
+    assert answer.json()["detail"][0]["loc"] == ["body", *filter(None, [field])]
+    assert api_client.put("/api/v1/live-rules", {"canary_auto": True}, key=keys["promote"]).json()["canary_auto"] is True

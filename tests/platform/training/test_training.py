@@ -338,6 +338,8 @@ def test_the_api_starts_a_job_with_field_errors_and_the_leakage_guard(world, api
     half = api_client.post("/api/v1/training-jobs", {**_ref("task_set", world["train"]),
                                                       "holdout": world["holdout"].suite_id}, key=key)
     assert half.status_code == 422 and half.json()["detail"][0]["loc"] == ["body", "holdout_version"]
+    lax = api_client.post("/api/v1/training-jobs", {**_ref("task_set", world["train"]), "confirm": 0}, key=key)
+    assert lax.status_code == 422 and lax.json()["detail"][0]["loc"] == ["body", "confirm"]  # 0 is no boolean
     holdout = frozen_version(EvalSuiteVersion, EvalSuite, _rows(workplace["train"][:1], "h"), project=world["project"],
                        name="h2", kind="holdout")
     leaky = api_client.post("/api/v1/training-jobs", {**_ref("task_set", world["train"]),

@@ -14,8 +14,9 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
+from pydantic import StrictBool
 
-from flywheel.api import api
+from flywheel.api import ObjectIn, api
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.failures.clustering import services
@@ -25,13 +26,13 @@ from flywheel.failures.models import FailureMode
 router = Router(tags=["clustering"])
 
 
-class ClusteringIn(Schema):
+class ClusteringIn(ObjectIn):
     """Which failures to cluster. Defaults: failed, assigned to no mode, the last 30 days, the newest 50,000."""
 
     days: int = Field(30, ge=1, le=3650)
     limit: int = Field(services.MAX_FAILURES, ge=2, le=services.MAX_FAILURES)
     outcome: Literal["failure", "success", "unknown", ""] = "failure"
-    unassigned: bool = Field(True, description="Only failures assigned to no failure mode")
+    unassigned: StrictBool = Field(True, description="Only failures assigned to no failure mode")
     agent: str = Field("", max_length=200)
     signal: str = Field("", max_length=32, description="Only failures with this triage signal kind")
 
@@ -68,7 +69,7 @@ class ClusteringOut(Schema):
     clusters: list[ClusterOut]
 
 
-class DecisionIn(Schema):
+class DecisionIn(ObjectIn):
     action: Literal["accept", "merge", "split", "dismiss"]
     name: str = Field("", max_length=200, description="accept: the new mode's name (default: the label)")
     category: str = Field("", max_length=32, description="accept: a taxonomy key (default: the members' usual)")

@@ -430,9 +430,10 @@ def rollup_refresh(*, full: bool = False) -> RollupWork:
         trajectories = connection.ops.quote_name("trajectories_trajectory")
         hour = RawSQL(_hour_epoch_sql(connection.vendor, f"COALESCE({trajectories}.started_at, {trajectories}.created_at)"),
                       [], output_field=BigIntegerField())
-        dirty = (_dirty(since).annotate(state_at=Greatest(F("updated_at"), Coalesce(F("triaged_at"), F("updated_at"))))
-                 .filter(~Exists(counted)).annotate(hour_s=hour, tokens=tokens).order_by("id")
-                 .values_list(*_ROW_FIELDS))
+        dirty = _dirty(since).annotate(state_at=Greatest(F("updated_at"), Coalesce(F("triaged_at"), F("updated_at"))))
+        if since is not None:  # with no watermark every trajectory is read, and no member is there to compare
+            dirty = dirty.filter(~Exists(counted))
+        dirty = dirty.annotate(hour_s=hour, tokens=tokens).order_by("id").values_list(*_ROW_FIELDS)
 
         t0 = time.perf_counter()
         deltas: dict[tuple, _Counts] = {}

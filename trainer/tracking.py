@@ -1,6 +1,7 @@
 """Progress reporting: JSON-lines events on stdout for the platform, and MLflow runs for people.
 
-Events are one JSON object a line, `{"event": "step"|"eval"|"checkpoint"|"done"|"error", ...}`. The CLI
+Events are one JSON object a line, `{"event": "step"|"eval"|"checkpoint"|"done"|"error"|..., ...}`, as
+`trainer.events` writes and the platform reads them (one contract, one list of kinds). The CLI
 moves everything else that writes to stdout (libraries, C extensions) onto stderr, so stdout stays
 parseable line by line. MLflow is best effort: a tracking failure is reported, never kills a run.
 """
@@ -15,19 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # NaN/inf are not JSON
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
-        return _jsonable(value.item())
-    return value
+from trainer import events
 
 
 class EventLog:
@@ -39,7 +28,7 @@ class EventLog:
         self.events: list[dict[str, Any]] = []
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = _jsonable({"event": event, **fields})
+        record = events.record(event, **fields)  # an unknown kind raises: the platform would refuse it
         if self.keep:
             self.events.append(record)
         if self.stream is not None:

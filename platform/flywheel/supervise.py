@@ -1,13 +1,14 @@
 """Running the trainer as a child of a worker: its own process group, dead with its worker, its stdout read as
-JSON events, a heartbeat while it is quiet, and cancel that kills the whole group.
+events (`trainer.events`, the stdout contract), a heartbeat while it is quiet, and cancel that kills the whole group.
 
-Training jobs and eval runs both run `python -m trainer ...` this way."""
+Training jobs and eval runs both run `python -m trainer ...` this way, and refuse what their state does not
+allow with `Refused`."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
+import logging
 import os
 import selectors
 import signal
@@ -19,6 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+
+from trainer import events
+
+logger = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    """An action a supervised job's or run's state does not allow (cancel what has ended, retry what has not
+    failed, confirm what is not ready, a job folder another run holds); the message says why, to a person.
+
+    Training jobs and eval runs both raise it; pages answer it 409 on the object's own page with the reason,
+    the API 409 `{"detail": reason}` (flywheel.api.errors.install)."""
 
 
 def worker_name() -> str:
@@ -72,9 +85,9 @@ def _stream(process: subprocess.Popen, *, on_line, on_tick, tick_s: float) -> No
 
 def supervise(
     command: list[str], *, cwd: Path, env: dict[str, str], stderr_path: Path,
-    on_event: Callable[[dict[str, Any]], None], on_start: Callable[[int], Any], on_tick: Callable[[], bool],
+    on_event: Callable[[events.Event], None], on_start: Callable[[int], Any], on_tick: Callable[[], bool],
 ) -> tuple[int, bool]:
-    """Run `command`, pass each JSON event it prints to `on_event`, and call `on_tick` (beat the heart; True
+    """Run `command`, pass each event it prints (`trainer.events.parse_line`) to `on_event`, and call `on_tick` (beat the heart; True
     means cancel) every FLYWHEEL_JOB_HEARTBEAT_S. Returns (exit status, cancelled)."""
     with stderr_path.open("wb") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, cwd=cwd, env=env,
@@ -84,11 +97,13 @@ def supervise(
 
     def on_line(raw: bytes) -> None:
         try:
-            record = json.loads(raw)
-        except ValueError:
-            return  # not an event: the trainer keeps stdout for events, but a library may slip a line in
-        if isinstance(record, dict) and "event" in record:
-            on_event(record)
+            event = events.parse_line(raw)
+        except events.EventRefused as exc:
+            # Not an event: the trainer keeps stdout for events, but a library may slip a line in.
+            logger.info("trainer stdout line refused: %s", exc)
+            return
+        if event is not None:
+            on_event(event)
 
     def tick() -> bool:
         nonlocal cancelled

@@ -17,6 +17,7 @@ from ninja import Field, Schema
 from ninja.errors import HttpError
 
 from flywheel import db_errors
+from flywheel.supervise import Refused
 
 
 class ErrorOut(Schema):
@@ -69,7 +70,8 @@ def error_format(applies: Callable[[HttpRequest], bool],
 
 def install(api: Any) -> None:
     """The handlers on `api`: HttpError in the endpoint's shape (a 429's Retry-After kept), a service's
-    ValidationError as 422 field errors, a database that is away as 503."""
+    ValidationError as 422 field errors, a job's or run's refusal (flywheel.supervise.Refused) as 409 with its
+    reason, a database that is away as 503."""
 
     def http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
         for applies, render in _FORMATS:
@@ -86,10 +88,14 @@ def install(api: Any) -> None:
         # A GET has no body: what a service refused there came from the query.
         return json_response(field_errors(exc, where="query" if request.method == "GET" else "body"), status=422)
 
+    def refused(request: HttpRequest, exc: Refused) -> HttpResponse:
+        return http_error(request, HttpError(409, str(exc)))
+
     def database_unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
         return db_errors.database_unavailable(request, exc, http_error(request, HttpError(503, db_errors.MESSAGE)))
 
     api.add_exception_handler(HttpError, http_error)
     api.add_exception_handler(ValidationError, validation_error)
+    api.add_exception_handler(Refused, refused)
     for unavailable in db_errors.UNAVAILABLE:
         api.add_exception_handler(unavailable, database_unavailable)

@@ -216,10 +216,7 @@ def run_get(request: HttpRequest, eval_run_id: int) -> dict[str, Any]:
 
 
 def _act(request: HttpRequest, eval_run_id: int, action) -> dict[str, Any]:
-    try:
-        run = action(run=_run(request, eval_run_id))
-    except ValidationError as exc:
-        raise HttpError(409, exc.messages[0]) from None
+    run = action(run=_run(request, eval_run_id))  # supervise.Refused: 409 with the reason (api.errors)
     return {"id": run.pk, "status": run.status}
 
 

@@ -14,6 +14,7 @@ from flywheel.evals import runs
 from flywheel.evals.models import EvalSuiteVersion
 from flywheel.evals.run_models import EvalRun
 from flywheel.registry.models import ModelVersion
+from flywheel.supervise import Refused
 
 
 def _list_context(request: HttpRequest, project: Project, **extra) -> dict:
@@ -87,9 +88,9 @@ def _act(request: HttpRequest, project: Project, eval_run_id: int, action) -> Ht
     run = _run(project, eval_run_id)
     try:
         action(run=run)
-    except ValidationError as exc:
+    except Refused as exc:
         run.refresh_from_db()
-        return render(request, "evals/run.html", _run_context(request, project, run, action_error=exc.messages[0]),
+        return render(request, "evals/run.html", _run_context(request, project, run, action_error=str(exc)),
                       status=409)
     return redirect("eval_run", project.slug, run.pk)
 

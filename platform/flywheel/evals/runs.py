@@ -19,8 +19,8 @@ from django.utils import timezone
 from flywheel import outbound, outbox
 from flywheel.evals.rows import Origin, origin_of
 from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
-from flywheel.supervise import supervise, worker_name
-from trainer import jobdir
+from flywheel.supervise import Refused, supervise, worker_name
+from trainer import events, jobdir
 
 
 def case_output(case: dict[str, Any] | None) -> str:
@@ -139,11 +139,7 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
     version = run.model_version
     command = evaluate_command(model_path=version.base.path, adapter_path=version.adapter_path, suite=suite,
                                out=results, samples=run.samples)
-    final: dict[str, Any] = {}
-
-    def on_event(record: dict[str, Any]) -> None:
-        if record["event"] in ("done", "error"):
-            final.update(record)
+    outcome = events.Outcome()
 
     def on_tick() -> bool:
         EvalRun.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now())
@@ -154,19 +150,19 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
         status, cancelled = supervise(
             command, cwd=folder, env={**os.environ, "PYTHONUNBUFFERED": "1", "FLYWHEEL_ENV_ENTRY_POINTS": "0",
                                          **outbound.subprocess_env()},
-            stderr_path=stderr_path, on_event=on_event, on_tick=on_tick,
+            stderr_path=stderr_path, on_event=outcome.on_event, on_tick=on_tick,
             on_start=lambda pid: EvalRun.objects.filter(pk=run.pk).update(pid=pid))
         if cancelled:
             EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.CANCELLED, finished_at=timezone.now(),
                                                      pid=None, heartbeat_at=None)
-        elif status != 0 or final.get("event") != "done":
+        elif status != 0 or not outcome.finished or outcome.error is not None:
             tail = stderr_path.read_bytes()[-1500:].decode("utf-8", "replace").strip() if stderr_path.exists() else ""
-            raise RuntimeError(final.get("message") or tail or f"exit status {status}")
+            raise RuntimeError(outcome.error or tail or f"exit status {status}")
         else:
             with transaction.atomic():
                 _store_results(run, jobdir.read_cases(results))
                 EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.SUCCEEDED, finished_at=timezone.now(),
-                                                         metrics=final.get("metrics", {}), pid=None, heartbeat_at=None)
+                                                         metrics=outcome.done.get("metrics", {}), pid=None, heartbeat_at=None)
                 _on_success(run)
     except Exception as exc:  # noqa: BLE001 (the page says why; Retry runs it again)
         EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.FAILED, error=str(exc)[:4000],
@@ -188,7 +184,7 @@ def eval_run_cancel(*, run: EvalRun) -> EvalRun:
     with transaction.atomic():
         run = EvalRun.objects.select_for_update().get(pk=run.pk)
         if not run.active:
-            raise ValidationError(f"The run is {run.get_status_display().lower()}: there is nothing to cancel.")
+            raise Refused(f"The run is {run.get_status_display().lower()}: there is nothing to cancel.")
         if run.status == EvalRunStatus.RUNNING:
             run.cancel_requested = True
             run.save(update_fields=["cancel_requested"])
@@ -206,8 +202,8 @@ def eval_run_retry(*, run: EvalRun) -> EvalRun:
     with transaction.atomic():
         run = EvalRun.objects.select_for_update().get(pk=run.pk)
         if not run.retryable:
-            raise ValidationError(f"The run is {run.get_status_display().lower()}: only a failed or cancelled run "
-                                  "is retried.")
+            raise Refused(f"The run is {run.get_status_display().lower()}: only a failed or cancelled run "
+                          "is retried.")
         run.status = EvalRunStatus.QUEUED
         run.cancel_requested = False
         run.queued_at = timezone.now()

@@ -10,6 +10,7 @@ import fcntl
 import json
 import logging
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,19 +26,15 @@ from flywheel.accounts.models import Project
 from flywheel.environments.services import env_url_allowed
 from flywheel.evals import leakage
 from flywheel.registry import selectors as registry_selectors
-from flywheel.supervise import supervise, worker_name
+from flywheel.supervise import Refused, supervise, worker_name
 from flywheel.training.models import ACTIVE, Checkpoint, JobEvent, JobStatus, TrainingJob
-from trainer import jobdir
+from trainer import events, jobdir
 
 logger = logging.getLogger(__name__)
 
 # The field's recipe for a first GRPO job: 8 samples a prompt, an eval every 10 steps.
 RECIPE: dict[str, Any] = {"num_generations_per_prompt": 8, "eval_interval": 10}
 STDERR_TAIL = 4000
-
-
-class JobRefused(Exception):
-    """An action the job's state does not allow; the message says why."""
 
 
 # --- creating a job ----------------------------------------------------------------------------------------------
@@ -249,7 +246,7 @@ def _dir_lock(folder: Path):
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.close()
-        raise JobRefused(f"{folder} is in use by another run") from None
+        raise Refused(f"{folder} is in use by another run") from None
     try:
         yield
     finally:
@@ -274,7 +271,8 @@ def _stderr_tail(path: Path) -> str:
     return data.decode("utf-8", "replace").strip()
 
 
-def _run_subprocess(job: TrainingJob, command: list[str], folder: Path, *, on_event) -> tuple[int, bool]:
+def _run_subprocess(job: TrainingJob, command: list[str], folder: Path, *,
+                    on_event: Callable[[events.Event], None]) -> tuple[int, bool]:
     """Run the trainer, record its events, beat the heart, honour cancel. Returns (exit status, cancelled)."""
     kind = next((k for k in ("evaluate", "latency") if k in command), "train")
     stderr_path = jobdir.stderr_log(folder, job.attempt, kind)
@@ -392,21 +390,15 @@ def job_evaluate(*, job_id: int) -> TrainingJob | None:
         for name, version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
             if version is None:
                 continue
-            done: dict[str, Any] = {}
-
-            def on_event(record: dict, done=done) -> None:
-                if record["event"] == "done":
-                    done.update(record)
-                elif record["event"] == "error":
-                    done["error"] = record.get("message", "")
-
+            outcome = events.Outcome()
             status, _ = _run_subprocess(job, _evaluate_command(job, folder / jobdir.suite_file(name),
                                                                jobdir.production_results(folder, name)),
-                                        folder, on_event=on_event)
-            if status != 0 or "metrics" not in done:
-                reason = done.get("error") or _stderr_tail(jobdir.stderr_log(folder, job.attempt, "evaluate"))[-500:]
+                                        folder, on_event=outcome.on_event)
+            if status != 0 or "metrics" not in outcome.done:
+                reason = (outcome.error
+                          or _stderr_tail(jobdir.stderr_log(folder, job.attempt, "evaluate"))[-500:])
                 return _fail(job, f"Measuring production on the {name} suite failed: {reason}", step=0)
-            metrics[name] = done["metrics"]
+            metrics[name] = outcome.done["metrics"]
     pairs = len(preference_pairs(job.task_set_version.rows))
     advice = advise(metrics.get("holdout"), pairs=pairs)
     if job.holdout_version is not None:
@@ -441,7 +433,7 @@ def job_confirm(*, job: TrainingJob, user=None) -> TrainingJob:
         if not TrainingJob.objects.filter(pk=job.pk, status=JobStatus.READY).update(
             status=JobStatus.QUEUED, queued_at=timezone.now()
         ):
-            raise JobRefused(f"The job is {job.get_status_display().lower()}: there is nothing to confirm.")
+            raise Refused(f"The job is {job.get_status_display().lower()}: there is nothing to confirm.")
         job.refresh_from_db()
         _event(job, "confirmed", data={"by": user.get_username() if user else None})
         outbox.send_on_commit(training_run_task, job.pk)
@@ -466,25 +458,18 @@ def _measure_best(job: TrainingJob, folder: Path, done: dict[str, Any]) -> tuple
     for name, version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
         if version is None:
             continue
-        result: dict[str, Any] = {}
-
-        def on_event(record: dict, result=result) -> None:
-            if record["event"] == "done":
-                result.update(record)
-            elif record["event"] == "error":
-                result["error"] = record.get("message", "")
-
+        outcome = events.Outcome()
         command = _evaluate_command(job, folder / f"{name}.jsonl", gate_dir / f"{name}.jsonl",
                                     adapter_path=str(done["adapter"]), seed=jobdir.FRESH_SEED)
-        status, cancelled = _run_subprocess(job, command, folder, on_event=on_event)
+        status, cancelled = _run_subprocess(job, command, folder, on_event=outcome.on_event)
         if cancelled:
             return True, None
-        if status != 0 or "metrics" not in result:
-            reason = result.get("error") or _stderr_tail(folder / f"stderr-{job.attempt}-evaluate.log")[-500:]
+        if status != 0 or "metrics" not in outcome.done:
+            reason = outcome.error or _stderr_tail(folder / f"stderr-{job.attempt}-evaluate.log")[-500:]
             return False, (f"Measuring the best checkpoint (step {best}) on fresh samples of the {name} suite "
                            f"failed: {reason}. Retry measures it again.")
         _event(job, "measured", step=best, data={
-            "split": name, "metrics": result["metrics"], "seed": jobdir.FRESH_SEED, "looks": looks,
+            "split": name, "metrics": outcome.done["metrics"], "seed": jobdir.FRESH_SEED, "looks": looks,
             "why": (f"step {best} was the best of {len(looks)} holdout evaluations: " if len(looks) > 1 else "")
                    + "the gate judges it as production was measured, on fresh samples of the whole suite"})
     return _measure_latency(job, folder, str(done["adapter"]), best), None
@@ -505,7 +490,8 @@ def _measure_latency(job: TrainingJob, folder: Path, adapter: str, best: int) ->
     cases = rules_for(job.project).latency_cases
     cfg = job_config(job)
     engine = cfg.rollout_engine
-    result: dict[str, Any] = {}
+    outcome = events.Outcome()
+    wall_seconds = None
     reason = ""
     if cases == 0:
         reason = "the project's gate rules time no cases (latency_cases is 0)"
@@ -513,12 +499,6 @@ def _measure_latency(job: TrainingJob, folder: Path, adapter: str, best: int) ->
         reason = (f"the job samples with {engine}; the latency probe times transformers generation only "
                   "(vLLM's per-request metrics would serve)")
     else:
-        def on_event(record: dict) -> None:
-            if record["event"] == "done":
-                result.update(record)
-            elif record["event"] == "error":
-                result["error"] = record.get("message", "")
-
         command = [sys.executable, "-m", "trainer", "latency", "--model", job.base_version.base.path,
                    "--adapter-a", job.base_version.adapter_path or "", "--adapter-b", adapter,
                    "--suite", str(folder / jobdir.suite_file("holdout")), "--cases", str(cases),
@@ -529,22 +509,22 @@ def _measure_latency(job: TrainingJob, folder: Path, adapter: str, best: int) ->
                    "--threads", "1"]
         start = time.monotonic()
         try:
-            status, cancelled = _run_subprocess(job, command, folder, on_event=on_event)
-            result["wall_seconds"] = round(time.monotonic() - start, 2)  # with the start and model load
+            status, cancelled = _run_subprocess(job, command, folder, on_event=outcome.on_event)
+            wall_seconds = round(time.monotonic() - start, 2)  # with the start and model load
         except OSError as exc:
-            status, cancelled, result["error"] = 1, False, str(exc)
+            status, cancelled, outcome.error = 1, False, str(exc)
         if cancelled:
             return True
         if status != 0 or not out.exists():
             tail = _stderr_tail(jobdir.stderr_log(folder, job.attempt, "latency"))[-300:]
-            reason = f"the latency probe failed: {result.get('error') or tail or f'exit status {status}'}"
+            reason = f"the latency probe failed: {outcome.error or tail or f'exit status {status}'}"
     if reason:
         out.unlink(missing_ok=True)
         (gate_dir / jobdir.LATENCY_NOT_MEASURED).write_text(reason)
         _event(job, "latency", step=best, data={"measured": False, "why": reason})
     else:
-        _event(job, "latency", step=best, data={"measured": True, "cases": result.get("cases"),
-                                                "seconds": result.get("wall_seconds")})
+        _event(job, "latency", step=best, data={"measured": True, "cases": outcome.done.get("cases"),
+                                                "seconds": wall_seconds})
     return False
 
 
@@ -574,10 +554,8 @@ def job_run(*, job_id: int) -> TrainingJob | None:
     folder = _prepare_dir(job)
     last: dict[str, Any] = {"error": None, "done": None, "eval": {}}
 
-    def on_event(record: dict) -> None:
-        kind = record["event"]
-        step = record.get("step") if isinstance(record.get("step"), int) else None
-        data = {k: v for k, v in record.items() if k not in ("event", "step")}
+    def on_event(event: events.Event) -> None:
+        kind, step, data = event.kind, event.step, event.data
         if kind == "eval" and "case" in data:
             return  # per-case rows stay in the job directory's files
         JobEvent.objects.create(job=job, attempt=job.attempt, kind=kind, step=step, data=data)
@@ -593,9 +571,9 @@ def job_run(*, job_id: int) -> TrainingJob | None:
                 "path": str(data.get("path", "")), "holdout": last["eval"].get(step, {}), "best": best,
             })
         elif kind == "error":
-            last["error"] = record
+            last["error"] = event.record()
         elif kind == "done":
-            last["done"] = record
+            last["done"] = event.record()
 
     measure_error = None
     try:
@@ -603,7 +581,7 @@ def job_run(*, job_id: int) -> TrainingJob | None:
             status, cancelled = _run_subprocess(job, trainer_command(job, folder), folder, on_event=on_event)
             if status == 0 and not cancelled and last["done"] is not None:
                 cancelled, measure_error = _measure_best(job, folder, last["done"])
-    except JobRefused as exc:
+    except Refused as exc:
         return _fail(job, str(exc), step=job.step)
     job.refresh_from_db()
     if cancelled:
@@ -628,7 +606,7 @@ def job_cancel(*, job: TrainingJob, user=None) -> TrainingJob:
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
         if job.status not in (*ACTIVE, JobStatus.READY):
-            raise JobRefused(f"The job is {job.get_status_display().lower()}: there is nothing to cancel.")
+            raise Refused(f"The job is {job.get_status_display().lower()}: there is nothing to cancel.")
         if job.status == JobStatus.RUNNING:
             job.cancel_requested = True
             job.save(update_fields=["cancel_requested"])
@@ -648,7 +626,7 @@ def job_retry(*, job: TrainingJob, user=None) -> TrainingJob:
     with transaction.atomic():
         job = TrainingJob.objects.select_for_update().get(pk=job.pk)
         if not job.retryable:
-            raise JobRefused(f"The job is {job.get_status_display().lower()}: only a failed or cancelled job is "
+            raise Refused(f"The job is {job.get_status_display().lower()}: only a failed or cancelled job is "
                              "retried.")
         measured = bool(job.advice)
         job.status = JobStatus.QUEUED if measured else JobStatus.EVALUATING

@@ -17,6 +17,7 @@ from flywheel.evals import selectors as evals_selectors
 from flywheel.evals.leakage import LeakageError
 from flywheel.evals.models import EvalSuiteVersion
 from flywheel.registry import selectors as registry_selectors
+from flywheel.supervise import Refused
 from flywheel.training import comparison, forms, selectors, services
 from flywheel.training.models import JobEvent, TrainingJob
 
@@ -201,7 +202,7 @@ def _act(request: HttpRequest, project: Project, job_id: int, action) -> HttpRes
     job = _job(project, job_id)
     try:
         action(job=job, user=request.user)
-    except services.JobRefused as exc:
+    except Refused as exc:
         job.refresh_from_db()
         context = _job_context(request, project, job, action_error=str(exc))
         context["settings"] = _settings(project, job, context["decision"])

@@ -13,6 +13,7 @@ from flywheel.evals import runs
 from flywheel.evals.models import EvalSuite, EvalSuiteVersion
 from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
 from flywheel.registry import services as registry
+from flywheel.supervise import Refused
 
 
 def _rows(tasks, mode_ids=None):
@@ -122,7 +123,7 @@ def test_a_running_evaluation_is_cancelled_with_its_trainer_and_a_retry_complete
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # gone, not an orphan
     assert cancelled.pid is None and not cancelled.results.exists()
-    with pytest.raises(ValidationError, match="nothing to cancel"):
+    with pytest.raises(Refused, match="nothing to cancel"):
         runs.eval_run_cancel(run=cancelled)
 
     EvalRun.objects.filter(pk=run.pk).update(samples=2)  # the retry need not be long to prove it completes
@@ -132,7 +133,7 @@ def test_a_running_evaluation_is_cancelled_with_its_trainer_and_a_retry_complete
         .first(), timeout=240)
     assert done.status == EvalRunStatus.SUCCEEDED, done.error
     assert done.attempt == 2 and done.metrics["n"] == 40 * 2 and done.results.count() == 40
-    with pytest.raises(ValidationError, match="only a failed or cancelled run"):
+    with pytest.raises(Refused, match="only a failed or cancelled run"):
         runs.eval_run_retry(run=done)
 
 
@@ -192,9 +193,12 @@ def test_the_api_starts_follows_cancels_and_retries_a_run(project, suite_version
     got = api_client.get(f"/api/v1/eval-runs/{run_id}", key=key).json()
     assert (got["status"], got["model_version"], got["samples"], got["cases"]) == ("queued", version.number, 2, [])
     assert (got["suite"], got["suite_version"]) == (suite["suite"], suite["suite_version"])
-    assert api_client.post(f"/api/v1/eval-runs/{run_id}/retry", key=key).status_code == 409  # still queued
+    refused = api_client.post(f"/api/v1/eval-runs/{run_id}/retry", key=key)  # still queued
+    assert refused.status_code == 409
+    assert refused.json() == {"detail": "The run is queued: only a failed or cancelled run is retried."}
     assert api_client.post(f"/api/v1/eval-runs/{run_id}/cancel", key=key).json()["status"] == "cancelled"
-    assert api_client.post(f"/api/v1/eval-runs/{run_id}/cancel", key=key).status_code == 409
+    refused = api_client.post(f"/api/v1/eval-runs/{run_id}/cancel", key=key)
+    assert refused.status_code == 409 and refused.json() == {"detail": "The run is cancelled: there is nothing to cancel."}
     assert api_client.post(f"/api/v1/eval-runs/{run_id}/retry", key=key).json()["status"] == "queued"
     other = make_api_key(make_project("elsewhere"), scopes=["train", "read"])
     assert api_client.get(f"/api/v1/eval-runs/{run_id}", key=other).status_code == 404

@@ -20,6 +20,7 @@ from flywheel.evals.leakage import LeakageError
 from flywheel.evals.models import EvalSuite, EvalSuiteVersion
 from flywheel.registry import services as registry
 from flywheel.registry.models import GateDecision
+from flywheel.supervise import Refused
 from flywheel.training import services
 from flywheel.training.models import Checkpoint, JobEvent, JobStatus, TrainingJob
 from tests.platform.training.worlds import frozen_version
@@ -258,6 +259,22 @@ def test_the_reaper_fails_a_job_whose_worker_vanished(world):
     assert services.job_retry(job=job).status == JobStatus.QUEUED
 
 
+def test_a_refused_action_is_a_409_with_its_reason_on_the_job_page(world, client_for):
+    """The job's state refuses it (flywheel.supervise.Refused), as an eval run's page does: 409, the reason
+    shown on the job's own page, nothing changed."""
+    job = TrainingJob.objects.create(project=world["project"], task_set_version=world["train"],
+                                     base_version=world["production"], status=JobStatus.SUCCEEDED)
+    slug = world["project"].slug
+    for name, reason in (("training_job_retry", "only a failed or cancelled job"),
+                         ("training_job_cancel", "nothing to cancel"), ("training_job_confirm", "nothing to confirm")):
+        response = client_for(world["user"]).post(reverse(name, args=[slug, job.pk]))
+        assert response.status_code == 409 and reason in response.content.decode(), name
+        assert 'role="alert"' in response.content.decode()
+    assert TrainingJob.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED
+    with pytest.raises(Refused, match="The job is succeeded: only a failed or cancelled job"):
+        services.job_retry(job=job)
+
+
 def test_only_maintainers_start_jobs_and_form_errors_are_shown(world, make_user, make_membership, client_for):
     viewer = make_user("viewer")
     make_membership(viewer, world["project"], "viewer")
@@ -361,6 +378,9 @@ def test_the_api_starts_a_job_with_field_errors_and_the_leakage_guard(world, api
     assert body["config"]["max_steps"] == 2 and body["config"]["num_generations_per_prompt"] == 4
     assert body["gate_rules"]["test"] == "permutation"
     assert api_client.post(f"/api/v1/training-jobs/{job_id}/cancel", {}, key=key).json()["status"] == "cancelled"
+    # Refused as an eval run's cancel is (flywheel.supervise.Refused): 409 with the reason.
+    again = api_client.post(f"/api/v1/training-jobs/{job_id}/cancel", {}, key=key)
+    assert again.status_code == 409 and again.json() == {"detail": "The job is cancelled: there is nothing to cancel."}
     read_only = make_api_key(world["project"], scopes=["read"])
     assert api_client.post("/api/v1/training-jobs", _ref("task_set", world["train"]),
                            key=read_only).status_code == 403

@@ -138,24 +138,25 @@ def version_canary(request: HttpRequest, project: Project, version_number: int) 
     return _back(project, "canary")
 
 
+def _decide(request: HttpRequest, project: Project, decide, done: str) -> HttpResponse:  # noqa: ANN001
+    """A person's decision on the canary: back to the Models page, or the page with why not (409)."""
+    try:
+        decide(project=project, user=request.user, reason=request.POST.get("reason", ""))
+    except services.RegistryError as exc:
+        return _page_error(request, project, str(exc), 409)
+    return _back(project, done)
+
+
 @require_POST
 @project_view(Role.MAINTAINER)
 def canary_promote(request: HttpRequest, project: Project) -> HttpResponse:
-    try:
-        canary.canary_promote(project=project, user=request.user, reason=request.POST.get("reason", ""))
-    except services.RegistryError as exc:
-        return _page_error(request, project, str(exc), 409)
-    return _back(project, "canary-promoted")
+    return _decide(request, project, canary.canary_promote, "canary-promoted")
 
 
 @require_POST
 @project_view(Role.MAINTAINER)
 def canary_rollback(request: HttpRequest, project: Project) -> HttpResponse:
-    try:
-        canary.canary_rollback(project=project, user=request.user, reason=request.POST.get("reason", ""))
-    except services.RegistryError as exc:
-        return _page_error(request, project, str(exc), 409)
-    return _back(project, "canary-rolled-back")
+    return _decide(request, project, canary.canary_rollback, "canary-rolled-back")
 
 
 @require_POST

@@ -78,3 +78,13 @@ def test_a_rolled_back_version_s_lineage_says_what_happened(project, versions, c
     served = html.split('id="lineage-served"')[1].split("</span>")[0]
     assert "served in production from" in served and "then rolled back at" in served and "(to v1)" in served
     assert "in production</span>" not in html.split('id="lineage"')[1].split("</section>")[0]
+
+
+def test_a_candidate_that_became_production_is_not_offered_as_the_candidate(project, versions, client_for, user):
+    _, v2, _, _, _ = versions
+    services.alias_move(project=project, alias="candidate", version=v2, user=user, reason="the job's best")
+    panel = _page(client_for(user), project).split('id="alias-candidate"')[1].split("</div>")[0]
+    assert "gate passed" in panel and 'id="candidate-serving"' not in panel
+    services.model_promote(project=project, version=v2, user=user)
+    panel = _page(client_for(user), project).split('id="alias-candidate"')[1].split("</div>")[0]
+    assert 'id="candidate-serving"' in panel and "is production now" in panel and "gate passed" not in panel

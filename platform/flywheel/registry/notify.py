@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -20,15 +18,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from flywheel import outbound, outbox
+from flywheel import outbox
 from flywheel.accounts.models import Project
-from flywheel.registry.models import Notification, RegistrySettings, SyncState, WebhookDelivery
+from flywheel.registry import services
+from flywheel.registry.models import Notification, RegistrySettings, SyncState
 
 logger = logging.getLogger(__name__)
 
-TIMEOUT_S = 10
-RETRY_FIRST_S = 30
-RETRY_MAX_S = 3600
 
 
 def recipients(config: RegistrySettings | None) -> list[str]:
@@ -60,26 +56,10 @@ def body(row: Notification) -> bytes:
 
 
 def _webhook(row: Notification, config: RegistrySettings) -> None:
-    from flywheel.registry.services import webhook_signature
-
     data = body(row)
-    timestamp = str(int(time.time()))
-    headers = {"Content-Type": "application/json", "X-Flywheel-Event": row.event_type,
-               "X-Flywheel-Timestamp": timestamp, "X-Flywheel-Delivery": f"n{row.pk}"}
-    if config.webhook_secret:
-        headers["X-Flywheel-Signature"] = webhook_signature(config.webhook_secret, timestamp, data)
-    started = time.monotonic()
-    status, error = None, ""
-    try:
-        status = outbound.post(config.webhook_url, body=data, headers=headers, timeout=TIMEOUT_S).status
-        if not 200 <= status < 300:
-            error = f"HTTP {status}"
-    except Exception as exc:  # noqa: BLE001 (refused, timed out, bad address: all a failed delivery)
-        error = f"{type(exc).__name__}: {exc}"
-    WebhookDelivery.objects.create(notification=row, target="webhook", url=config.webhook_url, status_code=status,
-                                   error=error[:2000], duration_ms=int((time.monotonic() - started) * 1000))
-    if error:
-        raise RuntimeError(f"webhook {config.webhook_url}: {error}")
+    headers = services.signed_headers(secret=config.webhook_secret, event_type=row.event_type,
+                                      delivery=f"n{row.pk}", body=data)
+    services.deliver(target="webhook", url=config.webhook_url, body=data, headers=headers, notification=row)
 
 
 def notification_deliver(*, notification_id: int) -> str:
@@ -114,8 +94,7 @@ def notification_deliver(*, notification_id: int) -> str:
         if errors:
             row.attempts += 1
             row.last_error = "; ".join(errors)[:2000]
-            row.next_attempt_at = timezone.now() + timedelta(
-                seconds=min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** max(0, row.attempts - 1)))
+            row.next_attempt_at = timezone.now() + services.backoff(row.attempts)
         row.save(update_fields=["webhook_state", "email_state", "attempts", "last_error", "next_attempt_at"])
     return "failed" if errors else "sent"
 

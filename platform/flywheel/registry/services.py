@@ -421,14 +421,15 @@ def _sync_on_commit(project: Project) -> None:
     outbox.send_on_commit(registry_sync_task, project.pk)
 
 
-def _backoff(attempts: int) -> timedelta:
+def backoff(attempts: int) -> timedelta:
+    """How long a failed delivery waits before its next attempt (alias moves and notifications alike)."""
     return timedelta(seconds=min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** max(0, attempts - 1)))
 
 
 def _failed(event: AliasEvent, field: str, error: str) -> None:
     event.attempts += 1
     event.last_error = error[:2000]
-    event.next_attempt_at = timezone.now() + _backoff(event.attempts)
+    event.next_attempt_at = timezone.now() + backoff(event.attempts)
     setattr(event, field, SyncState.FAILED)
     event.save(update_fields=[field, "attempts", "last_error", "next_attempt_at"])
 
@@ -477,9 +478,19 @@ def _post(url: str, body: bytes, headers: dict[str, str]) -> int:
     return response.status
 
 
-def _deliver(event: AliasEvent, target: str, url: str, body: bytes, headers: dict[str, str],
-             ok_codes: tuple[int, ...] = ()) -> None:
-    """POST and log the attempt; raises when the receiver did not take it."""
+def signed_headers(*, secret: str, event_type: str, delivery: str, body: bytes) -> dict[str, str]:
+    """The webhook's headers: its event type, timestamp and delivery id, and the signature where a secret is set."""
+    timestamp = str(int(time.time()))
+    headers = {"X-Flywheel-Event": event_type, "X-Flywheel-Timestamp": timestamp, "X-Flywheel-Delivery": delivery}
+    if secret:
+        headers["X-Flywheel-Signature"] = webhook_signature(secret, timestamp, body)
+    return headers
+
+
+def deliver(*, target: str, url: str, body: bytes, headers: dict[str, str], ok_codes: tuple[int, ...] = (),
+            event: AliasEvent | None = None, notification=None) -> None:
+    """POST and log the attempt under the alias move or notification it is for; raises when the receiver did not
+    take it."""
     started = time.monotonic()
     status, error = None, ""
     try:
@@ -488,7 +499,8 @@ def _deliver(event: AliasEvent, target: str, url: str, body: bytes, headers: dic
             error = f"HTTP {status}"
     except Exception as exc:  # noqa: BLE001 (refused, timed out, bad address: all a failed delivery)
         error = f"{type(exc).__name__}: {exc}"
-    WebhookDelivery.objects.create(event=event, target=target, url=url, status_code=status, error=error[:2000],
+    WebhookDelivery.objects.create(event=event, notification=notification, target=target, url=url,
+                                   status_code=status, error=error[:2000],
                                    duration_ms=int((time.monotonic() - started) * 1000))
     if error:
         raise RuntimeError(f"{target} {url}: {error}")
@@ -502,15 +514,13 @@ def _announce(event: AliasEvent, config: RegistrySettings | None) -> None:
         body = json.dumps({"lora_name": vllm_lora_name(event.project.slug, version.number),
                            "lora_path": version.adapter_path}).encode()
         # vLLM answers 400 when that name is loaded already (a retry after a lost answer): done.
-        _deliver(event, "vllm", config.vllm_url.rstrip("/") + "/v1/load_lora_adapter", body, {}, ok_codes=(400,))
+        deliver(target="vllm", url=config.vllm_url.rstrip("/") + "/v1/load_lora_adapter", body=body, headers={},
+                ok_codes=(400,), event=event)
     if config and config.webhook_url:
         body = webhook_body(event)
-        timestamp = str(int(time.time()))
-        headers = {"X-Flywheel-Event": "alias.moved", "X-Flywheel-Timestamp": timestamp,
-                   "X-Flywheel-Delivery": str(event.pk)}
-        if config.webhook_secret:
-            headers["X-Flywheel-Signature"] = webhook_signature(config.webhook_secret, timestamp, body)
-        _deliver(event, "webhook", config.webhook_url, body, headers)
+        headers = signed_headers(secret=config.webhook_secret, event_type="alias.moved", delivery=str(event.pk),
+                                 body=body)
+        deliver(target="webhook", url=config.webhook_url, body=body, headers=headers, event=event)
 
 
 def registry_sync(*, project_id: int) -> dict[str, int]:
@@ -540,7 +550,7 @@ def registry_sync(*, project_id: int) -> dict[str, int]:
             done["failed"] += 1
             AliasEvent.objects.filter(project=project, mlflow_state=SyncState.PENDING).update(
                 mlflow_state=SyncState.FAILED, last_error=f"MLflow: {exc}"[:2000],
-                next_attempt_at=timezone.now() + _backoff(1),
+                next_attempt_at=timezone.now() + backoff(1),
             )
             return done
         done["versions"] += 1

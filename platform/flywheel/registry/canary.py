@@ -52,10 +52,6 @@ from flywheel.registry.notify import notify
 logger = logging.getLogger(__name__)
 
 
-class CanaryError(Exception):
-    """A canary action that cannot be done as asked; the message says why."""
-
-
 # --- which trajectories belong to a version -----------------------------------------------------------------
 # A version's traffic is what carries one of its names (`live.names_of`: its adapter name `<slug>-v<n>`, and
 # the names a maintainer mapped to it), the same resolution live metrics use.

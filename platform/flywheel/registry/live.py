@@ -145,8 +145,6 @@ HOUR = timedelta(hours=1)
 # Tokens above this on one trajectory are taken for garbage (agent data is untrusted), not summed.
 TOKENS_MAX = 10**9
 
-_AT = Coalesce("started_at", "created_at")
-
 
 def _number_sql(vendor: str, key: str) -> tuple[str, str]:
     """(is it a number, its value) of usage's `key`, as SQL over the trajectory table's `usage` column."""

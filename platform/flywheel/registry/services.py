@@ -447,7 +447,7 @@ def webhook_body(event: AliasEvent) -> bytes:
         "base_model_path": version.base.path,
         "adapter_path": version.adapter_path or None,
         "adapter_sha256": version.adapter_sha256 or None,
-        "vllm_lora_name": vllm_lora_name(event.project.slug, version.number),
+        "vllm_lora_name": serving.adapter_name(event.project.slug, version.number),
         "reason": event.reason,
         "actor": event.actor,
         "evidence": event.evidence,
@@ -458,11 +458,6 @@ def webhook_body(event: AliasEvent) -> bytes:
         **serving.serving_split(event.project),
     }
     return json.dumps(payload, sort_keys=True).encode()
-
-
-def vllm_lora_name(project_slug: str, number: int) -> str:
-    """A new adapter name per version: vLLM may serve a stale prefix cache for a name reloaded in place."""
-    return serving.adapter_name(project_slug, number)
 
 
 def webhook_signature(secret: str, timestamp: str, body: bytes) -> str:
@@ -511,7 +506,7 @@ def _announce(event: AliasEvent, config: RegistrySettings | None) -> None:
     version = event.to_version
     # An ended canary loads nothing (its adapter stays loaded: requests routed before the end may still come).
     if config and config.vllm_url and version.adapter_path and event.kind != AliasEventKind.END:
-        body = json.dumps({"lora_name": vllm_lora_name(event.project.slug, version.number),
+        body = json.dumps({"lora_name": serving.adapter_name(event.project.slug, version.number),
                            "lora_path": version.adapter_path}).encode()
         # vLLM answers 400 when that name is loaded already (a retry after a lost answer): done.
         deliver(target="vllm", url=config.vllm_url.rstrip("/") + "/v1/load_lora_adapter", body=body, headers={},

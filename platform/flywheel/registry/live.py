@@ -15,7 +15,7 @@ It is kept up to date by `rollup_refresh`, run by a worker that `rollup_sweep` (
 when something changed: the trajectories whose `updated_at` (ingest, replay, review) or `triaged_at` (triage)
 passed the durable watermark (`LiveRollupState`) are read again, and each whose state is newer than what was
 counted has its old contribution (`LiveRollupMember`: its bucket and counts) subtracted and its new one
-added. The work follows the changed trajectories, never the size of a bucket or of the table: a replay that
+added: on PostgreSQL in one statement, in the database (`refresh_statement`), elsewhere in Python. The work follows the changed trajectories, never the size of a bucket or of the table: a replay that
 moves a trajectory to another string or hour, a review, a new triage are each one subtraction and one
 addition. A trajectory is counted once stored; its signals once it is triaged (rollups follow triage: its
 `triaged_at` brings it back). Not followed: a deleted trajectory stays counted until `rollup_refresh(full=True)`
@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import BigIntegerField, Exists, F, OuterRef, Q, Sum
+from django.db.models import BigIntegerField, Exists, F, Max, Min, OuterRef, Q, Sum
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -404,6 +404,138 @@ def _apply(deltas: dict[tuple, _Counts]) -> int:
     return len(fresh) + len(emptied)
 
 
+# On PostgreSQL one statement does a refresh's work in the database (`_refresh_sql`): the changed trajectories'
+# new contributions beside their counted ones, the signed deltas per bucket, the buckets' upsert and the
+# members'. Elsewhere (SQLite) Python does it a chunk at a time (`_chunk_deltas`, `_apply`, `_members_write`),
+# the same arithmetic, which the tests hold the SQL to. Reading every changed row into Python cost more than
+# ingesting it through the API spends on the rollup's budget (~12 µs a row of conversion alone).
+IN_SQL = True
+
+_MEMBER_COUNTED = ("project_id", "model_version", "hour", "failed", "triaged", "signals", "tokens", "latency")
+
+
+# Without a watermark (the first refresh, a rebuild) every trajectory is read: a statement per id range of this
+# size keeps each one's working set in memory at millions of trajectories.
+REBUILD_IDS = 50_000
+
+
+def _refresh_sql(since: datetime | None, work: RollupWork) -> None:
+    """The whole refresh as SQL, on PostgreSQL: `work` gets what it found; buckets left with no trajectory go."""
+    from flywheel.trajectories.models import Trajectory
+
+    if since is not None:
+        ranges: list[tuple[int, int] | None] = [None]
+    else:
+        low, high = Trajectory.objects.aggregate(low=Min("id"), high=Max("id")).values()
+        ranges = [(first, first + REBUILD_IDS - 1) for first in range(low, high + 1, REBUILD_IDS)] if low else []
+    with connection.cursor() as cursor:
+        # The planner's estimates for a statement this size cross the JIT threshold, and compiling it cost
+        # three times what running it does (70 ms against 25 ms for 1,000 trajectories).
+        cursor.execute("SET LOCAL jit = off")
+        for ids in ranges:
+            cursor.execute(refresh_statement(since=since is not None, ids=ids is not None),
+                           {"since": since, "first": ids and ids[0], "last": ids and ids[1]})
+            trajectories, changed, moved, buckets, emptied, _ = cursor.fetchone()
+            work.trajectories += trajectories
+            work.changed += changed
+            work.moved += moved
+            work.buckets += buckets
+            if emptied:  # a statement cannot change a row its own upsert wrote: the empty buckets go after it
+                cursor.execute(f"DELETE FROM {connection.ops.quote_name(LiveRollup._meta.db_table)} "
+                               "WHERE id = ANY(%s) AND trajectories <= 0", [emptied])
+    work.written = work.buckets
+
+
+def refresh_statement(*, since: bool, ids: bool = False) -> str:
+    """The refresh's one statement (PostgreSQL), reading the trajectories changed after `%(since)s` when
+    `since`, those with ids from `%(first)s` to `%(last)s` when `ids`."""
+    from flywheel.trajectories.models import Trajectory, TriageSignal
+
+    q = connection.ops.quote_name
+    t, member, rollup = (q(m._meta.db_table) for m in (Trajectory, LiveRollupMember, LiveRollup))
+    signal = q(TriageSignal._meta.db_table)
+    state_at = f"GREATEST({t}.updated_at, COALESCE({t}.triaged_at, {t}.updated_at))"
+    changed_since = f"({t}.updated_at > %(since)s OR {t}.triaged_at > %(since)s) AND " if since else ""
+    if ids:
+        changed_since += f"{t}.id BETWEEN %(first)s AND %(last)s AND "
+    new = ", ".join(f"d.{c}" for c in _MEMBER_COUNTED)
+    old = ", ".join(f"d.o_{c}" for c in _MEMBER_COUNTED)
+    columns = ", ".join(_MEMBER_FIELDS)
+    member_updates = ", ".join(f"{f} = excluded.{f}" for f in _MEMBER_FIELDS[1:])
+    added = ("trajectories", "failures", "triaged", "tokens_sum", "tokens_n", "latency_sum", "latency_n")
+    rollup_updates = ", ".join(f"{c} = r.{c} + d.{c}" for c in added)
+    return f"""
+    WITH dirty AS MATERIALIZED (
+        SELECT {t}.id AS trajectory_id, {t}.project_id, {t}.model_version,
+               date_trunc('hour', COALESCE({t}.started_at, {t}.created_at)) AS hour,
+               COALESCE(NULLIF({t}.reviewed_outcome, ''), {t}.outcome) = 'failure' AS failed,
+               {t}.triage_version > 0 AS triaged,
+               CASE WHEN {t}.triage_version > 0 THEN COALESCE(
+                   (SELECT jsonb_agg(DISTINCT s.kind COLLATE "C" ORDER BY s.kind COLLATE "C") FROM {signal} s
+                    WHERE s.trajectory_id = {t}.id), '[]'::jsonb) ELSE '[]'::jsonb END AS signals,
+               {tokens_sql("postgresql")} AS tokens,
+               CASE WHEN {t}.latency_ms >= 0 THEN {t}.latency_ms END AS latency,
+               {state_at} AS seen_at,
+               o.trajectory_id IS NOT NULL AS had,
+               {", ".join(f"o.{c} AS o_{c}" for c in _MEMBER_COUNTED)}
+        FROM {t} LEFT JOIN {member} o ON o.trajectory_id = {t}.id
+        -- Only what changed since it was counted: a row read again within the overlap is passed over here.
+        WHERE {changed_since}(o.trajectory_id IS NULL OR o.seen_at < {state_at})
+    ), changed AS (
+        SELECT * FROM dirty d WHERE NOT d.had OR ({old}) IS DISTINCT FROM ({new})
+    ), signed AS (
+        SELECT {new}, 1 AS sign FROM changed d
+        UNION ALL
+        SELECT {old}, -1 FROM changed d WHERE d.had
+    ), kinds AS (
+        SELECT project_id, model_version, hour, jsonb_object_agg(kind, n) AS signals FROM (
+            SELECT project_id, model_version, hour, k.kind, sum(sign) AS n
+            FROM signed CROSS JOIN LATERAL jsonb_array_elements_text(signed.signals) AS k(kind)
+            GROUP BY 1, 2, 3, 4 HAVING sum(sign) <> 0) AS per_kind
+        GROUP BY 1, 2, 3
+    ), sums AS (
+        SELECT project_id, model_version, hour, sum(sign) AS trajectories,
+               sum(CASE WHEN failed THEN sign ELSE 0 END) AS failures,
+               sum(CASE WHEN triaged THEN sign ELSE 0 END) AS triaged,
+               COALESCE(sum(sign * tokens), 0) AS tokens_sum,
+               sum(CASE WHEN tokens IS NOT NULL THEN sign ELSE 0 END) AS tokens_n,
+               COALESCE(sum(sign * latency), 0) AS latency_sum,
+               sum(CASE WHEN latency IS NOT NULL THEN sign ELSE 0 END) AS latency_n
+        FROM signed GROUP BY 1, 2, 3
+    ), deltas AS (
+        SELECT s.*, COALESCE(k.signals, '{{}}'::jsonb) AS signals
+        FROM sums s LEFT JOIN kinds k USING (project_id, model_version, hour)
+    ), up AS (
+        -- Buckets counted before take their deltas; an INSERT .. ON CONFLICT cannot, since PostgreSQL checks the
+        -- proposed row (a negative delta) against the columns' CHECK before it finds the conflict.
+        UPDATE {rollup} r SET {rollup_updates}, updated_at = now(),
+            signals = COALESCE((SELECT jsonb_object_agg(e.kind, e.n) FROM (
+                SELECT kind, sum(n::bigint) AS n FROM (
+                    SELECT * FROM jsonb_each_text(r.signals) UNION ALL SELECT * FROM jsonb_each_text(d.signals)
+                ) AS both_(kind, n) GROUP BY kind HAVING sum(n::bigint) <> 0) AS e), '{{}}'::jsonb)
+        FROM deltas d
+        WHERE r.project_id = d.project_id AND r.model_version = d.model_version AND r.hour = d.hour
+        RETURNING r.id, r.trajectories
+    ), fresh AS (
+        -- New buckets (one refresh at a time: no other writer makes them meanwhile).
+        INSERT INTO {rollup} (project_id, model_version, hour, {", ".join(added)}, signals, updated_at)
+        SELECT d.project_id, d.model_version, d.hour, {", ".join(f"d.{c}" for c in added)}, d.signals, now()
+        FROM deltas d WHERE d.trajectories > 0 AND NOT EXISTS (
+            SELECT 1 FROM {rollup} r
+            WHERE r.project_id = d.project_id AND r.model_version = d.model_version AND r.hour = d.hour)
+        RETURNING 1
+    ), members AS (
+        INSERT INTO {member} ({columns}) SELECT {columns} FROM dirty
+        ON CONFLICT (trajectory_id) DO UPDATE SET {member_updates}
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM dirty), (SELECT count(*) FROM changed), (SELECT count(*) FROM changed WHERE had),
+           (SELECT count(*) FROM up) + (SELECT count(*) FROM fresh),
+           (SELECT array_agg(id) FROM up WHERE trajectories <= 0),
+           (SELECT count(*) FROM members)
+    """
+
+
 def rollup_refresh(*, full: bool = False) -> RollupWork:
     """Bring the rollup up to date with the trajectories changed since the watermark (or rebuild it from every
     trajectory, `full`), then move the watermark. One refresh at a time: a second one finds the watermark held
@@ -421,6 +553,11 @@ def rollup_refresh(*, full: bool = False) -> RollupWork:
             LiveRollup.objects.all().delete()
             LiveRollupMember.objects.all().delete()
         since = None if full else state.watermark
+        if IN_SQL and connection.vendor == "postgresql":
+            t0 = time.perf_counter()
+            _refresh_sql(since, work)
+            work.steps["sql"] = (time.perf_counter() - t0) * 1000
+            return _finish(state, until, work, t_start)
         # Only what changed since it was counted: a row read again within the overlap with nothing newer is
         # passed over in SQL (one probe of the member table's primary key).
         counted = LiveRollupMember.objects.filter(trajectory_id=OuterRef("id"), seen_at__gte=OuterRef("state_at"))
@@ -452,10 +589,15 @@ def rollup_refresh(*, full: bool = False) -> RollupWork:
         _members_write(members)
         work.steps["write"] = (time.perf_counter() - t0) * 1000
 
-        work.ms = (time.perf_counter() - t_start) * 1000
-        state.watermark, state.ran_at = _safe_watermark(until), timezone.now()
-        state.last_trajectories, state.last_buckets, state.last_ms = work.trajectories, work.buckets, round(work.ms)
-        state.save()
+        return _finish(state, until, work, t_start)
+
+
+def _finish(state: LiveRollupState, until: datetime, work: RollupWork, t_start: float) -> RollupWork:
+    """Move the watermark and record what the refresh did, in its transaction."""
+    work.ms = (time.perf_counter() - t_start) * 1000
+    state.watermark, state.ran_at = _safe_watermark(until), timezone.now()
+    state.last_trajectories, state.last_buckets, state.last_ms = work.trajectories, work.buckets, round(work.ms)
+    state.save()
     return work
 
 

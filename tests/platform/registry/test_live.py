@@ -145,7 +145,20 @@ def test_unmapped_strings_are_listed_with_their_counts_until_mapped(project, ver
 # --- the rollup ---------------------------------------------------------------------------------------------
 
 
-def test_the_rollup_equals_a_recomputation_after_ingest_replay_review_and_triage(project, versions, user):
+@pytest.fixture(params=["sql", "python"])
+def rollup_path(request, monkeypatch):
+    """Each way the refresh can do its work: one SQL statement (PostgreSQL) and Python a chunk at a time (SQLite,
+    and PostgreSQL with IN_SQL off), held to the same recomputation."""
+    from django.db import connection
+
+    if request.param == "sql" and connection.vendor != "postgresql":
+        pytest.skip("the refresh runs in SQL on PostgreSQL only")
+    monkeypatch.setattr(live, "IN_SQL", request.param == "sql")
+    return request.param
+
+
+def test_the_rollup_equals_a_recomputation_after_ingest_replay_review_and_triage(project, versions, user,
+                                                                                 rollup_path, monkeypatch):
     slug = project.slug
     records = [record(i, f"{slug}-v1", hours_ago=i % 3, outcome="failure" if i % 4 == 0 else "success",
                       unsafe=i % 5 == 0, bad_args=i % 7 == 0, latency=100 + i,
@@ -190,8 +203,13 @@ def test_the_rollup_equals_a_recomputation_after_ingest_replay_review_and_triage
     after = sum(r.signals.get("unsafe_action", 0) for r in LiveRollup.objects.filter(project=project))
     assert before > 0 and after < before
 
+    # A rebuild reads every trajectory again, a range of ids at a time (SQL), to the same counts.
+    monkeypatch.setattr(live, "REBUILD_IDS", 4)
+    work = live.rollup_refresh(full=True)
+    assert work.trajectories == 35 and stored(project) == recomputed(project)
 
-def test_a_bucket_left_empty_is_deleted_and_nothing_changed_is_no_work(project, versions):
+
+def test_a_bucket_left_empty_is_deleted_and_nothing_changed_is_no_work(project, versions, rollup_path):
     send(project, [record(1, "alpha", hours_ago=3)])
     live.rollup_refresh()
     assert list(LiveRollup.objects.filter(project=project).values_list("model_version", flat=True)) == ["alpha"]

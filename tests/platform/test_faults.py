@@ -375,7 +375,7 @@ def test_redis_stopped_while_an_upload_commits_keeps_it_and_the_sweep_sends_it_l
             "the upload ingested after Redis came back", worker_log,
         )  # fmt: skip
         done = Upload.objects.get(pk=upload.pk)
-        assert (done.attempts, done.accepted, done.created) == (1, 3, 3)
+        assert (done.attempt, done.accepted, done.created) == (1, 3, 3)
         assert Trajectory.objects.filter(project=project).count() == 3
         assert "flywheel.outbox_sweep" in worker_log.read_text(errors="replace")
         print(f"\nRedis stopped at commit: the upload stayed queued; ingested {(done.finished_at - done.created_at).total_seconds():.1f}s after it was made")

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import models
 
 from flywheel.accounts.models import Project
+from flywheel.runs import CancellableRun
 
 
 class EvalRunStatus(models.TextChoices):
@@ -20,7 +21,13 @@ class EvalRunStatus(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
-class EvalRun(models.Model):
+class EvalRun(CancellableRun):
+    """A run a worker supervises (flywheel.runs): queued, running, then succeeded, failed or cancelled. Only a
+    person's run is retried; one recorded from a job's files is the job's."""
+
+    NOUN = "run"
+    SET_ON_LOST = {"pid": None}
+
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="eval_runs")
     model_version = models.ForeignKey("registry.ModelVersion", on_delete=models.CASCADE, related_name="eval_runs")
     suite_version = models.ForeignKey("evals.EvalSuiteVersion", on_delete=models.CASCADE, related_name="runs")
@@ -36,20 +43,9 @@ class EvalRun(models.Model):
     purpose = models.CharField(max_length=32, default="measure")
     options = models.JSONField(default=dict, blank=True)
     metrics = models.JSONField(default=dict, blank=True)
-    error = models.TextField(blank=True, default="")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
-    queued_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    # While it runs: which worker, its trainer's pid, the last sign of life (the sweep fails a run whose
-    # worker stopped beating), and whether someone asked it to stop.
-    attempt = models.PositiveIntegerField(default=0)
-    worker = models.CharField(max_length=200, blank=True, default="")
-    pid = models.IntegerField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
-    cancel_requested = models.BooleanField(default=False)
+    pid = models.IntegerField(null=True, blank=True)  # its trainer's, while it runs
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -58,12 +54,8 @@ class EvalRun(models.Model):
         return f"run {self.pk}"
 
     @property
-    def active(self) -> bool:
-        return self.status in (EvalRunStatus.QUEUED, EvalRunStatus.RUNNING)
-
-    @property
     def retryable(self) -> bool:
-        return self.status in (EvalRunStatus.FAILED, EvalRunStatus.CANCELLED) and self.source == "manual"
+        return super().retryable and self.source == "manual"
 
 
 class EvalCaseResult(models.Model):

@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
-from flywheel import outbound, outbox
+from flywheel import outbound, outbox, runs
 from flywheel.evals.rows import Origin, origin_of
 from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
-from flywheel.supervise import Refused, supervise, worker_name
+from flywheel.supervise import supervise
 from trainer import events, jobdir
 
 
@@ -121,11 +119,7 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
     """The worker's side: claim the run, write the suite, run the trainer's evaluate (beating the heart and
     honouring cancel, like a training job), store the results. A duplicate message finds it no longer queued."""
 
-    now = timezone.now()
-    if not EvalRun.objects.filter(pk=run_id, status=EvalRunStatus.QUEUED, cancel_requested=False).update(
-        status=EvalRunStatus.RUNNING, started_at=now, heartbeat_at=now, worker=worker_name(),
-        attempt=F("attempt") + 1, error="",
-    ):
+    if not runs.run_claim(EvalRun, run_id):
         return None
     run = EvalRun.objects.select_related("project", "model_version__base", "suite_version").get(pk=run_id)
     folder = _run_dir(run)
@@ -181,49 +175,19 @@ def _on_success(run: EvalRun) -> None:
 
 def eval_run_cancel(*, run: EvalRun) -> EvalRun:
     """Stop a run: a queued one at once, a running one by killing its trainer at the worker's next beat."""
-    with transaction.atomic():
-        run = EvalRun.objects.select_for_update().get(pk=run.pk)
-        if not run.active:
-            raise Refused(f"The run is {run.get_status_display().lower()}: there is nothing to cancel.")
-        if run.status == EvalRunStatus.RUNNING:
-            run.cancel_requested = True
-            run.save(update_fields=["cancel_requested"])
-        else:
-            run.status = EvalRunStatus.CANCELLED
-            run.finished_at = timezone.now()
-            run.save(update_fields=["status", "finished_at"])
-    return run
+    return runs.run_cancel(run)
 
 
 def eval_run_retry(*, run: EvalRun) -> EvalRun:
     """Queue a failed or cancelled run again; it starts over (results are stored only when a run completes)."""
     from flywheel.evals.tasks import eval_run_task
 
-    with transaction.atomic():
-        run = EvalRun.objects.select_for_update().get(pk=run.pk)
-        if not run.retryable:
-            raise Refused(f"The run is {run.get_status_display().lower()}: only a failed or cancelled run "
-                          "is retried.")
-        run.status = EvalRunStatus.QUEUED
-        run.cancel_requested = False
-        run.queued_at = timezone.now()
-        run.finished_at = None
-        run.save(update_fields=["status", "cancel_requested", "queued_at", "finished_at"])
-        outbox.send_on_commit(eval_run_task, run.pk)
-    return run
+    return runs.run_retry(run, task=eval_run_task)
 
 
 def eval_run_reap() -> int:
     """Fail running runs whose heartbeat stopped: their worker vanished. Retry runs them again."""
-    stale = timezone.now() - timedelta(seconds=settings.FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S)
-    reaped = 0
-    for run in EvalRun.objects.filter(status=EvalRunStatus.RUNNING, heartbeat_at__lt=stale):
-        reaped += EvalRun.objects.filter(pk=run.pk, status=EvalRunStatus.RUNNING, heartbeat_at__lt=stale).update(
-            status=EvalRunStatus.FAILED, finished_at=timezone.now(), pid=None,
-            error=(f"The worker running this evaluation ({run.worker or 'unknown'}) stopped answering (no "
-                   f"heartbeat since {run.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC). Retry runs it again."),
-        )
-    return reaped
+    return len(runs.run_reap(EvalRun)[0])
 
 
 def eval_sweep() -> int:
@@ -231,17 +195,7 @@ def eval_sweep() -> int:
     delay."""
     from flywheel.evals.tasks import eval_run_task
 
-    reaped = eval_run_reap()
-    stale = timezone.now() - outbox.requeue_after()
-    sent = 0
-    for run_id in EvalRun.objects.filter(status=EvalRunStatus.QUEUED, queued_at__lt=stale).values_list("id", flat=True):
-        try:
-            outbox.send(eval_run_task, run_id)
-        except outbox.BrokerUnavailable:
-            break
-        EvalRun.objects.filter(pk=run_id).update(queued_at=timezone.now())
-        sent += 1
-    return reaped + sent
+    return eval_run_reap() + runs.run_requeue(EvalRun, task=eval_run_task)
 
 
 def eval_compare(*, a: EvalRun, b: EvalRun) -> dict[str, Any]:

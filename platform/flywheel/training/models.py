@@ -6,10 +6,13 @@ cancelled job can be retried: the trainer resumes from the last checkpoint in th
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from django.conf import settings
 from django.db import models
 
 from flywheel.accounts.models import Project
+from flywheel.runs import CancellableRun
 
 
 class JobStatus(models.TextChoices):
@@ -22,10 +25,6 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
-ACTIVE = (JobStatus.EVALUATING, JobStatus.QUEUED, JobStatus.RUNNING)
-RETRYABLE = (JobStatus.FAILED, JobStatus.CANCELLED)
-
-
 class Algorithm(models.TextChoices):
     GRPO = "grpo", "GRPO (RL with verifiable rewards)"
     SFT = "sft", "SFT (supervised on references)"
@@ -33,7 +32,17 @@ class Algorithm(models.TextChoices):
     SFT_GRPO = "sft_grpo", "SFT, then GRPO (one job, one gate)"
 
 
-class TrainingJob(models.Model):
+class TrainingJob(CancellableRun):
+    """A job's run (flywheel.runs): `evaluating` both waits for a worker and, once one measures production,
+    beats; a cancel stops it, and a job waiting for confirmation, at once."""
+
+    QUEUED = (JobStatus.QUEUED, JobStatus.EVALUATING)
+    RUNNING = (JobStatus.RUNNING, JobStatus.EVALUATING)
+    ACTIVE = (JobStatus.EVALUATING, JobStatus.QUEUED, JobStatus.RUNNING)
+    CANCEL_AT_ONCE = (JobStatus.EVALUATING, JobStatus.READY, JobStatus.QUEUED)
+    NOUN = "job"
+    SET_ON_LOST: ClassVar[dict[str, Any]] = {"failed_step": models.F("step"), "pid": None}
+
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="training_jobs")
     task_set_version = models.ForeignKey("environments.TaskSetVersion", on_delete=models.PROTECT, related_name="+")
     holdout_version = models.ForeignKey("evals.EvalSuiteVersion", null=True, blank=True, on_delete=models.PROTECT,
@@ -51,29 +60,19 @@ class TrainingJob(models.Model):
     max_steps = models.PositiveIntegerField(default=0)
     # Production on the holdout before training, and what the field advises from it.
     advice = models.JSONField(default=dict, blank=True)
-    error = models.TextField(blank=True, default="")
     failed_step = models.IntegerField(null=True, blank=True)
     result = models.JSONField(default=dict, blank=True)  # the trainer's `done` event
     mlflow_run_id = models.CharField(max_length=64, blank=True, default="")
     candidate_version = models.ForeignKey("registry.ModelVersion", null=True, blank=True,
                                           on_delete=models.SET_NULL, related_name="+")
 
-    # The run: who holds it and whether it is alive. A worker writes `heartbeat_at` while the trainer runs; the
-    # reaper fails a running job whose heartbeat stopped (its worker vanished) and says so.
-    attempt = models.PositiveIntegerField(default=0)
-    worker = models.CharField(max_length=200, blank=True, default="")
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # The trainer's process; the worker that holds it writes `heartbeat_at` while it runs (flywheel.runs).
     pid = models.IntegerField(null=True, blank=True)
-    cancel_requested = models.BooleanField(default=False)
     # Started from the API with `confirm`: training follows the measurement without waiting for a person.
     confirmed_in_advance = models.BooleanField(default=False)
-    queued_at = models.DateTimeField(null=True, blank=True)
 
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -82,13 +81,10 @@ class TrainingJob(models.Model):
     def __str__(self) -> str:
         return f"job {self.pk}"
 
-    @property
-    def active(self) -> bool:
-        return self.status in ACTIVE
-
-    @property
-    def retryable(self) -> bool:
-        return self.status in RETRYABLE
+    def lost_message(self) -> str:
+        return (f"The worker running this job ({self.worker or 'unknown'}) stopped answering at step {self.step} "
+                f"(no heartbeat since {self.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC). Retry resumes from the last "
+                "checkpoint.")
 
     @property
     def progress(self) -> float:

@@ -11,23 +11,21 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
-from flywheel import outbound, outbox
+from flywheel import outbound, outbox, runs
 from flywheel.accounts.models import Project
 from flywheel.environments.services import env_url_allowed
 from flywheel.evals import leakage
 from flywheel.registry import selectors as registry_selectors
 from flywheel.supervise import Refused, supervise, worker_name
-from flywheel.training.models import ACTIVE, Checkpoint, JobEvent, JobStatus, TrainingJob
+from flywheel.training.models import Checkpoint, JobEvent, JobStatus, TrainingJob
 from trainer import events, jobdir
 
 logger = logging.getLogger(__name__)
@@ -542,12 +540,7 @@ def job_run(*, job_id: int) -> TrainingJob | None:
     """The GPU worker's side: claim the job, run the trainer, record its events, finish or fail it.
 
     A duplicate message finds the job no longer queued and does nothing."""
-    now = timezone.now()
-    claimed = TrainingJob.objects.filter(pk=job_id, status=JobStatus.QUEUED, cancel_requested=False).update(
-        status=JobStatus.RUNNING, attempt=F("attempt") + 1, worker=worker_name(), heartbeat_at=now,
-        started_at=now, error="", failed_step=None,
-    )
-    if not claimed:
+    if not runs.run_claim(TrainingJob, job_id, failed_step=None):
         return None
     job = TrainingJob.objects.select_related("project", "base_version__base", "task_set_version",
                                              "holdout_version", "regression_version").get(pk=job_id)
@@ -604,80 +597,44 @@ def job_run(*, job_id: int) -> TrainingJob | None:
 def job_cancel(*, job: TrainingJob, user=None) -> TrainingJob:
     """Ask the worker to stop the trainer (its whole process group). A job not yet running stops at once."""
     with transaction.atomic():
-        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
-        if job.status not in (*ACTIVE, JobStatus.READY):
-            raise Refused(f"The job is {job.get_status_display().lower()}: there is nothing to cancel.")
-        if job.status == JobStatus.RUNNING:
-            job.cancel_requested = True
-            job.save(update_fields=["cancel_requested"])
-        else:
-            job.status = JobStatus.CANCELLED
-            job.finished_at = timezone.now()
-            job.save(update_fields=["status", "finished_at"])
+        job = runs.run_cancel(job)
         _event(job, "cancel requested" if job.status == JobStatus.RUNNING else "cancelled",
                data={"by": user.get_username() if user else None})
     return job
 
 
 def job_retry(*, job: TrainingJob, user=None) -> TrainingJob:
-    """Queue a failed or cancelled job again. The trainer resumes from the last checkpoint in its directory."""
+    """Queue a failed or cancelled job again: training when production was measured, else the measurement.
+    The trainer resumes from the last checkpoint in its directory."""
     from flywheel.training.tasks import training_evaluate_task, training_run_task
 
+    measured = bool(job.advice)
     with transaction.atomic():
-        job = TrainingJob.objects.select_for_update().get(pk=job.pk)
-        if not job.retryable:
-            raise Refused(f"The job is {job.get_status_display().lower()}: only a failed or cancelled job is "
-                             "retried.")
-        measured = bool(job.advice)
-        job.status = JobStatus.QUEUED if measured else JobStatus.EVALUATING
-        job.cancel_requested = False
-        job.queued_at = timezone.now()
-        job.finished_at = None
-        job.save(update_fields=["status", "cancel_requested", "queued_at", "finished_at"])
+        job = runs.run_retry(job, task=training_run_task if measured else training_evaluate_task,
+                             status=JobStatus.QUEUED if measured else JobStatus.EVALUATING)
         checkpoint = Checkpoint.objects.filter(job=job).order_by("-step").first()
         _event(job, "retried", data={"by": user.get_username() if user else None,
                                      "resume_from_step": checkpoint.step if checkpoint else None})
-        outbox.send_on_commit(training_run_task if measured else training_evaluate_task, job.pk)
     return job
+
+
+def _tasks() -> dict[str, Any]:
+    from flywheel.training.tasks import training_evaluate_task, training_run_task
+
+    return {JobStatus.QUEUED: training_run_task, JobStatus.EVALUATING: training_evaluate_task}
 
 
 def job_reap() -> int:
     """Fail running jobs whose heartbeat stopped: their worker vanished (killed, host lost). Retry resumes."""
-    stale = timezone.now() - timedelta(seconds=settings.FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S)
-    reaped = 0
-    for job in TrainingJob.objects.filter(status__in=(JobStatus.RUNNING, JobStatus.EVALUATING),
-                                          heartbeat_at__lt=stale).select_related("project"):
-        with transaction.atomic():
-            updated = TrainingJob.objects.filter(pk=job.pk, status=job.status, heartbeat_at__lt=stale).update(
-                status=JobStatus.FAILED, finished_at=timezone.now(), failed_step=job.step, pid=None,
-                error=(f"The worker running this job ({job.worker or 'unknown'}) stopped answering at step "
-                       f"{job.step} (no heartbeat since {job.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC). Retry resumes "
-                       "from the last checkpoint."),
-            )
-            if updated:
-                job.refresh_from_db()
-                _event(job, "reaped", step=job.step, data={"worker": job.worker})
-                reaped += 1
-    return reaped
+    failed, _ = runs.run_reap(TrainingJob)
+    for job in failed:
+        _event(job, "reaped", step=job.step, data={"worker": job.worker})
+    return len(failed)
 
 
 def training_sweep() -> int:
     """The outbox sweep: reap vanished runs, and send again jobs that waited too long for a worker."""
-    from flywheel.training.tasks import training_evaluate_task, training_run_task
-
-    reaped = job_reap()
-    stale = timezone.now() - outbox.requeue_after()
-    sent = 0
-    waiting = TrainingJob.objects.filter(queued_at__lt=stale, heartbeat_at__isnull=True)
-    for job in waiting.filter(status__in=(JobStatus.QUEUED, JobStatus.EVALUATING)):
-        task = training_run_task if job.status == JobStatus.QUEUED else training_evaluate_task
-        try:
-            outbox.send(task, job.pk)
-        except outbox.BrokerUnavailable:
-            break
-        TrainingJob.objects.filter(pk=job.pk).update(queued_at=timezone.now())
-        sent += 1
-    return reaped + sent
+    return job_reap() + runs.run_requeue(TrainingJob, task=_tasks())
 
 
 # --- finishing: the candidate and the gate -----------------------------------------------------------------------

@@ -7,11 +7,15 @@ filters on indexed columns instead of digging through JSON."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
+from flywheel import outbox
 from flywheel.accounts.models import Project
+from flywheel.runs import SupervisedRun, one_active_per_project
 
 
 class Outcome(models.TextChoices):
@@ -158,12 +162,20 @@ class UploadStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class Upload(models.Model):
+class Upload(SupervisedRun):
     """A JSONL file uploaded in the UI, ingested line by line through the one ingest service.
 
     The file is kept in the database (not on a volume) so that a worker on another host can read it,
     and so that a failed or interrupted run can be retried: ingestion is an upsert, so a rerun of the
-    whole file is safe."""
+    whole file is safe. Its run (flywheel.runs) is held by a lease rather than watched by its heartbeat: a
+    run whose lease expired has lost its worker."""
+
+    RUNNING = (UploadStatus.PROCESSING,)
+    ACTIVE = (UploadStatus.QUEUED, UploadStatus.PROCESSING)
+    NOUN = "upload"
+    LOST_WORKER_ATTEMPTS = 3
+    RESET_ON_QUEUE = {"lease_owner": "", "lease_expires_at": None}
+    SET_ON_LOST = {"lease_expires_at": None}
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="uploads")
     uploaded_by = models.ForeignKey(
@@ -173,7 +185,6 @@ class Upload(models.Model):
     content = models.BinaryField()
     size_bytes = models.PositiveBigIntegerField(default=0)
     status = models.CharField(max_length=16, choices=UploadStatus.choices, default=UploadStatus.QUEUED)
-    attempts = models.PositiveIntegerField(default=0)
     lines_total = models.PositiveIntegerField(default=0)
     lines_done = models.PositiveIntegerField(default=0)
     accepted = models.PositiveIntegerField(default=0)
@@ -182,17 +193,12 @@ class Upload(models.Model):
     rejected_count = models.PositiveIntegerField(default=0)
     # Per-line errors, [{"line", "external_id", "errors": [{"field", "message"}]}], the first few hundred.
     rejected = models.JSONField(default=list, blank=True)
-    error = models.TextField(blank=True, default="")  # why a run failed, shown in the UI
-    created_at = models.DateTimeField(auto_now_add=True)
     # The row is its own outbox (flywheel.outbox): `queued` since `queued_at`, sent again by the sweep when no
-    # worker has taken it in time, as a lost message or a broker that was down leaves it.
-    queued_at = models.DateTimeField(null=True, blank=True)
-    # The run that holds the upload: who (host, process, run) and until when. A run renews its lease with
+    # worker has taken it in time, as a lost message or a broker that was down leaves it. The run that holds
+    # the upload: who (host, process, run) and until when. A run renews its lease (and its heartbeat) with
     # every chunk and writes nothing once another run holds it; an expired lease may be taken over.
     lease_owner = models.CharField(max_length=255, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -208,6 +214,30 @@ class Upload(models.Model):
 
     def __str__(self) -> str:
         return f"{self.project.slug}/{self.filename} ({self.status})"
+
+    @classmethod
+    def lost(cls, now: datetime) -> models.Q:
+        return models.Q(status=UploadStatus.PROCESSING, lease_expires_at__lt=now)
+
+    @property
+    def stale(self) -> bool:
+        """Processing, but its run's lease has expired: the run has probably lost its worker."""
+        return (self.status == UploadStatus.PROCESSING and self.lease_expires_at is not None
+                and self.lease_expires_at < timezone.now())
+
+    @property
+    def waiting_long(self) -> bool:
+        """Queued for longer than the sweep waits: its message may have been lost."""
+        return (self.status == UploadStatus.QUEUED and self.queued_at is not None
+                and self.queued_at < timezone.now() - outbox.requeue_after())
+
+    @property
+    def retryable(self) -> bool:
+        # A stuck or long-waiting upload is run again too: its lease, or its message, is taken over.
+        return super().retryable or self.stale or self.waiting_long
+
+    def retry_refusal(self) -> str:
+        return f"The upload is {self.get_status_display().lower()}: only a failed, stuck or long-waiting upload is retried."
 
 
 class TriageSignal(models.Model):
@@ -280,11 +310,20 @@ class TriageRunStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class TriageRun(models.Model):
+TRIAGE_RUN_ACTIVE = (TriageRunStatus.QUEUED, TriageRunStatus.RUNNING)
+
+
+class TriageRun(SupervisedRun):
     """Triage run again over a whole project (after a policy change), by a worker, with its progress.
 
-    The row is its own outbox (flywheel.outbox): `queued` since `queued_at`, or `running` with a heartbeat
-    that stopped, is sent again by the sweep. Running it twice is harmless: it triages what is out of date."""
+    The row is its own outbox (flywheel.outbox, flywheel.runs): `queued` since `queued_at`, or `running` with a
+    heartbeat that stopped, is sent again by the sweep (up to LOST_WORKER_ATTEMPTS times, then it fails).
+    Running it twice is harmless: it triages what is out of date."""
+
+    ACTIVE = TRIAGE_RUN_ACTIVE
+    NOUN = "triage re-run"
+    HEARTBEAT_TIMEOUT = timedelta(minutes=5)  # it beats after every chunk of trajectories
+    LOST_WORKER_ATTEMPTS = 3
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="triage_runs")
     started_by = models.ForeignKey(
@@ -294,23 +333,13 @@ class TriageRun(models.Model):
     status = models.CharField(max_length=16, choices=TriageRunStatus.choices, default=TriageRunStatus.QUEUED)
     total = models.PositiveIntegerField(default=0)
     done = models.PositiveIntegerField(default=0)
-    error = models.TextField(blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-    queued_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)  # the last chunk written
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
         indexes = [models.Index(fields=["project", "-id"], name="triagerun_project_id")]
         constraints = [
             # One run at a time per project: a second Re-run while one is on its way finds it instead.
-            models.UniqueConstraint(
-                fields=["project"],
-                condition=models.Q(status__in=["queued", "running"]),
-                name="triagerun_one_active_per_project",
-            )
+            one_active_per_project("triagerun_one_active_per_project", TRIAGE_RUN_ACTIVE),
         ]
 
     def __str__(self) -> str:

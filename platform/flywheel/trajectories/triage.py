@@ -47,16 +47,16 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 
-from flywheel import outbox
+from flywheel import outbox, runs
 from flywheel.accounts.models import Project
+from flywheel.supervise import Refused
 from flywheel.trajectories.ingest import content_text, is_tool_error
 from flywheel.trajectories.models import (
     FailureCategory,
@@ -80,8 +80,6 @@ CHUNK = 250  # trajectories per transaction; they stay locked meanwhile, so a re
 LOOP_MIN_REPEATS = 3
 EXCERPT = 200  # characters of agent text kept in a signal's detail
 MAX_ITEMS = 5  # errors, names... kept in a signal's detail
-# A run whose worker wrote nothing for this long has lost it: the sweep sends it again.
-RUN_STALE_AFTER = timedelta(minutes=5)
 
 SEVERITY: dict[str, int] = {
     SignalKind.INVALID_ARGUMENTS: Severity.HIGH,
@@ -568,17 +566,9 @@ def triage_sweep() -> int:
                 if waiting.exists():
                     outbox.send(triage_project_task, project_id)
                     sent += 1
-        stale = Q(status=TriageRunStatus.QUEUED, queued_at__lt=cutoff) | Q(
-            status=TriageRunStatus.RUNNING, heartbeat_at__lt=now - RUN_STALE_AFTER
-        )
-        for run_id in TriageRun.objects.filter(stale).order_by("pk").values_list("pk", flat=True)[:100]:
-            # Compare-and-set, so that of two sweeps at once one sends it.
-            if TriageRun.objects.filter(stale, pk=run_id).update(status=TriageRunStatus.QUEUED, queued_at=now):
-                outbox.send(triage_run_task, run_id)
-                sent += 1
     except outbox.BrokerUnavailable as exc:
         logger.warning("triage sweep: the broker is unavailable (%s); trying again next sweep", exc)
-    return sent
+    return sent + runs.run_sweep(TriageRun, task=triage_run_task)
 
 
 # --- the work --------------------------------------------------------------------------------------------
@@ -651,8 +641,8 @@ def triage_project(*, project_id: int) -> int:
 # --- re-runs ---------------------------------------------------------------------------------------------
 
 
-class TriageRunRefused(ValueError):
-    pass
+class TriageRunRefused(Refused):
+    """A re-run of the project's triage is already on its way."""
 
 
 def triage_run_start(*, project: Project, user: Any = None) -> TriageRun:
@@ -676,17 +666,21 @@ def triage_run_start(*, project: Project, user: Any = None) -> TriageRun:
     return run
 
 
+def triage_run_retry(*, run: TriageRun) -> TriageRun:
+    """Queue a failed re-run again: it goes on with what is still out of date."""
+    from flywheel.trajectories.tasks import triage_run_task  # tasks import this module
+
+    return runs.run_retry(run, task=triage_run_task)
+
+
 def triage_run_process(*, run_id: int) -> TriageRun | None:
     """Run a re-run to its end, writing its progress after each chunk. A run that is running or done (a
     duplicate message) is left alone; one the sweep sent again while it was only slow goes on harmlessly
     beside the new one, since each chunk triages only what is still out of date. A failure is recorded on the
     run, for the page."""
-    now = timezone.now()
     # Claimed from `queued` only: a second message while it runs does nothing (the sweep queues a run
     # again when its worker stopped writing).
-    claimed = TriageRun.objects.filter(pk=run_id, status=TriageRunStatus.QUEUED).update(
-        status=TriageRunStatus.RUNNING, started_at=now, heartbeat_at=now
-    )
+    claimed = runs.run_claim(TriageRun, run_id)
     run = TriageRun.objects.filter(pk=run_id).first()
     if not claimed or run is None:
         return run

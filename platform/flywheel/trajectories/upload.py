@@ -19,15 +19,16 @@ import logging
 import os
 import socket
 import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from flywheel import outbox
+from flywheel import outbox, runs
 from flywheel.accounts.models import Project
+from flywheel.supervise import Refused, worker_name
 from flywheel.trajectories.ingest import JSONL_CHUNK, IngestResult, ingest_trajectories, jsonl_chunks
 from flywheel.trajectories.models import Upload, UploadStatus
 
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 CHUNK_LINES = JSONL_CHUNK  # lines per ingest call (and per progress update and lease renewal)
 MAX_KEPT_ERRORS = 500  # per-line errors kept on the row; the count is always exact
 INLINE_MAX_BYTES = 512 * 1024  # files up to this size are ingested in the request
-MAX_ATTEMPTS = 3  # runs that lost their worker before the sweep gives up and marks the upload failed
+MAX_ATTEMPTS = Upload.LOST_WORKER_ATTEMPTS  # runs that lost their worker before the sweep fails the upload
 
 
 def max_upload_bytes() -> int:
@@ -50,8 +51,8 @@ def lease_length() -> timedelta:
 # --- services --------------------------------------------------------------------------------------------
 
 
-class UploadRefused(ValueError):
-    pass
+class UploadRefused(Refused):
+    """A file the upload does not take (too big, empty)."""
 
 
 class LeaseLost(Exception):
@@ -86,50 +87,26 @@ def _enqueue(upload_id: int) -> None:
     outbox.send_on_commit(upload_process_task, upload_id)
 
 
-def _waiting_too_long(now: datetime) -> Q:
-    """Uploads no run is on: queued for longer than the sweep waits, or held by a lease that expired."""
-    return Q(status=UploadStatus.QUEUED, queued_at__lt=now - outbox.requeue_after()) | Q(
-        status=UploadStatus.PROCESSING, lease_expires_at__lt=now
-    )
-
-
 def upload_is_stale(upload: Upload) -> bool:
     """Processing, but its run's lease has expired: the run has probably lost its worker."""
-    return (
-        upload.status == UploadStatus.PROCESSING
-        and upload.lease_expires_at is not None
-        and upload.lease_expires_at < timezone.now()
-    )
+    return upload.stale
 
 
 def upload_is_waiting_long(upload: Upload) -> bool:
     """Queued for longer than the sweep waits: its message may have been lost."""
-    return (
-        upload.status == UploadStatus.QUEUED
-        and upload.queued_at is not None
-        and upload.queued_at < timezone.now() - outbox.requeue_after()
-    )
+    return upload.waiting_long
 
 
 def upload_retry(*, upload: Upload) -> Upload:
     """Run a failed, stuck or long-waiting upload again from its first line.
 
-    The compare-and-set decides: of two retries at once, or a retry and a sweep, one requeues the upload, and a
-    run whose lease expired loses it here (it stops at its next chunk)."""
-    now = timezone.now()
-    requeued = (
-        Upload.objects.filter(Q(status=UploadStatus.FAILED) | _waiting_too_long(now), pk=upload.pk)
-        .update(status=UploadStatus.QUEUED, queued_at=now, error="", lease_owner="", lease_expires_at=None)
-    )
-    upload.refresh_from_db()
-    if not requeued:
-        raise UploadRefused(
-            f"Only a failed, stuck or long-waiting upload can be retried; this one is {upload.status}."
-        )
-    if upload.size_bytes <= INLINE_MAX_BYTES:
-        return upload_process(upload_id=upload.pk)
-    _enqueue(upload.pk)
-    return upload
+    The row lock decides: of two retries at once, or a retry and a sweep, one requeues the upload, and a run
+    whose lease expired loses it here (it stops at its next chunk)."""
+    from flywheel.trajectories.tasks import upload_process_task  # tasks import this module
+
+    inline = upload.size_bytes <= INLINE_MAX_BYTES
+    upload = runs.run_retry(upload, task=None if inline else upload_process_task)
+    return upload_process(upload_id=upload.pk) if inline else upload
 
 
 def upload_sweep() -> int:
@@ -139,30 +116,7 @@ def upload_sweep() -> int:
     worker must not do so forever); Retry runs it again. Returns how many were sent."""
     from flywheel.trajectories.tasks import upload_process_task  # tasks import this module
 
-    now = timezone.now()
-    Upload.objects.filter(
-        status=UploadStatus.PROCESSING, lease_expires_at__lt=now, attempts__gte=MAX_ATTEMPTS
-    ).update(
-        status=UploadStatus.FAILED,
-        finished_at=now,
-        lease_expires_at=None,
-        error=f"The upload lost its worker {MAX_ATTEMPTS} times; Retry runs it again.",
-    )
-    sent = 0
-    for upload_id in Upload.objects.filter(_waiting_too_long(now)).order_by("pk").values_list("pk", flat=True)[:100]:
-        # Per row, the compare-and-set again: of two sweeps at once only one sends it.
-        if not Upload.objects.filter(_waiting_too_long(now), pk=upload_id).update(
-            status=UploadStatus.QUEUED, queued_at=now, lease_owner="", lease_expires_at=None
-        ):
-            continue
-        try:
-            outbox.send(upload_process_task, upload_id)
-        except outbox.BrokerUnavailable as exc:
-            # The row still says queued; the next sweep tries again. No use trying the others now.
-            logger.warning("upload sweep: the broker is unavailable (%s); trying again next sweep", exc)
-            break
-        sent += 1
-    return sent
+    return runs.run_sweep(Upload, task=upload_process_task)
 
 
 def _run_owner() -> str:
@@ -182,9 +136,11 @@ def upload_claim(*, upload_id: int, owner: str | None = None) -> str | None:
         status=UploadStatus.PROCESSING,
         lease_owner=owner,
         lease_expires_at=now + lease_length(),
+        worker=worker_name(),
+        heartbeat_at=now,
         started_at=now,
         finished_at=None,
-        attempts=F("attempts") + 1,
+        attempt=F("attempt") + 1,
         error="",
         lines_done=0,
         accepted=0,
@@ -249,6 +205,7 @@ def _ingest_chunk(
             updated=total.updated,
             rejected_count=len(total.rejected),
             rejected=kept,
+            heartbeat_at=timezone.now(),
             lease_expires_at=timezone.now() + lease_length(),
         )
 

@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
+from flywheel.supervise import Refused
 from flywheel.trajectories import upload as services
 from flywheel.trajectories.models import Upload
 
@@ -69,6 +70,6 @@ def upload_retry_view(request: HttpRequest, project: Project, upload_id: int) ->
     upload = _upload_for(project, upload_id)
     try:
         services.upload_retry(upload=upload)
-    except services.UploadRefused as exc:
+    except Refused as exc:
         messages.error(request, str(exc))
     return redirect("upload_detail", project_slug=project.slug, upload_id=upload.pk)

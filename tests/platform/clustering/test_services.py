@@ -12,6 +12,7 @@ from django.utils import timezone
 from flywheel.failures.clustering import services
 from flywheel.failures.clustering.models import ClusteringRun, ClusterSuggestion, Decision, DismissedGroup
 from flywheel.failures.models import FailureMode, FailureModeAssignment
+from flywheel.supervise import Refused
 from flywheel.trajectories.models import Trajectory
 
 CAUSES = ["stock_timeout", "sql_syntax_error", "weather_undeclared_tool"]
@@ -163,8 +164,8 @@ def test_a_failure_mid_run_says_where_and_a_retry_finishes_it(db, embedder, proj
     assert services.clustering_run_process(run_id=run.pk) .status == "failed"  # not queued: left alone
     services.clustering_run_retry(run=run)
     run = services.clustering_run_process(run_id=run.pk)
-    assert run.status == "done" and run.attempts == 2 and run.error == "" and run.suggestions.count() == 2
-    with pytest.raises(services.ClusteringRefused):
+    assert run.status == "done" and run.attempt == 2 and run.error == "" and run.suggestions.count() == 2
+    with pytest.raises(Refused, match="The clustering run is done: only a failed clustering run is retried"):
         services.clustering_run_retry(run=run)
 
 

@@ -12,6 +12,7 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
+from flywheel.supervise import Refused
 from flywheel.trajectories import upload as upload_module
 from flywheel.trajectories.models import Trajectory, Upload, UploadStatus
 
@@ -68,7 +69,7 @@ def test_an_upload_needs_the_reviewer_role(client_for, project, make_user, make_
     assert denied.status_code == 403
     assert "reviewer role" in denied.content.decode()
     failed_upload.refresh_from_db()
-    assert (failed_upload.status, failed_upload.attempts) == (UploadStatus.FAILED, 0)  # no retry ran
+    assert (failed_upload.status, failed_upload.attempt) == (UploadStatus.FAILED, 0)  # no retry ran
 
 
 @pytest.mark.django_db
@@ -146,7 +147,7 @@ def test_a_crash_leaves_an_explained_retryable_upload(
     response = client_for(reviewer).post(reverse("upload_retry", args=[project.slug, upload.pk]))
     assert response.status_code == 302
     upload.refresh_from_db()
-    assert (upload.status, upload.accepted, upload.attempts, upload.error) == (UploadStatus.DONE, 1, 2, "")
+    assert (upload.status, upload.accepted, upload.attempt, upload.error) == (UploadStatus.DONE, 1, 2, "")
     assert Trajectory.objects.filter(project=project).count() == 1
 
 
@@ -155,7 +156,7 @@ def test_only_failed_or_stuck_uploads_are_retried(project, make_record):
     upload = upload_module.upload_create(
         project=project, filename="a.jsonl", content=jsonl([make_record("t-1")])
     )
-    with pytest.raises(upload_module.UploadRefused):
+    with pytest.raises(Refused, match="The upload is done: only a failed, stuck or long-waiting upload"):
         upload_module.upload_retry(upload=upload)
     # Processing, with a lease still good: its run is going, a retry would race it.
     Upload.objects.filter(pk=upload.pk).update(
@@ -163,7 +164,7 @@ def test_only_failed_or_stuck_uploads_are_retried(project, make_record):
     )
     upload.refresh_from_db()
     assert not upload_module.upload_is_stale(upload)
-    with pytest.raises(upload_module.UploadRefused, match="this one is processing"):
+    with pytest.raises(Refused, match="The upload is processing: only a failed, stuck"):
         upload_module.upload_retry(upload=upload)
     # The lease expired: the run lost its worker (or is too slow to keep it).
     Upload.objects.filter(pk=upload.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
@@ -258,7 +259,7 @@ def test_a_broker_that_is_down_leaves_the_upload_queued_for_the_sweep(
     assert (upload.status, upload.error) == (UploadStatus.QUEUED, "")
     page = client_for(reviewer).get(reverse("upload_detail", args=[project.slug, upload.pk])).content.decode()
     assert "Waiting for a worker" in page and "Retry" not in page
-    with pytest.raises(upload_module.UploadRefused, match="this one is queued"):
+    with pytest.raises(Refused, match="The upload is queued: only a failed, stuck"):
         upload_module.upload_retry(upload=upload)  # not yet: its message may still be on its way
     assert upload_module.upload_sweep() == 0
 
@@ -295,7 +296,7 @@ def queued_upload(project, make_record, monkeypatch):
 
 def _counters(upload_id):
     return Upload.objects.values(
-        "status", "attempts", "lease_owner", "lines_done", "accepted", "created", "updated", "rejected_count"
+        "status", "attempt", "lease_owner", "lines_done", "accepted", "created", "updated", "rejected_count"
     ).get(pk=upload_id)
 
 
@@ -305,7 +306,7 @@ def test_a_delivery_while_a_run_holds_the_upload_does_nothing(queued_upload):
     # a second run that resets and races its counters.
     owner = upload_module.upload_claim(upload_id=queued_upload.pk)
     held = _counters(queued_upload.pk)
-    assert (held["status"], held["attempts"], held["lease_owner"]) == (UploadStatus.PROCESSING, 1, owner)
+    assert (held["status"], held["attempt"], held["lease_owner"]) == (UploadStatus.PROCESSING, 1, owner)
 
     assert upload_module.upload_claim(upload_id=queued_upload.pk) is None
     assert upload_module.upload_process(upload_id=queued_upload.pk).status == UploadStatus.PROCESSING
@@ -324,7 +325,7 @@ def test_a_run_that_lost_its_lease_writes_nothing(queued_upload):
     # Its lease runs out (the run is stuck, or only slow): the upload is taken over and finished.
     Upload.objects.filter(pk=queued_upload.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     done = upload_module.upload_process(upload_id=queued_upload.pk)
-    assert (done.status, done.attempts, done.accepted, done.created) == (UploadStatus.DONE, 2, 3, 3)
+    assert (done.status, done.attempt, done.accepted, done.created) == (UploadStatus.DONE, 2, 3, 3)
     after_winner = _counters(queued_upload.pk)
     stored = dict(Trajectory.objects.values_list("external_id", "updated_at"))
 
@@ -342,7 +343,7 @@ def test_the_sweep_sends_uploads_that_lost_their_worker_and_gives_up_after_max_a
     monkeypatch.setattr(tasks.upload_process_task, "delay", lambda upload_id: sent.append(upload_id))
     expired = timezone.now() - timedelta(seconds=1)
     Upload.objects.filter(pk=queued_upload.pk).update(
-        status=UploadStatus.PROCESSING, lease_owner="gone", lease_expires_at=expired, attempts=1
+        status=UploadStatus.PROCESSING, lease_owner="gone", lease_expires_at=expired, attempt=1
     )
     assert upload_module.upload_sweep() == 1
     assert sent == [queued_upload.pk]
@@ -352,7 +353,7 @@ def test_the_sweep_sends_uploads_that_lost_their_worker_and_gives_up_after_max_a
     # A file that loses its worker every time (it kills it, say) is not sent forever.
     Upload.objects.filter(pk=queued_upload.pk).update(
         status=UploadStatus.PROCESSING, lease_owner="gone", lease_expires_at=expired,
-        attempts=upload_module.MAX_ATTEMPTS,
+        attempt=upload_module.MAX_ATTEMPTS,
     )  # fmt: skip
     assert upload_module.upload_sweep() == 0
     failed = Upload.objects.get(pk=queued_upload.pk)
@@ -387,13 +388,13 @@ def test_a_stale_upload_taken_over_on_the_worker_is_written_by_one_run(celery_wo
     upload.refresh_from_db()
     assert upload_module.upload_retry(upload=upload).status == UploadStatus.QUEUED
     done = celery_worker.wait_for(lambda: Upload.objects.filter(pk=upload.pk, status=UploadStatus.DONE).first())
-    assert (done.attempts, done.accepted, done.created, done.lines_done) == (2, 5, 5, 5)
+    assert (done.attempt, done.accepted, done.created, done.lines_done) == (2, 5, 5, 5)
     assert done.lease_owner != first
     stored = dict(Trajectory.objects.values_list("external_id", "updated_at"))
 
     # The first run was only slow: it goes on, and writes neither the file nor the counters.
     upload_module.upload_run(upload_id=upload.pk, owner=first)
-    assert _counters(upload.pk) == _counters(done.pk) and Upload.objects.get(pk=upload.pk).attempts == 2
+    assert _counters(upload.pk) == _counters(done.pk) and Upload.objects.get(pk=upload.pk).attempt == 2
     assert dict(Trajectory.objects.values_list("external_id", "updated_at")) == stored
 
 
@@ -408,7 +409,7 @@ def test_a_queued_upload_whose_message_was_lost_is_picked_up_again(celery_worker
     # What Celery beat sends every FLYWHEEL_SWEEP_INTERVAL_S: the worker runs the sweep, which sends the upload.
     outbox_sweep_task.delay()
     done = celery_worker.wait_for(lambda: Upload.objects.filter(pk=upload.pk, status=UploadStatus.DONE).first())
-    assert (done.attempts, done.accepted, done.created) == (1, 4, 4)
+    assert (done.attempt, done.accepted, done.created) == (1, 4, 4)
     assert Trajectory.objects.filter(project=project).count() == 4
 
 

@@ -8,11 +8,14 @@ later runs do not suggest them again."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import models
 
 from flywheel.accounts.models import Project
 from flywheel.failures.models import FailureMode
+from flywheel.runs import SupervisedRun, one_active_per_project
 
 
 class RunStatus(models.TextChoices):
@@ -31,6 +34,8 @@ class RunStage(models.TextChoices):
     DONE = "done", "Done"
 
 
+ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING)
+
 # How far each stage has brought the run, in percent, when it starts (the bar's position).
 STAGE_START = {
     RunStage.WAITING: 0,
@@ -42,12 +47,20 @@ STAGE_START = {
 }
 
 
-class ClusteringRun(models.Model):
+class ClusteringRun(SupervisedRun):
     """One clustering of a project's failures, by a worker, with its progress.
 
-    The row is its own outbox (flywheel.outbox): `queued` since `queued_at`, or `running` with a heartbeat that
-    stopped, is sent again by the sweep; a failed run says why and can be retried. Running it again replaces
-    its suggestions: the work is recomputed from the filter, which is stored."""
+    The row is its own outbox (flywheel.outbox, flywheel.runs): `queued` since `queued_at`, or `running` with a
+    heartbeat that stopped, is sent again by the sweep (up to LOST_WORKER_ATTEMPTS times, then it fails); a
+    failed run says why and can be retried. Running it again replaces its suggestions: the work is recomputed
+    from the filter, which is stored."""
+
+    ACTIVE = ACTIVE_STATUSES
+    NOUN = "clustering run"
+    # It writes its progress at least every chunk of failures read or embedded.
+    HEARTBEAT_TIMEOUT = timedelta(minutes=10)
+    LOST_WORKER_ATTEMPTS = 3
+    RESET_ON_QUEUE = {"stage": RunStage.WAITING, "done": 0}
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="clustering_runs")
     created_by = models.ForeignKey(
@@ -68,13 +81,6 @@ class ClusteringRun(models.Model):
     noise = models.PositiveIntegerField(default=0)  # failures in no group
     skipped_dismissed = models.PositiveIntegerField(default=0)  # groups not suggested: dismissed before
     embedder = models.CharField(max_length=64, blank=True, default="")
-    error = models.TextField(blank=True, default="")  # why it failed, shown on the page
-    attempts = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
-    queued_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -88,19 +94,11 @@ class ClusteringRun(models.Model):
         ]
         constraints = [
             # One run at a time per project: a second start finds the first instead.
-            models.UniqueConstraint(
-                fields=["project"],
-                condition=models.Q(status__in=["queued", "running"]),
-                name="clusterrun_one_active_per_project",
-            )
+            one_active_per_project("clusterrun_one_active_per_project", ACTIVE_STATUSES),
         ]
 
     def __str__(self) -> str:
         return f"clustering run {self.pk} of {self.project.slug} ({self.status})"
-
-    @property
-    def active(self) -> bool:
-        return self.status in (RunStatus.QUEUED, RunStatus.RUNNING)
 
     @property
     def percent(self) -> int:

@@ -20,10 +20,10 @@ import numpy as np
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from flywheel import outbox
+from flywheel import outbox, runs
 from flywheel.accounts.models import Project
 from flywheel.failures.clustering import engine, naming
 from flywheel.failures.clustering.models import (
@@ -36,6 +36,7 @@ from flywheel.failures.clustering.models import (
 )
 from flywheel.failures.models import FailureMode, FailureModeAssignment
 from flywheel.failures.services import failure_mode_assign, failure_mode_create
+from flywheel.supervise import Refused
 from flywheel.trajectories.models import FailureCategory, Outcome, SignalKind, Trajectory, TriageSignal
 
 logger = logging.getLogger(__name__)
@@ -44,11 +45,9 @@ MAX_FAILURES = 50_000
 CHUNK = 1000  # trajectories read per query, and the progress step
 EXAMPLE_CHARS = 160  # of each part of a representative shown on the page
 MODE_SAMPLE = 200  # members of an existing mode read to know where it sits
-# A run whose worker wrote nothing for this long has lost it: the sweep sends it again.
-RUN_STALE_AFTER = timedelta(minutes=10)
 
 
-class ClusteringRefused(ValueError):
+class ClusteringRefused(Refused):
     """The action cannot be taken now (a run is already on its way, a decision was already made)."""
 
 
@@ -168,39 +167,18 @@ def clustering_run_start(
 
 def clustering_run_retry(*, run: ClusteringRun) -> ClusteringRun:
     """Queue a failed run again, from its stored filter."""
-    try:
-        with transaction.atomic():
-            updated = ClusteringRun.objects.filter(pk=run.pk, status=RunStatus.FAILED).update(
-                status=RunStatus.QUEUED, stage=RunStage.WAITING, done=0, error="", queued_at=timezone.now()
-            )
-            if not updated:
-                raise ClusteringRefused("Only a failed run can be retried.")
-            _queue(run)
-    except IntegrityError:
-        raise ClusteringRefused("A clustering of this project is already on its way; wait for it to finish.") from None
-    run.refresh_from_db()
-    return run
+    from flywheel.failures.clustering.tasks import clustering_run_task  # tasks import this module
+
+    return runs.run_retry(run, task=clustering_run_task)
 
 
 def clustering_sweep() -> int:
     """Send again the runs that wait too long (flywheel.outbox): queued past FLYWHEEL_REQUEUE_AFTER_S, or
-    running with a worker that stopped writing. Returns how many were sent."""
+    running with a worker that stopped writing (which fails once it has lost LOST_WORKER_ATTEMPTS workers).
+    Returns how many were sent."""
     from flywheel.failures.clustering.tasks import clustering_run_task
 
-    now = timezone.now()
-    stale = Q(status=RunStatus.QUEUED, queued_at__lt=now - outbox.requeue_after()) | Q(
-        status=RunStatus.RUNNING, heartbeat_at__lt=now - RUN_STALE_AFTER
-    )
-    sent = 0
-    try:
-        for run_id in ClusteringRun.objects.filter(stale).order_by("pk").values_list("pk", flat=True)[:100]:
-            # Compare-and-set, so that of two sweeps at once one sends it.
-            if ClusteringRun.objects.filter(stale, pk=run_id).update(status=RunStatus.QUEUED, queued_at=now):
-                outbox.send(clustering_run_task, run_id)
-                sent += 1
-    except outbox.BrokerUnavailable as exc:
-        logger.warning("clustering sweep: the broker is unavailable (%s); trying again next sweep", exc)
-    return sent
+    return runs.run_sweep(ClusteringRun, task=clustering_run_task)
 
 
 # --- the work --------------------------------------------------------------------------------------------
@@ -260,10 +238,7 @@ def _usual_category(categories: list[str]) -> str:
 def clustering_run_process(*, run_id: int, embedder: engine.Embedder | None = None) -> ClusteringRun | None:
     """Run a queued clustering to its end, writing its stage and progress. A run that is not queued (a
     duplicate message, or one running elsewhere) is left alone. A failure is recorded on the run, for the page."""
-    now = timezone.now()
-    claimed = ClusteringRun.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
-        status=RunStatus.RUNNING, started_at=now, heartbeat_at=now, attempts=F("attempts") + 1, done=0
-    )
+    claimed = runs.run_claim(ClusteringRun, run_id, done=0)
     run = ClusteringRun.objects.select_related("project", "parent").filter(pk=run_id).first()
     if not claimed or run is None:
         return run

@@ -17,6 +17,7 @@ from flywheel.failures import selectors as failure_selectors
 from flywheel.failures.clustering import services
 from flywheel.failures.clustering.models import ClusteringRun, ClusterSuggestion, Decision, DismissedGroup
 from flywheel.failures.models import FailureMode
+from flywheel.supervise import Refused
 from flywheel.trajectories.models import SignalKind, Trajectory
 
 RUNS_SHOWN = 8
@@ -94,7 +95,7 @@ def clustering_run_retry(request: HttpRequest, project: Project, clustering_id: 
     run = get_object_or_404(ClusteringRun, project=project, pk=clustering_id)
     try:
         services.clustering_run_retry(run=run)
-    except services.ClusteringRefused as exc:
+    except Refused as exc:
         return _page(request, project, 409, action_error=str(exc))
     return redirect(reverse("clusters_page", args=[project.slug]) + f"?run={run.pk}#run")
 

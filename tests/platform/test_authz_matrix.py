@@ -73,6 +73,7 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/triage/policy": (NOT_ALLOWED, write(422, "maintainer")),  # no policy in the form
     "p/<slug:project_slug>/triage/runs": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/triage/runs/<int:run_id>/": (READ, NOT_ALLOWED),
+    "p/<slug:project_slug>/triage/runs/<int:run_id>/retry": (NOT_ALLOWED, write(409, "maintainer")),  # it is done
     # Uploads put trajectories into the project: reviewers and up, for reading their status too.
     "p/<slug:project_slug>/upload/": (write(200), write(400)),  # POST without a file: 400 naming it
     "p/<slug:project_slug>/upload/<int:upload_id>/": (write(200), NOT_ALLOWED),

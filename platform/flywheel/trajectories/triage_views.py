@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
+from flywheel.supervise import Refused
 from flywheel.trajectories import triage, triage_policy
 from flywheel.trajectories.models import Severity, SignalKind, Trajectory, TriageRun, TriageRunStatus
 from flywheel.trajectories.selectors import COUNT_CAP
@@ -74,7 +75,19 @@ def triage_policy_save(request: HttpRequest, project: Project) -> HttpResponse:
 def triage_run_start(request: HttpRequest, project: Project) -> HttpResponse:
     try:
         triage.triage_run_start(project=project, user=request.user)
-    except triage.TriageRunRefused as exc:
+    except Refused as exc:
+        return render(request, "trajectories/triage.html", _context(request, project, run_error=str(exc)), status=409)
+    return redirect(reverse("triage_page", args=[project.slug]) + "#run")
+
+
+@require_POST
+@project_view(Role.MAINTAINER)
+def triage_run_retry(request: HttpRequest, project: Project, run_id: int) -> HttpResponse:
+    """Queue a failed re-run again (flywheel.runs); it goes on with what is still out of date."""
+    run = get_object_or_404(TriageRun, project=project, pk=run_id)
+    try:
+        triage.triage_run_retry(run=run)
+    except Refused as exc:
         return render(request, "trajectories/triage.html", _context(request, project, run_error=str(exc)), status=409)
     return redirect(reverse("triage_page", args=[project.slug]) + "#run")
 
@@ -84,4 +97,5 @@ def triage_run_start(request: HttpRequest, project: Project) -> HttpResponse:
 def triage_run_status(request: HttpRequest, project: Project, run_id: int) -> HttpResponse:
     """The run's progress, the fragment the page polls while the run is queued or running."""
     run = get_object_or_404(TriageRun, project=project, pk=run_id)
-    return render(request, "trajectories/_triage_run.html", {"project": project, "run": run})
+    return render(request, "trajectories/_triage_run.html", {
+        "project": project, "run": run, "is_maintainer": request.membership.grants(Role.MAINTAINER)})

@@ -98,3 +98,33 @@ def test_a_rerun_from_the_page_triages_the_whole_project_with_progress(
     assert set(Trajectory.objects.values_list("triage_version", flat=True)) == {done.version}
     fragment = client.get(reverse("triage_run_status", args=[project.slug, run.pk])).content.decode()
     assert "1100 of 1100" in fragment and "Done" in fragment
+
+
+def test_a_failed_rerun_is_retried_from_the_page_by_a_maintainer(
+    celery_worker, settings, client_for, user, project, make_user, make_membership
+):
+    from flywheel.trajectories.ingest import ingest_trajectories
+
+    settings.FLYWHEEL_TRIAGE = False
+    ingest_trajectories(project=project, records=[record(f"t-{i}") for i in range(3)])
+    run = TriageRun.objects.create(project=project, version=1, status=TriageRunStatus.FAILED,
+                                   error="The worker running this triage re-run (w:1) stopped answering.")
+    client = client_for(user)
+    page = client.get(reverse("triage_page", args=[project.slug])).content.decode()
+    assert "stopped answering" in page and reverse("triage_run_retry", args=[project.slug, run.pk]) in page
+
+    viewer = make_user("viewer-of-triage")
+    make_membership(viewer, project, "viewer")
+    viewing = client_for(viewer)
+    assert reverse("triage_run_retry", args=[project.slug, run.pk]) not in viewing.get(
+        reverse("triage_page", args=[project.slug])).content.decode()
+    assert viewing.post(reverse("triage_run_retry", args=[project.slug, run.pk])).status_code == 403
+
+    assert client.post(reverse("triage_run_retry", args=[project.slug, run.pk])).status_code == 302
+    done = celery_worker.wait_for(
+        lambda: TriageRun.objects.filter(pk=run.pk, status=TriageRunStatus.DONE).first(), timeout=120
+    )
+    assert done.done == done.total == 3 and not done.error and done.attempt == 1
+    # A run that is done is not retried again: the page refuses with the reason.
+    refused = client.post(reverse("triage_run_retry", args=[project.slug, run.pk]))
+    assert refused.status_code == 409 and "only a failed triage re-run is retried" in refused.content.decode()

@@ -19,6 +19,8 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 PRODUCTION = get_env("FLYWHEEL_ENV", "development") == "production"
 DEBUG = get_env("DEBUG", not PRODUCTION, cast=bool)
 SECRET_KEY = get_env("SECRET_KEY") if PRODUCTION else get_env("SECRET_KEY", "dev-insecure-key-not-for-production")
+# Earlier keys, after a rotation: they still verify sessions and open the secrets they sealed (flywheel.sealed).
+SECRET_KEY_FALLBACKS = get_list("SECRET_KEY_FALLBACKS", [])
 ALLOWED_HOSTS = get_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = get_list("CSRF_TRUSTED_ORIGINS", [])
 

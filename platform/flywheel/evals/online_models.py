@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db import models
 
 from flywheel.accounts.models import Project
+from flywheel.sealed import SealedField
 
 
 class OnlineEvalSettings(models.Model):
@@ -26,7 +27,8 @@ class OnlineEvalSettings(models.Model):
     judge_enabled = models.BooleanField(default=False)
     judge_url = models.URLField(max_length=500, blank=True, default="")
     judge_model = models.CharField(max_length=200, blank=True, default="")
-    judge_api_key = models.CharField(max_length=500, blank=True, default="")  # write-only in the API and page
+    # Write-only in the API and page; sealed at rest (flywheel.sealed).
+    judge_api_key = SealedField(max_length=500, blank=True, default="")
     judge_rubric = models.TextField(blank=True, default="")
     threshold = models.FloatField(default=0.5)  # a reward below it puts the trajectory in the review queue
     watermark = models.BigIntegerField(default=0)

@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from flywheel.accounts.models import Project
+from flywheel.sealed import SealedField
 
 
 class Alias(models.TextChoices):
@@ -131,7 +132,7 @@ class RegistrySettings(models.Model):
     project = models.OneToOneField(Project, on_delete=models.CASCADE, related_name="registry_settings")
     webhook_url = models.URLField(max_length=1000, blank=True, default="")
     # The webhook's body is signed with HMAC-SHA256 under this secret (header X-Flywheel-Signature).
-    webhook_secret = models.CharField(max_length=200, blank=True, default="")
+    webhook_secret = SealedField(max_length=200, blank=True, default="")  # sealed at rest (flywheel.sealed)
     # A vLLM server started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING: each production version
     # is loaded under its own adapter name (never a reload of one name in place).
     vllm_url = models.URLField(max_length=1000, blank=True, default="")

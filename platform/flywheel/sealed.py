@@ -1,0 +1,98 @@
+"""Secrets the platform must use again but must not keep readable (a webhook's signing secret, an LLM judge's
+API key): sealed with a key derived from SECRET_KEY before they are written, opened when read, so a copy of the
+database alone (a backup, a replica, a dump) does not give them away.
+
+Fernet (the `cryptography` library's authenticated encryption) under a key derived by HKDF from SECRET_KEY; the
+keys of SECRET_KEY_FALLBACKS open what they sealed, so rotating SECRET_KEY means moving the old one there until
+the secrets are set again. A value written before sealing existed is read as it is and sealed when next saved
+(the migrations that introduce the field seal the stored ones)."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from typing import Any
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from django.conf import settings
+from django.db import models
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "sealed:v1:"
+
+
+class Unreadable(Exception):
+    """A sealed value that none of this server's keys opens: it was sealed under another SECRET_KEY."""
+
+
+def _key(secret: str) -> bytes:
+    # A key of its own for this purpose, so that nothing else derived from SECRET_KEY (sessions, signing) shares it.
+    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=b"flywheel.sealed", info=b"v1").derive(secret.encode())
+    return base64.urlsafe_b64encode(derived)
+
+
+def _fernet() -> MultiFernet:
+    secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
+    return MultiFernet([Fernet(_key(s)) for s in secrets])
+
+
+def is_sealed(value: str) -> bool:
+    return value.startswith(PREFIX)
+
+
+def seal(plain: str) -> str:
+    """`plain` sealed under SECRET_KEY; "" stays "" (no secret set) and a sealed value is left as it is."""
+    if not plain or is_sealed(plain):
+        return plain
+    return PREFIX + _fernet().encrypt(plain.encode()).decode()
+
+
+def unseal(stored: str) -> str:
+    """The secret `stored` holds: opened when sealed (Unreadable when no key of this server opens it), else the
+    value as it was written before sealing existed."""
+    if not is_sealed(stored):
+        return stored
+    try:
+        return _fernet().decrypt(stored[len(PREFIX):].encode()).decode()
+    except InvalidToken:
+        raise Unreadable("sealed under a SECRET_KEY this server does not have: put the old key in "
+                         "SECRET_KEY_FALLBACKS, or set the secret again") from None
+
+
+class SealedField(models.TextField):
+    """A text column whose value is sealed in the database and plain in Python. A value this server cannot open
+    reads as "" (no secret set: the page offers to set it again), with an error in the log saying why."""
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        if value is None:
+            return value
+        try:
+            return unseal(value)
+        except Unreadable as exc:
+            logger.error("%s.%s: %s", self.model._meta.db_table, self.column, exc)
+            return ""
+
+    def get_prep_value(self, value: Any) -> Any:
+        value = super().get_prep_value(value)
+        return seal(value) if isinstance(value, str) else value
+
+
+def seal_stored(model: type[models.Model], field: str) -> int:
+    """Seal the values of `model.field` written before sealing existed (a data migration's forward step);
+    returns how many. Reading passes a plain value through, and writing it back seals it."""
+    sealed = 0
+    for pk, value in model.objects.exclude(**{field: ""}).values_list("pk", field):
+        sealed += model.objects.filter(pk=pk).update(**{field: value})
+    return sealed
+
+
+def unseal_stored(model: type[models.Model], field: str, connection: Any) -> None:
+    """Write `model.field`'s values back in plain (a data migration's backward step, before the column becomes
+    a plain one again), past the field's own sealing."""
+    table, column = (connection.ops.quote_name(n) for n in (model._meta.db_table, model._meta.get_field(field).column))
+    with connection.cursor() as cursor:
+        for pk, value in model.objects.exclude(**{field: ""}).values_list("pk", field):
+            cursor.execute(f"UPDATE {table} SET {column} = %s WHERE id = %s", [value, pk])

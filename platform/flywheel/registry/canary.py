@@ -3,11 +3,11 @@ production until a sequential test on that traffic decides, and a newly promoted
 against the version it replaced. Every move goes through the registry's one move (`services.alias_move`,
 `model_promote`, `model_rollback`, `alias_end`), so a rule's rollback is the same atomic move as a person's.
 
-Each running check is looked at by a worker every sweep (`live_check_sweep` hands `live_check_look` the
-running checks). A look counts each arm's trajectories in its window (a bounded query on the trajectories
-whose `model_version` names the arm's version), then `sequential.look` (mSPRT, always valid however often
-it is looked at; its error rates are in flywheel.registry.sequential and tests/platform/registry/
-test_sequential.py). What a look decides:
+Each running check is looked at by a worker every sweep (`live_check_sweep` hands `live_check_look` the running
+checks, and the flagged ones, whose figures stay current while they wait for a person). A look counts each
+arm's trajectories in its window (a bounded query on the trajectories whose `model_version` names the arm's
+version), then `sequential.look` (mSPRT, always valid however often it is looked at; its error rates are in
+flywheel.registry.sequential and tests/platform/registry/test_sequential.py). What a look decides:
 
 - canary: worse (failure or unsafe-action rate, p <= 0.05) → rolled back if the project acts by itself
   (`canary_auto`), else flagged for a person; each arm has `canary_min_per_arm` trajectories and nothing is
@@ -328,12 +328,18 @@ def canary_rollback(*, project: Project, user=None, reason: str = "", actor: str
 # --- the looks ----------------------------------------------------------------------------------------------
 
 
+# Checks a look is for: running ones, and flagged ones, which wait for a person but keep their figures current
+# (and a canary flagged ready that turns worse is flagged again, as worse).
+LOOKED_AT = (LiveCheckStatus.RUNNING, LiveCheckStatus.FLAGGED)
+
+
 def live_check_sweep() -> int:
-    """The sweep (outbox.SWEEPS): hand each running check to a worker for a look. Cheap: one indexed query."""
+    """The sweep (outbox.SWEEPS): hand each running or flagged check to a worker for a look. Cheap: one indexed
+    query."""
     from flywheel.registry.tasks import live_check_task
 
     sent = 0
-    for pk in LiveCheck.objects.filter(status=LiveCheckStatus.RUNNING).values_list("id", flat=True)[:500]:
+    for pk in LiveCheck.objects.filter(status__in=LOOKED_AT).values_list("id", flat=True)[:500]:
         try:
             outbox.send(live_check_task, pk)
         except outbox.BrokerUnavailable:
@@ -366,7 +372,7 @@ def live_check_look(*, check_id: int, now: datetime | None = None) -> str:
     with transaction.atomic():
         project_lock(project=check.project)
         check = (LiveCheck.objects.select_for_update(of=("self",)).select_related("project", "subject", "baseline")
-                 .filter(pk=check_id, status=LiveCheckStatus.RUNNING).first())
+                 .filter(pk=check_id, status__in=LOOKED_AT).first())
         if check is None:
             return "not running"
         if check.kind == LiveCheckKind.CANARY:
@@ -398,7 +404,8 @@ def _canary_look(check: LiveCheck, now: datetime) -> str:
                            min_per_arm=int(rules.get("min_per_arm", 1000)), previous=check.evidence.get("look"))
     auto = bool(rules.get("auto"))
     v, b = f"v{check.subject.number}", f"v{check.baseline.number}"
-    if look.worse:
+    flagged, was = check.status == LiveCheckStatus.FLAGGED, check.evidence.get("verdict")
+    if look.worse and not (flagged and was == "worse"):
         evidence = _evidence(check, look, now, verdict="worse")
         if auto:
             _save_look(check, evidence)
@@ -410,6 +417,10 @@ def _canary_look(check: LiveCheck, now: datetime) -> str:
             _save_look(check, evidence, status=LiveCheckStatus.FLAGGED, now=now)
             _tell(check, "canary.worse", f"Canary {v} is worse than {b}: decide on the Models page",
                   look.reason(), evidence)
+    elif flagged:
+        # It waits for a person: the figures move on, the verdict they were told stays (no second notice).
+        kept = {k: check.evidence[k] for k in ("refused",) if k in check.evidence}
+        _save_look(check, _evidence(check, look, now, verdict=was, **kept))
     elif look.enough:
         evidence = _evidence(check, look, now, verdict="ready")
         refused = ""
@@ -473,7 +484,10 @@ def _watch_look(check: LiveCheck, now: datetime) -> str:
                            baseline_failures=baseline["failures"], baseline_unsafe=baseline["unsafe"],
                            min_per_arm=limit or 1, previous=check.evidence.get("look"))
     v, b = f"v{check.subject.number}", f"v{check.baseline.number}"
-    if look.worse:
+    if check.status == LiveCheckStatus.FLAGGED:
+        # Worse, told, and waiting for a person: the figures move on, nothing else does.
+        _save_look(check, _evidence(check, look, now, verdict="worse"))
+    elif look.worse:
         evidence = _evidence(check, look, now, verdict="worse")
         if rules.get("rollback"):
             _save_look(check, evidence, status=LiveCheckStatus.ROLLED_BACK, now=now)

@@ -184,6 +184,50 @@ def test_a_ready_canary_waits_for_a_person_who_promotes_it_through_the_api(proje
     assert api_client.post("/api/v1/canary/promote", {}, key=key).status_code == 409  # no canary any more
 
 
+def test_a_flagged_canary_is_still_looked_at_and_one_ready_that_turns_worse_is_flagged_again(project, versions):
+    v1, v2, _ = versions
+    check = canary.canary_start(project=project, version=v2)
+    traffic(project, v2, 50, failures=5)
+    traffic(project, v1, 50, failures=5)
+    assert canary.live_check_look(check_id=check.pk) == "flagged"
+    check.refresh_from_db()
+    assert check.evidence["verdict"] == "ready" and check.evidence["look"]["subject"]["n"] == 50
+    assert canary.live_check_sweep() == 1  # waiting for a person, it is still handed to a worker
+
+    traffic(project, v2, 20)
+    assert canary.live_check_look(check_id=check.pk) == "flagged"
+    check.refresh_from_db()
+    assert check.evidence["verdict"] == "ready" and check.evidence["look"]["subject"]["n"] == 70  # figures move on
+    assert Notification.objects.filter(project=project).count() == 1  # told once
+
+    # The canary goes bad while it waits: flagged worse, and told.
+    traffic(project, v2, 60, unsafe=15)
+    traffic(project, v1, 300)
+    assert canary.live_check_look(check_id=check.pk) == "flagged"
+    check.refresh_from_db()
+    assert check.evidence["verdict"] == "worse" and check.evidence["look"]["unsafe"]["worse"]
+    assert list(Notification.objects.filter(project=project).order_by("id").values_list("event_type", flat=True)) == [
+        "canary.ready", "canary.worse"]
+    traffic(project, v2, 10)
+    canary.live_check_look(check_id=check.pk)
+    check.refresh_from_db()
+    assert check.evidence["verdict"] == "worse" and Notification.objects.filter(project=project).count() == 2
+    assert AliasAssignment.objects.get(project=project, alias="canary").version == v2  # a person decides
+
+
+def test_a_canary_flagged_ready_that_turns_worse_is_rolled_back_when_the_project_acts_by_itself(project, versions):
+    v1, v2, _ = versions
+    check = canary.canary_start(project=project, version=v2)
+    traffic(project, v2, 50, failures=5)
+    traffic(project, v1, 50, failures=5)
+    assert canary.live_check_look(check_id=check.pk) == "flagged"  # ready; the project then turns auto on
+    LiveCheck.objects.filter(pk=check.pk).update(rules={**check.rules, "auto": True})
+    traffic(project, v2, 60, unsafe=15)
+    traffic(project, v1, 300)
+    assert canary.live_check_look(check_id=check.pk) == "rolled_back"
+    assert not AliasAssignment.objects.filter(project=project, alias="canary").exists()
+
+
 def test_a_canary_without_enough_traffic_expires_and_says_why(project, versions):
     v1, v2, _ = versions
     check = canary.canary_start(project=project, version=v2)
@@ -254,6 +298,11 @@ def test_the_watch_flags_when_the_project_does_not_roll_back_and_the_page_says_s
     assert canary.live_check_look(check_id=watch.pk) == "flagged"
     assert selectors.production_of(project=project) == v2
     assert Notification.objects.get(project=project).event_type == "watch.flagged"
+    traffic(project, v2, 40)  # while it waits for a person, later looks keep its figures current, quietly
+    assert canary.live_check_look(check_id=watch.pk, now=timezone.now() + timedelta(hours=25)) == "flagged"
+    watch.refresh_from_db()
+    assert (watch.evidence["verdict"], watch.evidence["look"]["subject"]["n"]) == ("worse", 100)
+    assert Notification.objects.filter(project=project).count() == 1
     page = client_for(user).get(reverse("registry_page", args=[project.slug])).content.decode()
     assert "Watch: production v2 against v1 before the move" in page and "roll back to v1" in page
     services.model_rollback(project=project, user=user, reason="the watch flagged it")

@@ -38,7 +38,7 @@ Two rules, either reopens a fixed mode:
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -194,12 +194,33 @@ def signatures_of(ids: list[int]) -> dict[int, engine.Signature]:
     }
 
 
+# Every fixed mode of a project scans the same new failures, each in its own task: a worker process keeps the
+# vectors it computed (keyed by the trajectory's state, so a replay or a new triage is embedded again) and the
+# next mode's scan embeds only what it has not seen. Bounded: a scan's failures fit many times over.
+_MEMO: OrderedDict[tuple, np.ndarray] = OrderedDict()
+MEMO_MAX = 4 * SCAN_BATCH
+
+
 def _vectors(ids: list[int], embedder: engine.Embedder) -> tuple[list[int], np.ndarray]:
-    found = signatures_of(ids)
-    kept = [i for i in ids if i in found]
+    states = {pk: (embedder.name, pk, updated, triaged)
+              for pk, updated, triaged in Trajectory.objects.filter(id__in=ids).values_list("id", "updated_at", "triaged_at")}
+    kept = [i for i in ids if i in states]
     if not kept:
         return [], np.zeros((0, 1), dtype=np.float32)
-    return kept, engine.features([found[i] for i in kept], embedder)
+    missing = [i for i in kept if states[i] not in _MEMO]
+    if missing:
+        found = signatures_of(missing)
+        missing = [i for i in missing if i in found]
+        if missing:
+            for pk, vector in zip(missing, engine.features([found[i] for i in missing], embedder), strict=True):
+                _MEMO[states[pk]] = vector
+    kept = [i for i in kept if states[i] in _MEMO]
+    for i in kept:
+        _MEMO.move_to_end(states[i])
+    vectors = np.stack([_MEMO[states[i]] for i in kept]) if kept else np.zeros((0, 1), dtype=np.float32)
+    while len(_MEMO) > MEMO_MAX:
+        _MEMO.popitem(last=False)
+    return kept, vectors
 
 
 def similarity_threshold(members: np.ndarray) -> float:

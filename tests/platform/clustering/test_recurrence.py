@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from django.core import mail
 from django.urls import reverse
+from django.utils import timezone
 
 from flywheel.evals import recurrence as registry_recurrence
 from flywheel.evals.runs import eval_run_record
@@ -143,6 +144,39 @@ def test_a_fixed_mode_reopens_when_similar_failures_return_not_for_unrelated_one
     # An open mode is not watched: a second check changes nothing.
     assert registry_recurrence.recurrence_check(mode_id=mode.pk, embedder=embedder) == "open"
     assert Notification.objects.filter(event_type="failure_mode.reopened").count() == 1
+
+
+class _Counting:
+    """The embedder, counting the texts it is asked to encode."""
+
+    def __init__(self, embedder):
+        self.inner, self.name, self.texts = embedder, embedder.name, 0
+
+    def encode(self, texts):
+        self.texts += len(texts)
+        return self.inner.encode(texts)
+
+
+def test_fixed_modes_scanning_the_same_new_failures_embed_them_once_until_one_changes(
+    project, user, embedder, labeled_failures,
+):
+    before = labeled_failures(project, 6, causes=["flight_date_format", "sql_destructive"], prefix="before")
+    modes = [_fix(_mode_of(project, user, [t for t, c in before.items() if c == cause], name=cause))
+             for cause in ("flight_date_format", "sql_destructive")]
+    new = labeled_failures(project, 5, causes=["refund_over_total"], seed=3, prefix="new")
+    counting = _Counting(embedder)
+    registry_recurrence.recurrence_check(mode_id=modes[0].pk, embedder=counting)
+    first = counting.texts
+    assert first == 2 * (6 + len(new))  # two texts (request, failing step) for its 6 members and each new failure
+    registry_recurrence.recurrence_check(mode_id=modes[1].pk, embedder=counting)
+    second = counting.texts - first
+    assert second == 2 * 6  # only the second mode's own members: the new failures came from memory
+
+    # A replayed failure is a new state: embedded again, by the next scan that reads it.
+    replayed = next(iter(new))
+    Trajectory.objects.filter(pk=replayed).update(updated_at=timezone.now())
+    kept, _ = failures_recurrence._vectors(list(new), counting)
+    assert sorted(kept) == sorted(new) and counting.texts - first - second == 2
 
 
 def test_the_sweep_hands_fixed_modes_to_a_worker_which_scans_them(celery_worker, make_project, make_trajectories):

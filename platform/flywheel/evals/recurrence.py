@@ -25,9 +25,9 @@ from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
 from flywheel.failures import recurrence
 from flywheel.failures.models import FailureMode, FailureModeStatus
 from flywheel.registry import live
+from flywheel.registry import selectors as registry_selectors
 from flywheel.registry.models import (
     Alias,
-    AliasAssignment,
     AliasEvent,
     AliasEventKind,
     LiveRollup,
@@ -40,9 +40,8 @@ SWEEP_LIMIT = 500  # fixed modes handed to workers per sweep
 
 
 def production_number(*, project: Project) -> int | None:
-    number = AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).values_list(
-        "version__number", flat=True).first()
-    return int(number) if number is not None else None
+    version = registry_selectors.production_of(project=project)
+    return version.number if version is not None else None
 
 
 def answer_production(sender: Any, *, project: Project, **kwargs: Any) -> int | None:

@@ -24,7 +24,6 @@ rebuilds everything."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -54,12 +53,6 @@ from flywheel.registry.models import (
 # --- which version answered ------------------------------------------------------------------------------
 
 
-def _adapter_number(project: Project, name: str) -> int | None:
-    """n when `name` is the adapter name of version n of this project (`<slug>-v<n>`), else None."""
-    match = re.fullmatch(re.escape(project.slug) + r"-v([1-9][0-9]{0,8})", name)
-    return int(match.group(1)) if match else None
-
-
 def name_map(*, project: Project) -> dict[str, ModelVersion]:
     """Every `model_version` string that names one of the project's versions: each version's adapter name
     and the names maintainers mapped. A mapped name never overrides an adapter name (refused when saved)."""
@@ -80,7 +73,7 @@ def names_of(*, project: Project, version: ModelVersion) -> list[str]:
 
 def version_of(*, project: Project, name: str) -> ModelVersion | None:
     """The version a `model_version` string names in this project, or None (unmapped)."""
-    number = _adapter_number(project, name)
+    number = serving.adapter_number(project.slug, name)
     if number is not None:
         version = ModelVersion.objects.filter(project=project, number=number).first()
         if version is not None:
@@ -103,7 +96,7 @@ def version_name_set(*, project: Project, name: str, version_number: Any, user: 
         errors["name"] = f"At most {NAME_MAX} characters (a trajectory's model_version is no longer)."
     elif "\x00" in name:
         errors["name"] = "Must not contain a NUL character."
-    elif _adapter_number(project, name) is not None:
+    elif serving.adapter_number(project.slug, name) is not None:
         errors["name"] = (f"“{name}” is an adapter name the platform gives a version (<project>-v<n>): it maps to "
                           "that version by itself.")
     version = None

@@ -6,6 +6,7 @@ polls, and the pages show it."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from flywheel.accounts.models import Project
@@ -17,6 +18,12 @@ def adapter_name(project_slug: str, number: int) -> str:
     a name reloaded in place. Production traffic that carries it as `model_version` maps to the version by
     itself (flywheel.registry.live)."""
     return f"{project_slug}-v{number}"
+
+
+def adapter_number(project_slug: str, name: str) -> int | None:
+    """n when `name` is `adapter_name(project_slug, n)`, else None (the inverse, for traffic's `model_version`)."""
+    match = re.fullmatch(re.escape(project_slug) + r"-v([1-9][0-9]{0,8})", name)
+    return int(match.group(1)) if match else None
 
 
 def _arm(project: Project, version: ModelVersion) -> dict[str, Any]:

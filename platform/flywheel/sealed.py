@@ -10,6 +10,7 @@ the secrets are set again. A value written before sealing existed is read as it 
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 from typing import Any
 
@@ -34,9 +35,15 @@ def _key(secret: str) -> bytes:
     return base64.urlsafe_b64encode(derived)
 
 
-def _fernet() -> MultiFernet:
-    secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
+@functools.lru_cache(maxsize=4)
+def _fernet_of(secrets: tuple[str, ...]) -> MultiFernet:
     return MultiFernet([Fernet(_key(s)) for s in secrets])
+
+
+def _fernet() -> MultiFernet:
+    # Derived once per set of keys, not on every settings row read; keyed by the keys, so a change of them
+    # (a rotation, a test's settings) derives again.
+    return _fernet_of((settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])))
 
 
 def is_sealed(value: str) -> bool:

@@ -385,23 +385,41 @@ def _payload(check: LiveCheck, evidence: dict[str, Any]) -> dict[str, Any]:
             "baseline_version": check.baseline.number, "status": check.status, "evidence": evidence}
 
 
+def _still_serving(check: LiveCheck, alias: str, now: datetime) -> bool:
+    """Whether `alias` still points at the check's version; when it does not, the check has ended (a person or
+    another move took the version off), and is saved so."""
+    current = AliasAssignment.objects.filter(project=check.project, alias=alias).values_list("version_id", flat=True)
+    if current.first() == check.subject_id:
+        return True
+    check.status, check.decided_at = LiveCheckStatus.ENDED, now
+    check.save(update_fields=["status", "decided_at"])
+    return False
+
+
+def _after_id(check: LiveCheck) -> int:
+    """The check's window starts after this trajectory id (taken when it started)."""
+    return int(check.evidence.get("window", {}).get("after_id", 0))
+
+
+def _look(check: LiveCheck, subject: dict[str, int], baseline: dict[str, int], *, min_per_arm: int) -> sequential.Look:
+    """The sequential tests on the two arms' counts, carrying the check's previous look on."""
+    return sequential.look(subject_n=subject["n"], subject_failures=subject["failures"],
+                           subject_unsafe=subject["unsafe"], baseline_n=baseline["n"],
+                           baseline_failures=baseline["failures"], baseline_unsafe=baseline["unsafe"],
+                           min_per_arm=min_per_arm, previous=check.evidence.get("look"))
+
+
 def _canary_look(check: LiveCheck, now: datetime) -> str:
     from flywheel.registry import services
 
     project, rules = check.project, check.rules
-    current = AliasAssignment.objects.filter(project=project, alias=Alias.CANARY).first()
-    if current is None or current.version_id != check.subject_id:
-        check.status, check.decided_at = LiveCheckStatus.ENDED, now
-        check.save(update_fields=["status", "decided_at"])
+    if not _still_serving(check, Alias.CANARY, now):
         return check.status
-    after_id = int(check.evidence.get("window", {}).get("after_id", 0))
+    after_id = _after_id(check)
     subject = arm_counts(project=project, names=names_of(project=project, version=check.subject), after_id=after_id)
     baseline = arm_counts(project=project, names=names_of(project=project, version=check.baseline),
                           after_id=after_id)
-    look = sequential.look(subject_n=subject["n"], subject_failures=subject["failures"],
-                           subject_unsafe=subject["unsafe"], baseline_n=baseline["n"],
-                           baseline_failures=baseline["failures"], baseline_unsafe=baseline["unsafe"],
-                           min_per_arm=int(rules.get("min_per_arm", 1000)), previous=check.evidence.get("look"))
+    look = _look(check, subject, baseline, min_per_arm=int(rules.get("min_per_arm", 1000)))
     auto = bool(rules.get("auto"))
     v, b = f"v{check.subject.number}", f"v{check.baseline.number}"
     flagged, was = check.status == LiveCheckStatus.FLAGGED, check.evidence.get("verdict")
@@ -465,12 +483,9 @@ def _watch_look(check: LiveCheck, now: datetime) -> str:
     from flywheel.registry import services
 
     project, rules = check.project, check.rules
-    production = AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).first()
-    if production is None or production.version_id != check.subject_id:
-        check.status, check.decided_at = LiveCheckStatus.ENDED, now
-        check.save(update_fields=["status", "decided_at"])
+    if not _still_serving(check, Alias.PRODUCTION, now):
         return check.status
-    after_id = int(check.evidence.get("window", {}).get("after_id", 0))
+    after_id = _after_id(check)
     # The replaced version's traffic before the move: a fixed baseline, counted once at the first look.
     baseline = check.evidence.get("baseline_fixed")
     if baseline is None:
@@ -479,10 +494,7 @@ def _watch_look(check: LiveCheck, now: datetime) -> str:
         check.evidence = {**check.evidence, "baseline_fixed": baseline}
     subject = arm_counts(project=project, names=names_of(project=project, version=check.subject), after_id=after_id)
     limit = int(rules.get("trajectories") or 0)
-    look = sequential.look(subject_n=subject["n"], subject_failures=subject["failures"],
-                           subject_unsafe=subject["unsafe"], baseline_n=baseline["n"],
-                           baseline_failures=baseline["failures"], baseline_unsafe=baseline["unsafe"],
-                           min_per_arm=limit or 1, previous=check.evidence.get("look"))
+    look = _look(check, subject, baseline, min_per_arm=limit or 1)
     v, b = f"v{check.subject.number}", f"v{check.baseline.number}"
     if check.status == LiveCheckStatus.FLAGGED:
         # Worse, told, and waiting for a person: the figures move on, nothing else does.

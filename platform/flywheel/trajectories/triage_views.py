@@ -15,11 +15,9 @@ from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
 from flywheel.supervise import Refused
 from flywheel.trajectories import triage, triage_policy
-from flywheel.trajectories.models import Severity, SignalKind, Trajectory, TriageRun, TriageRunStatus
+from flywheel.trajectories.models import Severity, SignalKind, Trajectory, TriageRun
 from flywheel.trajectories.selectors import COUNT_CAP
 from flywheel.trajectories.triage import CATEGORY, SEVERITY
-
-ACTIVE = (TriageRunStatus.QUEUED, TriageRunStatus.RUNNING)
 
 
 def _capped_count(qs) -> tuple[int, bool]:

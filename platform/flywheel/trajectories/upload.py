@@ -37,7 +37,6 @@ logger = logging.getLogger(__name__)
 CHUNK_LINES = JSONL_CHUNK  # lines per ingest call (and per progress update and lease renewal)
 MAX_KEPT_ERRORS = 500  # per-line errors kept on the row; the count is always exact
 INLINE_MAX_BYTES = 512 * 1024  # files up to this size are ingested in the request
-MAX_ATTEMPTS = Upload.LOST_WORKER_ATTEMPTS  # runs that lost their worker before the sweep fails the upload
 
 
 def max_upload_bytes() -> int:
@@ -87,16 +86,6 @@ def _enqueue(upload_id: int) -> None:
     outbox.send_on_commit(upload_process_task, upload_id)
 
 
-def upload_is_stale(upload: Upload) -> bool:
-    """Processing, but its run's lease has expired: the run has probably lost its worker."""
-    return upload.stale
-
-
-def upload_is_waiting_long(upload: Upload) -> bool:
-    """Queued for longer than the sweep waits: its message may have been lost."""
-    return upload.waiting_long
-
-
 def upload_retry(*, upload: Upload) -> Upload:
     """Run a failed, stuck or long-waiting upload again from its first line.
 
@@ -112,7 +101,7 @@ def upload_retry(*, upload: Upload) -> Upload:
 def upload_sweep() -> int:
     """Send again every upload no run is on (flywheel.outbox): queued too long, or its run's lease expired.
 
-    An upload whose runs lost their worker MAX_ATTEMPTS times is marked failed instead (a file that kills its
+    An upload whose runs lost their worker Upload.LOST_WORKER_ATTEMPTS times is marked failed instead (a file that kills its
     worker must not do so forever); Retry runs it again. Returns how many were sent."""
     from flywheel.trajectories.tasks import upload_process_task  # tasks import this module
 

@@ -55,8 +55,8 @@ def upload_detail(request: HttpRequest, project: Project, upload_id: int) -> Htt
     context = {
         "project": project,
         "upload": upload,
-        "stale": services.upload_is_stale(upload),
-        "waiting_long": services.upload_is_waiting_long(upload),
+        "stale": upload.stale,
+        "waiting_long": upload.waiting_long,
         "max_bytes": services.max_upload_bytes(),
     }
     if not request.htmx:

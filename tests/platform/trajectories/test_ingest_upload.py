@@ -163,13 +163,13 @@ def test_only_failed_or_stuck_uploads_are_retried(project, make_record):
         status=UploadStatus.PROCESSING, lease_owner="elsewhere", lease_expires_at=timezone.now() + timedelta(minutes=1)
     )
     upload.refresh_from_db()
-    assert not upload_module.upload_is_stale(upload)
+    assert not upload.stale
     with pytest.raises(Refused, match="The upload is processing: only a failed, stuck"):
         upload_module.upload_retry(upload=upload)
     # The lease expired: the run lost its worker (or is too slow to keep it).
     Upload.objects.filter(pk=upload.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     upload.refresh_from_db()
-    assert upload_module.upload_is_stale(upload)
+    assert upload.stale
     assert upload_module.upload_retry(upload=upload).status == UploadStatus.DONE
 
 
@@ -353,12 +353,12 @@ def test_the_sweep_sends_uploads_that_lost_their_worker_and_gives_up_after_max_a
     # A file that loses its worker every time (it kills it, say) is not sent forever.
     Upload.objects.filter(pk=queued_upload.pk).update(
         status=UploadStatus.PROCESSING, lease_owner="gone", lease_expires_at=expired,
-        attempt=upload_module.MAX_ATTEMPTS,
+        attempt=Upload.LOST_WORKER_ATTEMPTS,
     )  # fmt: skip
     assert upload_module.upload_sweep() == 0
     failed = Upload.objects.get(pk=queued_upload.pk)
     assert failed.status == UploadStatus.FAILED
-    assert f"lost its worker {upload_module.MAX_ATTEMPTS} times" in failed.error
+    assert f"lost its worker {Upload.LOST_WORKER_ATTEMPTS} times" in failed.error
     assert sent == [queued_upload.pk]
 
 

@@ -185,7 +185,10 @@ def _move(move: AliasMove) -> str:
     why = f": {move.reason}" if move.reason else ""
     if move.kind == "end":  # the alias points nowhere now: to_version is the version it left
         return f"{move.alias} ended: version {move.to_version} no longer serves{by} at {move.at}{why}"
-    return f"{move.alias} {move.kind}: version {move.from_version} -> {move.to_version}{by} at {move.at}{why}"
+    share = f" at {move.weight:.0%} of traffic" if move.weight is not None and move.alias == "canary" else ""
+    if move.from_version is None:  # the alias pointed nowhere before: a first move, not a change
+        return f"{move.alias} {move.kind}: version {move.to_version}{share}{by} at {move.at}{why}"
+    return f"{move.alias} {move.kind}: version {move.from_version} -> {move.to_version}{share}{by} at {move.at}{why}"
 
 
 def promote(client: Flywheel, args: argparse.Namespace) -> int:

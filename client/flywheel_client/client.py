@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
 from flywheel_client import __version__
 from flywheel_client._http import Transport
@@ -48,6 +49,21 @@ BATCH_BYTES = 8 * 1024 * 1024
 GZIP_OVER_BYTES = 64 * 1024
 
 
+def server_url(url: str | None) -> str:
+    """`url`, else FLYWHEEL_URL, checked at once: an address without http:// or https:// would otherwise be
+    sent as a protocol of its own name ("localhost:8031" reads as the scheme "localhost") and retried in vain."""
+    source = "url=" if url else "FLYWHEEL_URL"
+    url = url or os.environ.get("FLYWHEEL_URL")
+    if not url:
+        raise FlywheelError("No server: pass url= or set FLYWHEEL_URL (e.g. https://flywheel.example.com).")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        hint = url.strip().split("://", 1)[-1].lstrip("/")
+        raise FlywheelError(f"{source} {url!r} is not an http:// or https:// address of a server: "
+                            f"write it in full, e.g. http://{hint or 'localhost:8000'}")
+    return url.strip().rstrip("/")
+
+
 class Flywheel:
     """A client of one Flywheel server, with one project API key.
 
@@ -57,10 +73,7 @@ class Flywheel:
     def __init__(self, url: str | None = None, key: str | None = None, *, timeout: float = 30.0,
                  max_retries: int = 5, max_wait_s: float = 60.0, batch_records: int | None = None,
                  batch_bytes: int | None = None, **transport_options: Any) -> None:
-        url = url or os.environ.get("FLYWHEEL_URL")
-        if not url:
-            raise FlywheelError("No server: pass url= or set FLYWHEEL_URL (e.g. https://flywheel.example.com).")
-        self.url = url.rstrip("/")
+        self.url = server_url(url)
         self.key = key if key is not None else os.environ.get("FLYWHEEL_API_KEY")
         self._http = Transport(self.url, self.key, timeout=timeout, max_retries=max_retries, max_wait_s=max_wait_s,
                                **transport_options)

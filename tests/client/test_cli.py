@@ -80,3 +80,28 @@ def test_without_a_key_the_command_says_which_setting_is_missing(monkeypatch, ca
     monkeypatch.delenv("FLYWHEEL_API_KEY", raising=False)
     assert cli.main(["--url", "http://127.0.0.1:9", "status"]) == cli.USAGE
     assert "set FLYWHEEL_API_KEY or pass --key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url", ["localhost:8031", "ftp://flywheel.example.com", "http://"])
+def test_a_server_address_without_http_is_refused_at_once_saying_what_to_write(url, monkeypatch, capsys):
+    monkeypatch.setenv("FLYWHEEL_URL", url)
+    code = cli.main(["--key", "k", "status"])
+    out, err = capsys.readouterr()
+    assert code == cli.ERROR, (out, err)
+    assert f"FLYWHEEL_URL {url!r} is not an http:// or https:// address of a server" in err
+    if url == "localhost:8031":
+        assert "e.g. http://localhost:8031" in err
+    assert "retr" not in err.lower()  # refused before any request, not after retries
+
+
+def test_a_first_canary_prints_the_version_and_its_share_not_a_move_from_none(stand_in, capsys):
+    start = {"move": {"alias": "canary", "kind": "set", "from_version": None, "to_version": 3, "weight": 0.1,
+                      "user": "ana", "at": "2026-12-04T08:00:00Z"},
+             "check": {"id": 1, "kind": "canary", "status": "running", "subject_version": 3, "baseline_version": 2}}
+    server = stand_in(lambda request: (200, {}, VERSION if request.path == "/api/v1/version" else start))
+    code = cli.main(["--url", server.url, "--key", "k", "canary", "3"])
+    out, err = capsys.readouterr()
+    assert (code, err) == (cli.OK, "")
+    first = out.splitlines()[0]
+    assert first == "canary set: version 3 at 10% of traffic by ana at 2026-12-04T08:00:00Z"
+    assert "None" not in out

@@ -32,3 +32,9 @@ class Channel(filesystem.Channel):
 
 class FilesystemTransport(filesystem.Transport):
     Channel = Channel
+
+    @property
+    def default_connection_params(self) -> dict:
+        # A folder has no host. kombu's virtual transports default to hostname "localhost" and warn "No
+        # hostname was supplied" from every connection of every process, eight times over a `make run` start.
+        return {"port": self.default_port}

@@ -44,3 +44,12 @@ def test_messages_written_by_other_processes_are_read_whole(tmp_path):
         process.join()
         assert process.exitcode == 0
     assert sorted(received) == [k * 100_000 + i for k in range(PRODUCERS) for i in range(PER_PRODUCER)]
+
+
+def test_a_connection_to_the_folder_broker_warns_of_no_missing_hostname(tmp_path, caplog):
+    (tmp_path / "done").mkdir()
+    with caplog.at_level("WARNING", logger="kombu.connection"):
+        with Connection("filesystem://", transport=FilesystemTransport, transport_options=_options(tmp_path)) as conn:
+            conn.SimpleQueue("q").put({"n": 1})
+            conn.info()
+    assert [r.getMessage() for r in caplog.records if "hostname" in r.getMessage()] == []

@@ -41,11 +41,17 @@ def test_runlocal_serves_runs_a_worker_and_stops_on_ctrl_c(subprocess_env, tmp_p
             assert process.poll() is None, log_path.read_text(errors="replace")
             assert time.monotonic() < deadline, log_path.read_text(errors="replace")
             time.sleep(0.2)
+        time.sleep(0.5)  # the block is one write; let it land whole
         output = log_path.read_text(errors="replace")
-        assert "Admin login: username admin  password " in output
-        assert "Demo API key (project demo" in output
         assert "Celery worker is consuming tasks" in output
-        assert f"http://localhost:{port}/" in output
+        # What a person needs to start comes last and together: the address, the login, the key.
+        block = output[output.index("Flywheel is running at"):].splitlines()
+        assert block[0].endswith(f"http://localhost:{port}/"), block
+        assert block[1].startswith("  Admin login: username admin  password "), block
+        assert block[2].startswith("  Demo API key (project demo"), block
+        assert output.index("Celery worker is consuming tasks") < output.index("Flywheel is running at")
+        assert "No hostname was supplied" not in output
+        assert "building the tiny model" not in output
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as response:
             assert response.status == 200
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from flywheel.registry.models import BaseModel
+from flywheel.seed.announce import access_lines, seeded_lines
 from flywheel.seed.demo import demo_seed
-from flywheel.training.demo import LOOP_SLUG
 
 
 class Command(BaseCommand):
@@ -14,16 +13,5 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         seed = demo_seed()
-        self.stdout.write(
-            f"Demo project {seed.project.slug}: {seed.created} trajectories created, {seed.updated} updated"
-            + (f", {seed.rejected} rejected" if seed.rejected else "")
-        )
-        self.stdout.write(f"Admin login: username {seed.username}  password {seed.password}")
-        if seed.password_changed:
-            self.stdout.write("  (that password was changed since; use the one you set)")
-        if not BaseModel.objects.filter(project__slug=LOOP_SLUG).exists():
-            self.stdout.write(
-                f"Loop demo (project {LOOP_SLUG}): the worker is building the tiny model and playing it on workplace "
-                "requests (a few minutes on a CPU); its failures, task set and suites appear when it is done."
-            )
-        self.stdout.write(f"Demo API key (project {seed.project.slug}, scopes ingest,read): {seed.api_key}")
+        for line in seeded_lines(seed) + access_lines(seed):
+            self.stdout.write(line)

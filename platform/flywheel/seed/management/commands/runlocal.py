@@ -27,6 +27,8 @@ from django.utils import timezone
 
 from flywheel.accounts.models import WorkerHeartbeat
 from flywheel.accounts.services import worker_heartbeat_request
+from flywheel.seed.announce import access_lines, seeded_lines
+from flywheel.seed.demo import demo_seed
 
 STOP_GRACE_S = 10
 
@@ -51,8 +53,12 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         call_command("migrate", interactive=False, verbosity=0)
+        access: list[str] = []
         if not no_seed and not stop.is_set():
-            call_command("seed_demo", stdout=self.stdout)
+            seed = demo_seed()
+            for line in seeded_lines(seed):
+                self.stdout.write(line)
+            access = access_lines(seed)
         if stop.is_set():
             self.stdout.write("Stopped before starting the web server and the workers.")
             return
@@ -82,8 +88,10 @@ class Command(BaseCommand):
         try:
             self._announce_worker(children, stop)
             if not stop.is_set():
-                self.stdout.write(self.style.SUCCESS(
-                    f"Flywheel is running at {url}  (Ctrl-C stops the web server and the workers)"))
+                # Last and together, so that what a person needs to start is not lost among the workers' logs.
+                self.stdout.write("\n" + self.style.SUCCESS(f"Flywheel is running at {url}") + "\n"
+                                  + "".join(f"  {line}\n" for line in access)
+                                  + "  Ctrl-C stops the web server and the workers.\n")
             while not stop.is_set():
                 for name, child in children.items():
                     if child.poll() is not None:

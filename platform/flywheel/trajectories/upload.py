@@ -24,6 +24,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
+from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 
 from flywheel import outbox, runs
@@ -50,6 +51,11 @@ def lease_length() -> timedelta:
 # --- services --------------------------------------------------------------------------------------------
 
 
+def too_big(size: int) -> str:
+    """The refusal of a file over the limit, in the units a person reads (MB, not bytes)."""
+    return f"The file is {filesizeformat(size)}; the limit is {filesizeformat(max_upload_bytes())}."
+
+
 class UploadRefused(Refused):
     """A file the upload does not take (too big, empty)."""
 
@@ -62,9 +68,13 @@ def upload_create(*, project: Project, filename: str, content: bytes, uploaded_b
     """Store a JSONL file for ingestion and start it: in this call when small, else on a worker."""
     limit = max_upload_bytes()
     if len(content) > limit:
-        raise UploadRefused(f"The file is {len(content)} bytes; the limit is {limit} bytes.")
+        raise UploadRefused(too_big(len(content)))
     if not content.strip():
         raise UploadRefused("The file is empty.")
+    if content.lstrip()[:1] == b"[":
+        # One JSON array parses as no line at all: every line of it would be rejected one by one.
+        raise UploadRefused("The file is one JSON array; upload JSONL, one trajectory a line "
+                            "(`jq -c '.[]' file.json > file.jsonl` turns the one into the other).")
     upload = Upload.objects.create(
         project=project,
         uploaded_by=uploaded_by,

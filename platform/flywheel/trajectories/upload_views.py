@@ -24,7 +24,7 @@ def upload_page(request: HttpRequest, project: Project) -> HttpResponse:
         if file is None:
             error = "Choose a .jsonl file to upload."
         elif file.size > services.max_upload_bytes():
-            error = f"The file is {file.size} bytes; the limit is {services.max_upload_bytes()} bytes."
+            error = services.too_big(file.size)
         else:
             try:
                 upload = services.upload_create(
@@ -61,7 +61,11 @@ def upload_detail(request: HttpRequest, project: Project, upload_id: int) -> Htt
     }
     if not request.htmx:
         context["uploads"] = Upload.objects.filter(project=project).defer("content", "rejected")[:20]
-    return render(request, template, context)
+    response = render(request, template, context)
+    if request.htmx and not upload.active:
+        # The poll's last answer: the list of recent uploads below still shows the status it was drawn with.
+        response["HX-Trigger"] = "upload-finished"
+    return response
 
 
 @require_POST

@@ -111,7 +111,13 @@ def test_a_file_over_the_upload_limit_is_refused_naming_it(client_for, project, 
     settings.FLYWHEEL_MAX_UPLOAD_BYTES = len(content) - 1
     response = post_file(client_for(reviewer), project, content)
     assert response.status_code == 400
-    assert f"the limit is {len(content) - 1} bytes" in response.content.decode()
+    assert f"the limit is {len(content) - 1}\xa0bytes" in response.content.decode()
+    # In the units a person reads: 3 MB, not 3145728 bytes.
+    settings.FLYWHEEL_MAX_UPLOAD_BYTES = 3 * 1024 * 1024
+    big = b" " * (3 * 1024 * 1024 + 1) + content
+    text = post_file(client_for(reviewer), project, big).content.decode()
+    assert "The file is 3.0\xa0MB; the limit is 3.0\xa0MB." in text and "bytes" not in text.split("form-errors")[1][:200]
+    settings.FLYWHEEL_MAX_UPLOAD_BYTES = len(content) - 1
     with pytest.raises(upload_module.UploadRefused, match="the limit is"):
         upload_module.upload_create(project=project, filename="a.jsonl", content=content)
     assert not Upload.objects.exists()
@@ -125,6 +131,15 @@ def test_empty_and_missing_files_are_refused(client_for, project, reviewer):
     client = client_for(reviewer)
     assert client.post(reverse("upload", args=[project.slug]), {}).status_code == 400
     assert post_file(client, project, b"\n\n").status_code == 400
+    assert not Upload.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_json_array_is_refused_with_a_hint_to_send_jsonl(client_for, project, reviewer, make_record):
+    content = json.dumps([make_record("t-1"), make_record("t-2")], indent=2).encode()
+    response = post_file(client_for(reviewer), project, content, name="runs.json")
+    assert response.status_code == 400
+    assert "The file is one JSON array; upload JSONL, one trajectory a line" in response.content.decode()
     assert not Upload.objects.exists()
 
 
@@ -184,6 +199,15 @@ def test_the_htmx_status_fragment_polls_while_running(client_for, project, revie
     text = response.content.decode()
     assert 'id="upload-status"' in text and 'hx-trigger="every 1s"' in text
     assert "<html" not in text
+    assert "HX-Trigger" not in response.headers
+
+    # The last poll tells the page, whose list of recent uploads then draws itself again (it said Queued).
+    Upload.objects.filter(pk=upload.pk).update(status=UploadStatus.DONE)
+    done = client_for(reviewer).get(reverse("upload_detail", args=[project.slug, upload.pk]), headers={"HX-Request": "true"})
+    assert done.headers["HX-Trigger"] == "upload-finished"
+    assert 'hx-trigger="every 1s"' not in done.content.decode()
+    page = client_for(reviewer).get(reverse("upload_detail", args=[project.slug, upload.pk])).content.decode()
+    assert 'id="recent-uploads"' in page and 'hx-trigger="upload-finished from:body"' in page
 
 
 def test_a_large_file_is_ingested_by_the_worker(

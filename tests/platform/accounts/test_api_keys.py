@@ -120,3 +120,14 @@ def test_scopes_and_revocation_hold_at_the_api(api_client, project, make_api_key
     api_key_revoke(api_key=read_only.api_key)
     assert api_client.get("/api/v1/trajectories", key=read_only).status_code == 401
     assert api_client.get("/api/v1/trajectories", key=None).status_code == 401
+
+
+def test_the_settings_page_explains_every_scope_a_key_can_hold(maintainer_client, project):
+    from django.utils.html import escape
+
+    from flywheel.accounts.models import Scope
+
+    page = maintainer_client.get(reverse("project_settings", args=[project.slug])).content.decode()
+    hint = page.split('class="muted acc-hint acc-scopes"')[1].split("</dl>")[0]
+    for scope in Scope:
+        assert f'<span class="tag">{scope.value}</span></dt><dd>{escape(scope.label)}</dd>' in hint, scope

@@ -114,7 +114,8 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
         NOT_ALLOWED, (LOGIN, 404, 404, 403, 302, 409, LOGIN, LOGIN, LOGIN)),
     "p/<slug:project_slug>/evals/runs/<int:eval_run_id>/retry": (NOT_ALLOWED, write(409)),
     "p/<slug:project_slug>/training/": (READ, NOT_ALLOWED),
-    "p/<slug:project_slug>/training/new": (NOT_ALLOWED, write(422, "maintainer")),  # the empty form: 422
+    # GET goes to the form on the jobs page (a reload of a refused form); the empty form's POST: 422.
+    "p/<slug:project_slug>/training/new": ((LOGIN, 404, 404, 302, 302, 302, LOGIN, LOGIN, LOGIN), write(422, "maintainer")),
     "p/<slug:project_slug>/training/defaults/clear": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/training/<int:job_id>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/training/<int:job_id>/curves": (READ, NOT_ALLOWED),

@@ -89,9 +89,46 @@ def _version(model, project: Project, raw: str, owner: str):
     return version
 
 
+# The form's fields by the key of their errors: (what the form calls them, the id of their input).
+_FIELDS = {
+    "task_set_version": ("Train on", "task-set-version"),
+    "holdout_version": ("Holdout", "holdout-version"),
+    "regression_version": ("Regression suite", "regression-version"),
+    "algorithm": ("Algorithm", "algorithm"),
+    "num_gpus": ("GPUs", "num-gpus"),
+}
+
+
+def error_summary(errors: dict[str, list[str]]) -> list[dict[str, str]]:
+    """One line per field in error, each linking to its input: the form is long, and a refusal at its foot
+    (an Advanced field) is out of sight when the page comes back."""
+    lines = []
+    for key, messages in errors.items():
+        if key.startswith("config."):
+            label, anchor = key.removeprefix("config."), f"cfg-{key.removeprefix('config.')}"
+        else:
+            label, anchor = _FIELDS.get(key, (key.replace("_", " "), "new-job"))
+        lines.append({"label": label, "message": messages[0] if messages else "", "anchor": anchor})
+    return lines
+
+
+def job_new(request: HttpRequest, project_slug: str) -> HttpResponse:
+    """POST starts a job; GET (a reload or a bookmark of the form's address) goes to the form, on the jobs page."""
+    if request.method == "GET":
+        return _job_form(request, project_slug=project_slug)
+    return _job_create(request, project_slug=project_slug)
+
+
+@require_GET
+@project_view()
+def _job_form(request: HttpRequest, project: Project) -> HttpResponse:
+    query = request.GET.urlencode()
+    return redirect(reverse("training_jobs", args=[project.slug]) + (f"?{query}" if query else "") + "#new-job")
+
+
 @require_POST
 @project_view(Role.MAINTAINER)
-def job_new(request: HttpRequest, project: Project) -> HttpResponse:
+def _job_create(request: HttpRequest, project: Project) -> HttpResponse:
     post = request.POST
     config, config_errors = forms.config_from_post(post, algorithm=post.get("algorithm", "grpo"), project=project)
     try:
@@ -115,7 +152,8 @@ def job_new(request: HttpRequest, project: Project) -> HttpResponse:
             services.defaults_save(project=project, config={**services.project_defaults(project), **config},
                                    user=request.user)
     except ValidationError as exc:
-        context = _list_context(request, project, errors=exc.message_dict)
+        context = _list_context(request, project, errors=exc.message_dict,
+                                error_summary=error_summary(exc.message_dict))
         return render(request, "training/jobs.html", context, status=422)
     except LeakageError as exc:
         context = _list_context(request, project, leakage=[str(c) for c in exc.conflicts])

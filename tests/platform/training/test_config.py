@@ -114,3 +114,25 @@ def test_eval_runs_default_to_grpoconfigs_evaluation_settings(world):
     run = eval_run_create(project=world["project"], model_version=world["production"],
                           suite_version=world["holdout"], user=world["user"])
     assert run.samples == GRPOConfig().eval_samples_per_prompt
+
+
+def test_a_refused_form_opens_with_a_summary_that_links_each_field(world, client_for):
+    url = reverse("training_job_new", args=[world["project"].slug])
+    response = client_for(world["user"]).post(url, {"task_set_version": "x", "num_gpus": "two",
+                                                    "cfg_learning_rate": "fast"})
+    assert response.status_code == 422
+    html = response.content.decode()
+    summary = html.split('id="job-errors"')[1].split("</div>")[0]
+    assert "The job was not started: 3 fields to correct." in summary
+    assert '<a href="#task-set-version">Train on</a>: Choose one from the list.' in summary
+    assert '<a href="#num-gpus">GPUs</a>: A whole number of GPUs.' in summary
+    assert '<a href="#cfg-learning_rate">learning_rate</a>: config.learning_rate must be a number' in summary
+    # The summary comes before the list of jobs, at the top of the page.
+    assert html.index('id="job-errors"') < html.index('id="jobs"')
+
+
+def test_the_forms_address_fetched_goes_to_the_form_instead_of_a_blank_405(world, client_for):
+    url = reverse("training_job_new", args=[world["project"].slug])
+    response = client_for(world["user"]).get(url + "?task_set_version=3")
+    assert response.status_code == 302
+    assert response["Location"] == reverse("training_jobs", args=[world["project"].slug]) + "?task_set_version=3#new-job"

@@ -254,6 +254,13 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": FLYWHEEL_SWEEP_INTERVAL_S,
         "options": {"expires": FLYWHEEL_SWEEP_INTERVAL_S},  # a sweep not run in time is replaced by the next
     },
+    # The project list's "worker last seen": without a beat it was the start's one heartbeat, and a worker
+    # that had been working for minutes read as one silent for minutes.
+    "worker-heartbeat": {
+        "task": "flywheel.accounts.worker_heartbeat",
+        "schedule": FLYWHEEL_SWEEP_INTERVAL_S,
+        "options": {"expires": FLYWHEEL_SWEEP_INTERVAL_S},
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 

@@ -42,6 +42,11 @@ def test_the_page_shows_each_suggestion_with_representatives_escaped(client_for,
     assert suggestion.examples[1]["step"].split(" ")[0] in html  # the failing call shown beside the request
     assert "Accept as new mode" not in html  # viewers read only
     assert 'max="100" value="100"' in html
+    # Failures and groups are different units; the counts say which is which.
+    counts = " ".join(html.split('class="cl-counts"')[1].split("</p>")[0].replace("<span class=\"count\">", "")
+                      .replace("</span>", "").split())
+    assert counts == (f">Of {done_run.total} failures: {done_run.attached} close to existing modes · "
+                      f"{done_run.noise} in no group · the rest in {done_run.clusters} new groups")
 
 
 def test_a_viewer_cannot_decide_or_start(client_for, done_run, members, project):

@@ -115,6 +115,9 @@ def test_describe_labels_a_cluster_by_tool_signal_and_terms_and_picks_central_re
     assert [len(c.members) for c in clusters] == [12, 12]
     stock = next(c for c in clusters if c.tool == "get_stock_price")
     assert stock.label.startswith("get_stock_price · ")
+    # The tool is named once: the terms after it are the cluster's own words, not the tool's name again.
+    terms = stock.label.split(" · ")[2].split(", ")
+    assert terms and not {"get_stock_price", "get", "stock", "price"} & {t.lower() for t in terms}, stock.label
     assert stock.signal in ("no_final_answer", "tool_error") and stock.signals == {"no_final_answer": 12, "tool_error": 12}
     assert len(stock.representatives) == engine.REPRESENTATIVES and set(stock.representatives) <= set(stock.members)
     sims = vectors[stock.members] @ stock.centroid

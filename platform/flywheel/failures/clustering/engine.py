@@ -429,7 +429,10 @@ def describe(
         tool = Counter(signatures[i].tool for i in members).most_common(1)[0][0]
         centre = centroid(vectors[members])
         nearest = members[np.argsort(-(vectors[members] @ centre), kind="stable")[:representatives]]
-        label = " · ".join(p for p in (tool, signal.replace("_", " "), ", ".join(words[:3])) if p)
+        # The failing call's text holds the tool's name, so its words would name the tool a second time.
+        named = {tool.lower(), *tool.lower().replace("-", "_").split("_")} | set(signal.lower().split("_"))
+        own = [w for w in words if w.lower() not in named]
+        label = " · ".join(p for p in (tool, signal.replace("_", " "), ", ".join(own[:3])) if p)
         clusters.append(
             Cluster(
                 members=members.tolist(),

@@ -9,6 +9,7 @@ from django.views.decorators.http import require_GET
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project
 from flywheel.dashboard import selectors as dashboard
+from flywheel.demo_status import demo_status_of
 from flywheel.registry import selectors
 from flywheel.registry.models import ModelVersion
 from flywheel.trajectories.models import Trajectory
@@ -46,6 +47,7 @@ def dashboard_page(request: HttpRequest, project: Project) -> HttpResponse:
     return render(request, "registry/dashboard.html", {
         "project": project,
         "notes": notes,
+        "demo_status": demo_status_of(project=project),
         "funnel": dashboard.funnel(project=project),
         "versions": selectors.versions_of(project=project),
         "lineage": dashboard.version_lineage(project=project, version=version) if version else None,

@@ -48,10 +48,12 @@ def test_the_pages_say_what_the_worker_is_doing_while_it_seeds(user, client_for)
 
     project = loop_project(owner=user)
     demo_status_set(project=project, text="Playing 300 workplace requests with the demo model: 100 done.")
-    for name in ("trajectory_list", "registry_page"):
+    for name in ("trajectory_list", "registry_page", "flywheel_dashboard"):
         page = client_for(user).get(reverse(name, args=[project.slug])).content.decode()
         assert "Playing 300 workplace requests with the demo model: 100 done." in page, name
         assert "No trajectories match" not in page and "No model yet" not in page
+        assert "No trajectories yet" not in page, name
     demo_status_set(project=project, text=None)
     assert demo_status_of(project=project) is None
     assert "No trajectories match" in client_for(user).get(reverse("trajectory_list", args=[project.slug])).content.decode()
+    assert "No trajectories yet" in client_for(user).get(reverse("flywheel_dashboard", args=[project.slug])).content.decode()

@@ -437,6 +437,10 @@ def test_the_models_page_shows_each_versions_series_and_escapes_strings(project,
     assert sum(data["versions"][0]["series"]["trajectories"]) == 6 and data["step"] == "hour"
     assert HOSTILE not in html and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
     assert 'aria-current="true">7d<' in html  # the window chooser marks the window shown
+    # A week ends on another day than it starts: both ends carry their date.
+    first, last, _ = live.window_bounds("7d")
+    span = f'({first:%Y-%m-%d %H:%M} to {last + live.HOUR:%Y-%m-%d %H:%M} UTC, whole hours)'
+    assert span in html, html.split("whole hours")[0][-120:]
     assert f'action="{reverse("registry_version_name_set", args=[project.slug])}"' in html  # the map form
 
     viewer = make_user()

@@ -189,7 +189,7 @@ def test_curves_render_the_gate_reports_each_rule_and_a_maintainer_promotes_then
     with page.expect_response(lambda r: r.url.endswith(f"/training/{job.pk}/curves")) as curves:
         page.goto(f"/p/{project.slug}/training/{job.pk}/")
     assert curves.value.status == 200 and len(curves.value.json()["train"]["step"]) == 30
-    expect(page.locator("#job-state")).to_have_text("Succeeded")
+    expect(page.locator("#job-state")).to_have_text("Succeeded · gate passed")
     expect(page.locator(".job-chart canvas")).to_have_count(4)
     sizes = page.locator(".job-chart canvas").evaluate_all("cs => cs.map(c => [c.width, c.height])")
     assert all(width > 200 and height > 100 for width, height in sizes), sizes

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.core.exceptions import ValidationError
+from django.db.models import OuterRef, Subquery
 from django.http import Http404
 
 from flywheel.accounts.models import Project
+from flywheel.registry.models import GateDecision
 from flywheel.training.models import TrainingJob
 
 LIST_SIZE = 100
@@ -15,7 +17,12 @@ LIST_SIZE = 100
 
 def job_list(*, project: Project, limit: int = LIST_SIZE) -> list[TrainingJob]:
     """The project's newest jobs with what a row shows, in one query."""
+    # The gate's last verdict on each job, beside its status: a job that succeeded may still have been refused.
+    verdict = GateDecision.objects.filter(job=OuterRef("pk")).order_by("-decided_at", "-id")
     return list(TrainingJob.objects.filter(project=project)
+                .annotate(gate_passed=Subquery(verdict.values("passed")[:1]),
+                          gate_error=Subquery(verdict.values("error")[:1]),
+                          gate_decision_id=Subquery(verdict.values("pk")[:1]))
                 .select_related("task_set_version__task_set", "created_by")[:limit])
 
 

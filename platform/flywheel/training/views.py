@@ -205,7 +205,12 @@ def job_page(request: HttpRequest, project: Project, job_id: int) -> HttpRespons
     job = _job(project, job_id)
     context = _job_context(request, project, job)
     if request.htmx:  # the status partial, polled while the job runs: the settings do not change
-        return render(request, "training/_job_status.html", context)
+        response = render(request, "training/_job_status.html", context)
+        if not job.active:
+            # It ended while the page polled: the checkpoints, the curve and the verdict outside the partial
+            # were drawn while it ran ("None yet", "not judged yet"), so the whole page is drawn again.
+            response["HX-Refresh"] = "true"
+        return response
     return render(request, "training/job.html", {**context, "settings": _settings(project, job, context["decision"])})
 
 

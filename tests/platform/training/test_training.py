@@ -503,3 +503,31 @@ def test_sft_then_grpo_needs_something_to_imitate_and_takes_the_grpo_recipe(worl
                             data={"stage": "sft", "first_step": 1, "last_step": 2, "examples": 7})
     assert [(s["started"], s["examples"]) for s in job_stages(job)] == [(True, 7), (False, None)]
     assert job_stages(services.job_create(project=world["project"], task_set_version=world["train"])) == []
+
+
+def test_a_succeeded_job_says_the_gates_verdict_in_its_status_and_in_the_list(world, client_for):
+    candidate = registry.model_version_create(project=world["project"], base=world["production"].base)
+    job = TrainingJob.objects.create(project=world["project"], task_set_version=world["train"],
+                                     base_version=world["production"], candidate_version=candidate,
+                                     status=JobStatus.SUCCEEDED)
+    decision = GateDecision.objects.create(project=world["project"], job=job, candidate=candidate,
+                                           production=world["production"], passed=False)
+    client = client_for(world["user"])
+    page = client.get(reverse("training_job", args=[world["project"].slug, job.pk])).content.decode()
+    assert '<span class="badge job-succeeded" id="job-state">Succeeded · gate refused</span>' in page
+    listing = client.get(reverse("training_jobs", args=[world["project"].slug])).content.decode()
+    row = listing.split(f'id="compare-{job.pk}"')[1].split("</tr>")[0]
+    gate = reverse("registry_gate", args=[world["project"].slug, decision.pk])
+    assert f'<a href="{gate}" class="badge o-failure">refused</a>' in row
+
+
+def test_the_status_poll_that_sees_the_job_end_reloads_the_page(world, client_for):
+    job = TrainingJob.objects.create(project=world["project"], task_set_version=world["train"],
+                                     base_version=world["production"], status=JobStatus.RUNNING)
+    client = client_for(world["user"])
+    url = reverse("training_job", args=[world["project"].slug, job.pk])
+    running = client.get(url, headers={"HX-Request": "true"})
+    assert "HX-Refresh" not in running.headers and 'hx-trigger="every 2s"' in running.content.decode()
+    TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.SUCCEEDED)
+    ended = client.get(url, headers={"HX-Request": "true"})
+    assert ended.headers["HX-Refresh"] == "true"  # the checkpoints and the verdict outside the partial too

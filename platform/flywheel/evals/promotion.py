@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 
 from flywheel.accounts.services import project_lock
 from flywheel.evals import leakage
@@ -566,10 +567,13 @@ def promotion_check(*, trajectory: Trajectory, data: Mapping[str, Any], target: 
         check.error("env_type", str(exc))
         return check
     check.row = row
-    existing = target.items.filter(trajectory=trajectory, message_index=index).first()
+    # An item made from this trajectory at this message, or at a message it did not record (a whole-trajectory
+    # item, as the demo's seeding makes), is the same failure: a second copy would weigh it twice in training.
+    existing = (target.items.filter(trajectory=trajectory)
+                .filter(Q(message_index=index) | Q(message_index__isnull=True)).order_by("pk").first())
     if existing is not None:
-        check.error("target", f"message #{index} of this trajectory is already {existing.row_id} of {target.LABEL} "
-                              f"'{target.name}'")
+        at = f"message #{index} of this trajectory" if existing.message_index == index else "this trajectory"
+        check.error("target", f"{at} is already {existing.row_id} of {target.LABEL} '{target.name}'")
     check.conflicts = leakage.leakage_conflicts(
         project=trajectory.project, side=target.SIDE,
         candidates=[leakage.Candidate(f"trajectory #{trajectory.pk}", trajectory.pk,

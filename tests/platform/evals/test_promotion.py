@@ -307,3 +307,17 @@ def test_version_rows_checked_against_each_other_and_a_new_rule_plugs_in(
     assert [c.rule for c in leakage.rows_conflicts(rows=task_rows, other_rows=suite_rows)] == ["embedding"]
     with pytest.raises(LeakageError):
         version_freeze(version=task_set.versions.get(), user=user)
+
+
+def test_a_trajectory_already_in_the_target_without_a_message_is_not_added_again(trajectory, suite, corrected, user):
+    from flywheel.evals import rows as row_shape
+
+    # As the demo's seeding makes a task: from the trajectory, with no message recorded.
+    made = suite.items.create(trajectory=trajectory, messages=trajectory.messages[:1], tools=trajectory.tools or [],
+                              verifier={"type": "exact", "expected": "x"},
+                              prompt_digest=row_shape.prompt_digest(trajectory.messages[:1]), created_by=user)
+    check = promotion.promotion_check(trajectory=trajectory, data=corrected, target=suite)
+    assert check.errors["target"] == [f"this trajectory is already {made.row_id} of {suite.LABEL} '{suite.name}'"]
+    with pytest.raises(promotion.PromotionRefused):
+        promotion.trajectory_promote(trajectory=trajectory, data=corrected, target=suite, user=user)
+    assert suite.items.count() == 1

@@ -103,7 +103,8 @@ def live_context(*, project: Project) -> dict[str, Any]:
             panel.append({"check": check, "arms": arms(check), "next": next_step(check),
                           "look": check.evidence.get("look") or {}})
     return {"canary_alias": current, "live_panel": panel, "live_rules": canary.live_rules_of(config),
-            "canary_percent": f"{config.canary_weight:.0%}", "live_checks": canary.checks_of(project=project, limit=10),
+            "canary_percent": f"{config.canary_weight:.0%}", "canary_percent_number": round(config.canary_weight * 100),
+            "live_checks": canary.checks_of(project=project, limit=10),
             "actors": ACTORS}
 
 
@@ -123,11 +124,12 @@ def _back(project: Project, note: str) -> HttpResponse:
 @project_view(Role.MAINTAINER)
 def version_canary(request: HttpRequest, project: Project, version_number: int) -> HttpResponse:
     version = get_object_or_404(ModelVersion, project=project, number=version_number)
-    raw = request.POST.get("weight", "").strip()
+    # The page's field is a percent (10); `weight`, the API's fraction (0.1), is taken too.
+    percent, raw = request.POST.get("percent", "").strip(), request.POST.get("weight", "").strip()
     try:
-        weight = float(raw) if raw else None
+        weight = float(percent) / 100 if percent else (float(raw) if raw else None)
     except ValueError:
-        return _page_error(request, project, "The canary's share is a number between 0 and 1, like 0.1.", 400)
+        return _page_error(request, project, "The canary's share is a percent of traffic, like 10.", 400)
     try:
         canary.canary_start(project=project, version=version, user=request.user, weight=weight,
                             reason=request.POST.get("reason", ""))

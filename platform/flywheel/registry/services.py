@@ -391,7 +391,8 @@ def model_rollback(
 ) -> AliasEvent:
     """Move `production` back: to `to_version` (a version that served before), or to the one production held
     before the current version was promoted there (`selectors.rollback_target`). A person's rollback and the
-    watch's are this one move; either ends a running watch and a canary (canary.after_production_move)."""
+    watch's are this one move; either ends a running watch and a canary (canary.after_production_move).
+    A `to_version` newer than production is a promotion (`model_promote`: the gate's check, then the watch)."""
     from flywheel.registry import canary
 
     current = AliasAssignment.objects.filter(project=project, alias=Alias.PRODUCTION).first()
@@ -404,6 +405,12 @@ def model_rollback(
             raise RegistryError("Production has no earlier version to roll back to.")
     elif not served.filter(to_version=to_version).exists():
         raise RegistryError(f"v{to_version.number} never served in production; promote it instead.")
+    elif to_version.number > current.version.number:
+        # Forward to a version that served before (after a rollback from it) is a promotion, not a rollback:
+        # it must still pass the gate against what serves now, and it is watched as any promotion is.
+        return model_promote(project=project, version=to_version, user=user, actor=actor, evidence=evidence,
+                             reason=reason or f"Promoted again: v{to_version.number} served before v"
+                                              f"{current.version.number}.")
     with transaction.atomic():
         event = alias_move(project=project, alias=Alias.PRODUCTION, version=to_version, user=user,
                            reason=reason or f"Rolled back from v{current.version.number}.",

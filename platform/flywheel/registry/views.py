@@ -93,11 +93,11 @@ def production_rollback(request: HttpRequest, project: Project) -> HttpResponse:
                           _context(request, project, action_error="Choose a version to roll back to."), status=400)
         to_version = get_object_or_404(ModelVersion, project=project, number=int(number))
     try:
-        services.model_rollback(project=project, user=request.user, reason=request.POST.get("reason", ""),
-                                to_version=to_version)
+        event = services.model_rollback(project=project, user=request.user, reason=request.POST.get("reason", ""),
+                                        to_version=to_version)
     except services.RegistryError as exc:
         return render(request, "registry/models.html", _context(request, project, action_error=str(exc)), status=409)
-    return _back(project, "rolled-back")
+    return _back(project, "promoted" if event.kind == "promote" else "rolled-back")
 
 
 @require_POST

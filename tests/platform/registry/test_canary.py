@@ -479,7 +479,8 @@ def test_the_pages_show_the_canary_to_members_and_buttons_to_maintainers(project
     v1, v2, _ = versions
     maintainer = client_for(user)
     page = maintainer.get(reverse("registry_page", args=[project.slug])).content.decode()
-    assert 'id="canary-start-2"' in page and "Promote as canary (10%)" in page
+    assert 'id="canary-start-2"' in page and "Start as canary" in page
+    assert 'name="percent" min="1" max="50" step="1" value="10"' in page  # the project's share, to change
     assert maintainer.post(reverse("registry_version_canary", args=[project.slug, v2.number])).status_code == 302
     check = LiveCheck.objects.get(project=project, kind="canary")
     traffic(project, v2, 20, failures=2)
@@ -521,3 +522,35 @@ def test_the_sync_removes_a_canary_alias_left_in_mlflow(project, versions):
     assert services.registry_sync(project_id=project.pk)["aliases"] >= 1
     assert mlflow_bridge.alias_get(project_slug=project.slug, alias="canary") is None
     assert services.registry_sync(project_id=project.pk)["aliases"] == 0
+
+
+def test_after_a_rollback_the_newer_version_is_promoted_again_or_started_as_canary_from_the_page(
+        project, versions, user, client_for):
+    v1, v2, _ = versions
+    maintainer = client_for(user)
+    services.model_promote(project=project, version=v2, user=user)
+    services.model_rollback(project=project, user=user)
+    assert selectors.production_of(project=project) == v1
+    page = maintainer.get(reverse("registry_page", args=[project.slug])).content.decode()
+    row = page.split('id="version-2"')[1].split("</tr>")[0]
+    # v2 passed the gate against v1, which serves again: it may be promoted or tried as a canary, not "rolled back to".
+    assert 'id="promote-2"' in row and 'id="canary-start-2"' in row and "Roll back to this" not in row
+
+    # Forward through the rollback form too (the API's to_version): a promotion, called one, and watched.
+    response = maintainer.post(reverse("registry_rollback", args=[project.slug]), {"to": "2"})
+    assert response.status_code == 302 and "done=promoted" in response["Location"]
+    event = AliasEvent.objects.filter(project=project, alias="production").first()
+    assert (event.kind, event.from_version, event.to_version) == ("promote", v1, v2)
+    assert LiveCheck.objects.filter(project=project, kind="watch", status="running", subject=v2).exists()
+
+    # And back: to an older version that served, the row offers the rollback.
+    page = maintainer.get(reverse("registry_page", args=[project.slug])).content.decode()
+    assert "Roll back to this" in page.split('id="version-1"')[1].split("</tr>")[0]
+
+
+def test_a_canary_started_from_the_page_takes_the_share_typed_there(project, versions, user, client_for):
+    _, v2, _ = versions
+    response = client_for(user).post(reverse("registry_version_canary", args=[project.slug, v2.number]),
+                                     {"percent": "25"})
+    assert response.status_code == 302
+    assert AliasAssignment.objects.get(project=project, alias="canary").weight == pytest.approx(0.25)

@@ -330,7 +330,8 @@ def preference_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def advise(metrics: dict[str, Any] | None, *, pairs: int = 0) -> dict[str, Any]:
-    """What the field advises from production's holdout results."""
+    """One recommendation from production's holdout results (and the promoted failures' preference pairs):
+    the algorithm whose signal the holdout says is there, with why."""
     if not metrics:
         return {"recommendation": "grpo", "reason": "No holdout to measure on: train, but the gate cannot judge "
                 "the result without a holdout suite.", "metrics": None, "pairs": pairs}
@@ -338,11 +339,17 @@ def advise(metrics: dict[str, Any] | None, *, pairs: int = 0) -> dict[str, Any]:
     n = int(metrics.get("n", 0)) or 1
     failures = metrics.get("failures") or {}
     format_share = failures.get("invalid_format", 0) / max(1, sum(failures.values()))
-    if success < 0.05 and format_share >= 0.5:
+    if success < 0.05 and format_share < 0.5 and pairs:
+        recommendation, reason = "dpo", (
+            f"Production succeeds on {success:.0%} of the holdout: RL has no signal when nearly every sample "
+            f"scores zero. The {pairs} promoted failures each give a preferred/rejected pair (the corrected "
+            "reference over the agent's output): DPO learns from them without sampling.")
+    elif success < 0.05:
         recommendation, reason = "sft_grpo", (
-            f"Production succeeds on {success:.0%} of the holdout and {format_share:.0%} of its failures are "
-            "format errors: RL has no signal when nearly every sample scores zero. Warm-start with SFT on "
-            "references first, then GRPO: the sft_grpo algorithm does both in one job.")
+            f"Production succeeds on {success:.0%} of the holdout"
+            + (f" and {format_share:.0%} of its failures are format errors" if format_share >= 0.5 else "")
+            + ": RL has no signal when nearly every sample scores zero. Warm-start with SFT on references first, "
+            "then GRPO: the sft_grpo algorithm does both in one job.")
     elif success >= 0.95:
         recommendation, reason = "none", (
             f"Production already succeeds on {success:.0%} of the holdout: little left to learn here. Add harder "
@@ -351,9 +358,6 @@ def advise(metrics: dict[str, Any] | None, *, pairs: int = 0) -> dict[str, Any]:
         recommendation, reason = "grpo", (
             f"Production succeeds on {success:.0%} of the holdout: right sometimes, not reliably. That is where "
             "GRPO learns best.")
-    if pairs:
-        reason += (f" {pairs} promoted failures each give a preferred/rejected pair (the corrected reference over "
-                   "the agent's output): DPO trains on them directly, without sampling.")
     return {"recommendation": recommendation, "reason": reason, "metrics": metrics, "pairs": pairs,
             "cases": n}
 

@@ -117,7 +117,12 @@ def test_advice_follows_production_on_the_holdout():
         "recommendation"] == "sft_grpo"
     assert services.advise({"success_rate": 0.4, "n": 20, "failures": {"wrong_tool": 12}})["recommendation"] == "grpo"
     assert services.advise({"success_rate": 0.97, "n": 20, "failures": {}})["recommendation"] == "none"
-    assert "DPO" in services.advise({"success_rate": 0.4, "n": 20, "failures": {}}, pairs=5)["reason"]
+    # One recommendation: where GRPO has a signal, preference pairs do not add a second one in the same breath.
+    assert "DPO" not in services.advise({"success_rate": 0.4, "n": 20, "failures": {}}, pairs=5)["reason"]
+    # Where it has none and the failures are not about format, the pairs are the signal.
+    nothing = services.advise({"success_rate": 0.02, "n": 20, "failures": {"wrong_tool": 19}}, pairs=5)
+    assert nothing["recommendation"] == "dpo" and "GRPO" not in nothing["reason"]
+    assert services.advise({"success_rate": 0.02, "n": 20, "failures": {"wrong_tool": 19}})["recommendation"] == "sft_grpo"
 
 
 def test_a_job_measures_production_trains_and_its_candidate_goes_through_the_gate(world, celery_worker):
@@ -474,7 +479,7 @@ def test_dpo_trains_on_the_reference_over_the_agents_own_output(world, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert [e["step"] for e in events if e["event"] == "step"] == [1, 2] and events[-1]["event"] == "done"
     assert "margin" in next(e for e in events if e["event"] == "step")
-    assert "DPO trains on them directly" in services.advise({"success_rate": 0.4, "n": 8}, pairs=6)["reason"]
+    assert "DPO learns from them without sampling" in services.advise({"success_rate": 0.0, "n": 8}, pairs=6)["reason"]
 
 
 def test_sft_then_grpo_needs_something_to_imitate_and_takes_the_grpo_recipe(world):

@@ -33,6 +33,7 @@ def project_list(request: HttpRequest) -> HttpResponse:
         {
             "memberships": selectors.memberships_for_user(user=request.user),
             "worker": selectors.worker_last_seen(),
+            "a_minute_ago": timezone.now() - timedelta(minutes=1),  # "0 minutes ago" reads as a glitch
         },
     )
 

@@ -318,3 +318,17 @@ def test_superusers_use_the_admin(client, make_user, foreign_trajectory):
         assert client.get(url).status_code == 200, url
     page = client.get("/admin/trajectories/trajectory/").content.decode()
     assert "secret-trace" in page
+
+
+def test_the_project_list_says_a_worker_seen_seconds_ago_was_seen_within_the_last_minute(client_for, user, project):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from flywheel.accounts.models import WorkerHeartbeat
+
+    beat = WorkerHeartbeat.objects.create(hostname="local@box", seen_at=timezone.now(), tasks_seen=1)
+    page = client_for(user).get("/").content.decode()
+    assert "last seen within the last minute" in page and "0\xa0minutes" not in page
+    WorkerHeartbeat.objects.filter(pk=beat.pk).update(seen_at=timezone.now() - timedelta(minutes=5))
+    assert "last seen 5\xa0minutes ago" in client_for(user).get("/").content.decode()

@@ -3,15 +3,20 @@ API key): sealed with a key derived from SECRET_KEY before they are written, ope
 database alone (a backup, a replica, a dump) does not give them away.
 
 Fernet (the `cryptography` library's authenticated encryption) under a key derived by HKDF from SECRET_KEY; the
-keys of SECRET_KEY_FALLBACKS open what they sealed, so rotating SECRET_KEY means moving the old one there until
-the secrets are set again. A value written before sealing existed is read as it is and sealed when next saved
-(the migrations that introduce the field seal the stored ones)."""
+keys of SECRET_KEY_FALLBACKS open what they sealed. Rotating SECRET_KEY: move the old key to
+SECRET_KEY_FALLBACKS, run `manage.py reseal` (every secret sealed again under the new key, `reseal_stored`),
+then drop the old key. A value written before sealing existed is read as it is and sealed when next saved
+(the migrations that introduce the field seal the stored ones).
+
+A sealed value no key opens fails closed: it reads as `UnreadableSecret` (set, not empty), and `readable`
+refuses it, so a webhook is not sent unsigned nor a judge called without its key as if none were set."""
 
 from __future__ import annotations
 
 import base64
 import functools
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -27,6 +32,26 @@ PREFIX = "sealed:v1:"
 
 class Unreadable(Exception):
     """A sealed value that none of this server's keys opens: it was sealed under another SECRET_KEY."""
+
+
+UNREADABLE = ("was sealed under a SECRET_KEY this server does not have: put the old key in SECRET_KEY_FALLBACKS "
+              "(then run manage.py reseal), or set the secret again")
+
+
+class UnreadableSecret(str):
+    """What a SealedField reads when no key of this server opens its value: the sealed text as stored (so a
+    save writes it back unchanged), true like any set secret, and never the secret itself: `readable`
+    refuses it. `problem` says why, for the pages."""
+
+    problem = UNREADABLE
+
+
+def readable(value: str) -> str:
+    """The secret to use from a SealedField's value: "" when none is set, else the secret; Unreadable when it
+    is set but no key of this server opens it (the caller fails, naming why, rather than going on without)."""
+    if isinstance(value, UnreadableSecret):
+        raise Unreadable(UNREADABLE)
+    return value
 
 
 def _key(secret: str) -> bytes:
@@ -65,13 +90,12 @@ def unseal(stored: str) -> str:
     try:
         return _fernet().decrypt(stored[len(PREFIX):].encode()).decode()
     except InvalidToken:
-        raise Unreadable("sealed under a SECRET_KEY this server does not have: put the old key in "
-                         "SECRET_KEY_FALLBACKS, or set the secret again") from None
+        raise Unreadable(UNREADABLE) from None
 
 
 class SealedField(models.TextField):
     """A text column whose value is sealed in the database and plain in Python. A value this server cannot open
-    reads as "" (no secret set: the page offers to set it again), with an error in the log saying why."""
+    reads as an `UnreadableSecret` (set, but refused by `readable`), with an error in the log saying why."""
 
     def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
         if value is None:
@@ -80,7 +104,7 @@ class SealedField(models.TextField):
             return unseal(value)
         except Unreadable as exc:
             logger.error("%s.%s: %s", self.model._meta.db_table, self.column, exc)
-            return ""
+            return UnreadableSecret(value)
 
     def get_prep_value(self, value: Any) -> Any:
         value = super().get_prep_value(value)
@@ -103,3 +127,49 @@ def unseal_stored(model: type[models.Model], field: str, connection: Any) -> Non
     with connection.cursor() as cursor:
         for pk, value in model.objects.exclude(**{field: ""}).values_list("pk", field):
             cursor.execute(f"UPDATE {table} SET {column} = %s WHERE id = %s", [value, pk])
+
+
+@dataclass
+class Resealed:
+    """What `reseal_stored` did: secrets sealed again under the current key, per "table.column", and the rows
+    whose secret no key opens (left as they are)."""
+
+    resealed: dict[str, int] = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)
+
+
+def sealed_fields() -> list[tuple[type[models.Model], SealedField]]:
+    """Every SealedField of every installed model."""
+    from django.apps import apps
+
+    return [(model, f) for model in apps.get_models() for f in model._meta.concrete_fields
+            if isinstance(f, SealedField)]
+
+
+def reseal_stored(connection: Any) -> Resealed:
+    """Seal every stored secret again under the current SECRET_KEY (`MultiFernet.rotate`: opened by whichever
+    key of SECRET_KEY and SECRET_KEY_FALLBACKS sealed it), and seal the ones stored plain; after it, the old
+    keys can leave SECRET_KEY_FALLBACKS. A value no key opens is left as it is and reported."""
+    report = Resealed()
+    fernet = _fernet()
+    for model, f in sealed_fields():
+        label = f"{model._meta.db_table}.{f.column}"
+        table, column = connection.ops.quote_name(model._meta.db_table), connection.ops.quote_name(f.column)
+        with connection.cursor() as cursor:  # the stored text, past the field's opening
+            cursor.execute(f"SELECT id, {column} FROM {table} WHERE {column} <> ''")
+            rows = cursor.fetchall()
+        done = 0
+        for pk, stored in rows:
+            if is_sealed(stored):
+                try:
+                    value = PREFIX + fernet.rotate(stored[len(PREFIX):].encode()).decode()
+                except InvalidToken:
+                    report.unreadable.append(f"{label} id {pk}")
+                    continue
+            else:
+                value = seal(stored)
+            with connection.cursor() as cursor:
+                cursor.execute(f"UPDATE {table} SET {column} = %s WHERE id = %s", [value, pk])
+            done += 1
+        report.resealed[label] = done
+    return report

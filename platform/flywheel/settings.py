@@ -238,6 +238,10 @@ FLYWHEEL_QUEUE_CLAIM_S = get_env("FLYWHEEL_QUEUE_CLAIM_S", 600, cast=int)
 # reaper (its worker vanished) and can be retried from its last checkpoint.
 FLYWHEEL_JOB_HEARTBEAT_S = get_env("FLYWHEEL_JOB_HEARTBEAT_S", 5, cast=float)
 FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S = get_env("FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S", 120, cast=float)
+# A trainer subprocess inherits only what running Python, CUDA, torch, Hugging Face (offline), MLflow and TLS
+# need (flywheel.supervise.trainer_env), never the platform's secrets; names listed here pass too (comma
+# separated), e.g. "AWS_PROFILE,MY_SCRATCH_DIR".
+FLYWHEEL_TRAINER_ENV = get_list("FLYWHEEL_TRAINER_ENV", [])
 # Notifications by e-mail (flywheel.registry.notify) go through Django's mail backend: SMTP when EMAIL_HOST is
 # set, else the console (the worker's log). Projects list their recipients on the Models page's settings.
 EMAIL_HOST = get_env("EMAIL_HOST", "")
@@ -245,6 +249,8 @@ EMAIL_PORT = get_env("EMAIL_PORT", 25, cast=int)
 EMAIL_HOST_USER = get_env("EMAIL_HOST_USER", "")
 EMAIL_HOST_PASSWORD = get_env("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = get_env("EMAIL_USE_TLS", False, cast=bool)
+# Seconds an SMTP exchange may wait on the server (Django's default is to wait for ever).
+EMAIL_TIMEOUT = get_env("EMAIL_TIMEOUT", 30, cast=int)
 EMAIL_BACKEND = ("django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST
                  else "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = get_env("DEFAULT_FROM_EMAIL", "flywheel@localhost")

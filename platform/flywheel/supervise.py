@@ -1,8 +1,8 @@
 """Running the trainer as a child of a worker: its own process group, dead with its worker, its stdout read as
 events (`trainer.events`, the stdout contract), a heartbeat while it is quiet, and cancel that kills the whole group.
 
-Training jobs and eval runs both run `python -m trainer ...` this way, and refuse what their state does not
-allow with `Refused`."""
+Training jobs and eval runs both run `python -m trainer ...` this way, with the environment `trainer_env`
+allows (never the worker's secrets), and refuse what their state does not allow with `Refused`."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from typing import Any
 
 from django.conf import settings
 
+from flywheel import outbound
 from trainer import events
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,33 @@ class Refused(Exception):
 
     Training jobs and eval runs both raise it; pages answer it 409 on the object's own page with the reason,
     the API 409 `{"detail": reason}` (flywheel.api.errors.install)."""
+
+
+# What a trainer inherits from its worker: what Python, CUDA and torch, Hugging Face offline, MLflow and TLS
+# need to run. Not the platform's own settings: the worker's SECRET_KEY, DATABASE_URL, broker URL and mail
+# password stay in the worker, whatever a task row or a model's code makes the trainer do.
+TRAINER_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "TMPDIR", "TEMP", "TMP",
+    "PYTHONPATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING", "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "XDG_CACHE_HOME",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "TOKENIZERS_PARALLELISM",
+    "CC", "CXX", "COVERAGE_PROCESS_START",
+})
+TRAINER_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "TRITON_",
+                        "KMP_", "HF_", "TRANSFORMERS_", "VLLM_", "MLFLOW_", "FLYWHEEL_LLM_JUDGE_")
+# Under an allowed prefix, yet a credential the trainer never uses (it fetches nothing from a hub).
+TRAINER_ENV_REFUSED = frozenset({"HF_TOKEN", "VLLM_API_KEY"})
+
+
+def trainer_env(**extra: str) -> dict[str, str]:
+    """The environment of a trainer subprocess: the worker's variables that `TRAINER_ENV_NAMES`,
+    `TRAINER_ENV_PREFIXES` and the operator's FLYWHEEL_TRAINER_ENV allow, the outbound policy, no entry
+    points (task rows come from users: none may name code for the trainer to import), and `extra`."""
+    passed = set(getattr(settings, "FLYWHEEL_TRAINER_ENV", []) or [])
+    env = {name: value for name, value in os.environ.items()
+           if name in passed or (name not in TRAINER_ENV_REFUSED
+                                 and (name in TRAINER_ENV_NAMES or name.startswith(TRAINER_ENV_PREFIXES)))}
+    return {**env, "PYTHONUNBUFFERED": "1", "FLYWHEEL_ENV_ENTRY_POINTS": "0", **outbound.subprocess_env(), **extra}
 
 
 def worker_name() -> str:

@@ -1,12 +1,19 @@
 """Where the platform may send requests (flywheel.outbound): only to destinations the operator's settings
 allow, checked on the resolved address at send time, never following a redirect.
 
+Also: an IPv6 address that carries an IPv4 one is judged by the address inside; every request ends at one
+overall deadline however slowly the server answers; a URL with credentials in it is refused at save and at send
+time; URLs written into delivery logs and errors lose their credentials, query and fragment; delivery errors
+show to maintainers only; the webhook's secret is bound to the webhook's origin.
+
 Real sockets against stand-in servers on 127.0.0.1; the resolver is replaced only to make a name answer what
 a hostile DNS server would (the boundary we do not own)."""
 
 from __future__ import annotations
 
+import re
 import socket
+import time
 from contextlib import ExitStack
 
 import pytest
@@ -246,3 +253,191 @@ def test_saving_a_listed_url_works(settings, project, user, client_for):
                                      {"vllm_url": "http://10.0.0.7:8000"})
     assert response.status_code == 302
     assert RegistrySettings.objects.get(project=project).vllm_url == "http://10.0.0.7:8000"
+
+
+# --- IPv6 forms that carry an IPv4 address ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("literal, inner", [
+    ("::127.0.0.1", "127.0.0.1"),  # IPv4-compatible
+    ("::ffff:0:7f00:1", "127.0.0.1"),  # SIIT's IPv4-translated
+    ("64:ff9b::7f00:1", "127.0.0.1"),  # NAT64's well-known prefix
+    ("64:ff9b::a00:7", "10.0.0.7"),
+    ("2002:7f00:1::", "127.0.0.1"),  # 6to4
+    ("2002:a9fe:a9fe::1", "169.254.169.254"),
+    ("2001:0:4136:e378:8000:63bf:80ff:fffe", "127.0.0.1"),  # Teredo: a public server, the client on loopback
+])
+def test_an_ipv6_form_of_a_private_ipv4_address_is_refused_for_the_address_inside(nothing_listed, literal, inner):
+    with pytest.raises(outbound.OutboundRefused, match=rf"refused: \S+ is an IPv6 form of {re.escape(inner)}, "
+                                                       r"an? [a-z-]+ address, which FLYWHEEL_OUTBOUND_ALLOWLIST"):
+        guard.check_url(f"http://[{literal}]:8000/hook", outbound.policy())
+
+
+def test_ipv6_forms_of_public_or_listed_ipv4_addresses_pass_and_nat64_local_use_is_refused(settings, nothing_listed):
+    for literal in ("64:ff9b::808:808", "2002:808:808::1", "::ffff:0:808:808"):  # 8.8.8.8 inside: public
+        assert guard.check_url(f"http://[{literal}]/", outbound.policy()).port == 80
+    settings.FLYWHEEL_OUTBOUND_ALLOWLIST = ["127.0.0.0/8"]  # the operator listed the IPv4 network
+    assert guard.check_url("http://[::127.0.0.1]:9/", outbound.policy()).port == 9
+    settings.FLYWHEEL_OUTBOUND_ALLOWLIST = []
+    with pytest.raises(outbound.OutboundRefused, match="a NAT64 local-use address"):
+        guard.check_url("http://[64:ff9b:1::7f00:1]/", outbound.policy())
+    with pytest.raises(outbound.OutboundRefused, match="::1 is a loopback address"):  # IPv6's own, named as such
+        guard.check_url("http://[::1]/", outbound.policy())
+
+
+# --- one deadline for the whole request ---------------------------------------------------------------------
+
+DRIP_S = 0.2  # between bytes: far within any per-read timeout
+DRIP_BODY = 60  # bytes: 12 s of answer
+
+
+class _Drip(StandIn):
+    """Answers one byte every DRIP_S: the headers at once and the body dripped, or everything dripped. Counts
+    what it sent and notes when the client went away."""
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        self.body()
+        head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {DRIP_BODY}\r\n\r\n"
+                .encode())
+        payload = b'"' + b"x" * (DRIP_BODY - 2) + b'"'
+        fast, slow = (b"", head + payload) if self.server.drip == "headers" else (head, payload)
+        try:
+            self.wfile.write(fast)
+            for i in range(len(slow)):
+                self.wfile.write(slow[i:i + 1])
+                self.server.sent += 1
+                time.sleep(DRIP_S)
+        except OSError:
+            self.server.cut_off = True
+        self.close_connection = True
+
+
+@pytest.fixture
+def drip():
+    with ExitStack() as stack:
+        yield lambda where: stack.enter_context(serving(_Drip, drip=where, sent=0, cut_off=False))
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_a_server_that_drips_its_answer_is_cut_off_at_the_requests_deadline(drip, where):
+    server = drip(where)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"/hook: no complete answer within 1 s"):
+        outbound.post(server.url + "/hook?token=t0k", body=b"{}", timeout=1.0)
+    took = time.monotonic() - started
+    # The server had most of its answer left when the client went; a per-read timeout alone read it all (12 s+).
+    deadline = time.monotonic() + 5
+    while not server.cut_off and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.cut_off and server.sent < DRIP_BODY // 2, (server.sent, server.cut_off)
+    assert took < 5, took
+
+
+def test_a_webhook_that_drips_is_a_failed_delivery_at_its_deadline(project, promoted, drip, monkeypatch):
+    server = drip("body")
+    monkeypatch.setattr(services, "WEBHOOK_TIMEOUT_S", 1)
+    RegistrySettings.objects.create(project=project, webhook_url=server.url + "/hook")
+    services.registry_sync(project_id=project.pk)
+    delivery = AliasEvent.objects.filter(project=project).order_by("at", "id").first().deliveries.get()
+    assert delivery.error.startswith("TimeoutError: ") and "no complete answer within 1 s" in delivery.error
+    assert delivery.duration_ms < 5000 and server.sent < DRIP_BODY // 2
+
+
+# --- credentials in URLs --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["webhook_url", "vllm_url"])
+def test_a_serving_url_with_credentials_is_a_field_error_pointing_at_the_secret_fields(project, user, client_for,
+                                                                                      field):
+    response = client_for(user).post(reverse("registry_settings_save", args=[project.slug]),
+                                     {field: "http://alice:hunter2@127.0.0.1:9/hook"})
+    html = response.content.decode()
+    assert response.status_code == 422 and "Remove the user name and password from the URL" in html
+    assert "secret fields" in html
+    assert not RegistrySettings.objects.filter(project=project).exclude(**{field: ""}).exists()
+
+
+def test_the_judge_and_environment_server_urls_refuse_credentials_too(project, settings):
+    from django.core.exceptions import ValidationError
+
+    from flywheel.environments.services import environment_server_register
+    from flywheel.evals import online
+
+    with pytest.raises(ValidationError) as caught:
+        online.online_settings_set(project=project, data={
+            "enabled": False, "sample_rate": 0.1, "max_per_hour": 10, "threshold": 0.5,
+            "judge_url": "https://alice:hunter2@judge.example.com/v1"})
+    assert "Remove the user name and password" in caught.value.message_dict["judge_url"][0]
+    settings.FLYWHEEL_ENV_URL_ALLOWLIST = ["http://127.0.0.1:9/"]
+    with pytest.raises(ValidationError) as caught:
+        environment_server_register(project=project, name="envs", url="http://alice:hunter2@127.0.0.1:9/team")
+    assert "Remove the user name and password" in caught.value.message_dict["url"][0]
+
+
+def test_a_stored_url_with_credentials_is_refused_at_send_time_and_never_written_out(project, promoted,
+                                                                                    make_server):
+    server = make_server()
+    # As a server before this check stored it, past the model's clean.
+    RegistrySettings.objects.create(project=project, webhook_url=f"http://alice:hunter2@127.0.0.1:{_port(server)}/hook")
+    services.registry_sync(project_id=project.pk)
+    event = AliasEvent.objects.filter(project=project).order_by("at", "id").first()
+    delivery = event.deliveries.get()
+    assert "may not carry a user name or password" in delivery.error and server.received == []
+    assert "hunter2" not in delivery.url + delivery.error + event.last_error
+    assert "alice" not in delivery.url + delivery.error + event.last_error
+
+
+class _Redirect(StandIn):
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        self.body()
+        self.redirect(302, "http://127.0.0.1:9/elsewhere?sig=sig-s3cret")
+
+
+def test_delivery_logs_and_errors_carry_no_query_or_credentials(project, promoted):
+    with serving(_Redirect) as server:
+        RegistrySettings.objects.create(project=project, webhook_url=server.url + "/hook?token=tok-s3cret#frag")
+        services.registry_sync(project_id=project.pk)
+    event = AliasEvent.objects.filter(project=project).order_by("at", "id").first()
+    delivery = event.deliveries.get()
+    assert delivery.url == server.url + "/hook"
+    assert "redirects are not followed" in delivery.error and "http://127.0.0.1:9/elsewhere" in delivery.error
+    written = delivery.url + delivery.error + event.last_error
+    assert "s3cret" not in written and "frag" not in written
+
+
+def test_delivery_errors_show_to_maintainers_only(project, promoted, user, make_user, make_membership, client_for):
+    AliasEvent.objects.filter(project=project).update(webhook_state=SyncState.FAILED,
+                                                      last_error="Webhook: webhook https://hooks.example/x: HTTP 500")
+    viewer = make_user("viewer-1")
+    make_membership(viewer, project, "viewer")
+    seen = client_for(viewer).get(reverse("registry_page", args=[project.slug])).content.decode()
+    assert "hooks.example" not in seen and "HTTP 500" not in seen
+    assert "hooks.example" in client_for(user).get(reverse("registry_page", args=[project.slug])).content.decode()
+
+
+def test_redact_takes_credentials_query_and_fragment_out_of_every_url_in_a_text():
+    text = ("POST https://bob:pw@api.example.com:8443/v1/x?key=k1#top failed; then "
+            "http://[::1]:9/y?sig=s, and ftp://u:p@files/z")
+    assert outbound.redact(text) == ("POST https://api.example.com:8443/v1/x failed; then http://[::1]:9/y, and "
+                                     "ftp://files/z")
+    assert outbound.redact_url("http://[bad/") == "(a malformed URL)"
+
+
+# --- the webhook secret is bound to the webhook's origin -------------------------------------------------------
+
+
+def test_the_webhook_secret_must_be_given_again_when_the_webhook_moves_to_another_origin(project, user, client_for):
+    client = client_for(user)
+    save = reverse("registry_settings_save", args=[project.slug])
+    assert client.post(save, {"webhook_url": "http://127.0.0.1:9001/hook", "webhook_secret": "whsec-a"}).status_code == 302
+    # Another path on the same origin keeps the secret.
+    assert client.post(save, {"webhook_url": "http://127.0.0.1:9001/hooks/v2"}).status_code == 302
+    assert RegistrySettings.objects.get(project=project).webhook_secret == "whsec-a"
+    moved = client.post(save, {"webhook_url": "http://127.0.0.1:9002/hook"})
+    assert moved.status_code == 422 and "give it again for the new address" in moved.content.decode()
+    config = RegistrySettings.objects.get(project=project)
+    assert (config.webhook_url, config.webhook_secret) == ("http://127.0.0.1:9001/hooks/v2", "whsec-a")
+    assert client.post(save, {"webhook_url": "http://127.0.0.1:9002/hook", "webhook_secret": "whsec-b"}).status_code == 302
+    assert RegistrySettings.objects.get(project=project).webhook_secret == "whsec-b"
+    assert client.post(save, {"webhook_url": "http://127.0.0.1:9003/hook", "webhook_secret_clear": "on"}).status_code == 302
+    assert RegistrySettings.objects.get(project=project).webhook_secret == ""

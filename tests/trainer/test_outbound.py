@@ -1,9 +1,12 @@
 """The trainer's outbound guard (trainer.outbound), fed by FLYWHEEL_OUTBOUND_ALLOWLIST in its environment as
 the platform starts it: environment servers and the llm_judge endpoint are reached only where allowed,
-checked on the resolved address, with no redirect followed. Real sockets against stand-in servers."""
+checked on the resolved address, with no redirect followed, each request within its deadline, never to a URL
+with credentials in it. Real sockets against stand-in servers."""
 
 from __future__ import annotations
 
+import json
+import time
 from contextlib import ExitStack
 
 import pytest
@@ -110,3 +113,46 @@ def test_the_policy_from_the_environment(allow, monkeypatch):
     assert "private" in policy.refusal("other", outbound.ipaddress.ip_address("192.168.0.9"))
     monkeypatch.setenv(outbound.PUBLIC_VAR, "false")
     assert "public address" in outbound.current_policy().refusal("x", outbound.ipaddress.ip_address("1.1.1.1"))
+
+
+class _Drip(StandIn):
+    """An environment server and judge that answer at once with their headers, then one byte every 0.2 s."""
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        self.body()
+        payload = json.dumps({"session_id": "s1", "pad": "x" * 40}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        try:
+            for i in range(len(payload)):
+                self.wfile.write(payload[i:i + 1])
+                self.server.sent += 1
+                time.sleep(0.2)
+        except OSError:
+            pass
+
+
+def test_an_environment_server_and_a_judge_that_drip_end_at_their_deadline(allow):
+    allow("127.0.0.1")
+    with serving(_Drip, sent=0) as server:
+        env = HttpEnv({"id": "t-1", "messages": [{"role": "user", "content": "hi"}],
+                       "env": {"type": "http", "url": server.url + "?token=t0k", "retries": 0, "timeout_s": 1}})
+        with pytest.raises(EnvServerError, match=r"POST /reset failed after 1 attempt: timed out after 1 s") as caught:
+            env.reset()
+        assert "t0k" not in str(caught.value)
+        configure_llm_judge(endpoint=server.url + "/v1", model="judge", timeout=1.0)
+        try:
+            with pytest.raises(TimeoutError, match="no complete answer within 1 s"):
+                score({"type": "llm_judge", "rubric": "polite"}, "Thanks!")
+        finally:
+            configure_llm_judge(endpoint=None)
+        assert server.sent < 30  # of some 60 bytes each answer had to give: both left early
+
+
+def test_a_url_with_credentials_is_never_sent_to(allow, make_stub):
+    stub = make_stub()
+    allow("127.0.0.1")
+    with pytest.raises(EnvServerError, match="may not carry a user name or password") as caught:
+        _env(f"http://alice:hunter2@127.0.0.1:{stub.server_address[1]}").reset()
+    assert "hunter2" not in str(caught.value) and stub.received == []

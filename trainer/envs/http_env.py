@@ -150,7 +150,7 @@ class HttpEnv:
         if not isinstance(components, dict) or not all(_number(v) for v in components.values()):
             raise self._error("/verify", "\"components\" must be an object of name -> number")
         episode = checks.get("episode") if isinstance(checks.get("episode"), dict) else {}
-        episode = {**episode, "turns": self.turn, "server": self.url}
+        episode = {**episode, "turns": self.turn, "server": outbound.redact_url(self.url)}
         if self.step_rewards:
             episode["step_rewards"] = self.step_rewards
         checks = {**checks, "episode": episode}
@@ -196,7 +196,8 @@ class HttpEnv:
         raise self._error(path, f"failed after {attempts} attempt{'s' if attempts > 1 else ''}: {last}")
 
     def _error(self, path: str, what: str) -> EnvServerError:
-        return EnvServerError(f"task {self.task.get('id')!r}: environment server {self.url}: POST {path} {what}")
+        return EnvServerError(outbound.redact(f"task {self.task.get('id')!r}: environment server {self.url}: "
+                                              f"POST {path} {what}"))
 
 
 def _detail(raw: bytes) -> str:

@@ -60,20 +60,22 @@ def _settings() -> dict[str, Any]:
 
 def judge_chat(settings: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     """POST a chat completion to the judge endpoint through the outbound guard (no private address unless
-    listed, no redirect); raises JudgeError on any answer but a 2xx JSON object."""
+    listed, no redirect, the whole answer within `timeout` seconds); raises JudgeError on any answer but a 2xx
+    JSON object."""
     headers = {}
     if settings.get("api_key"):
         headers["Authorization"] = f"Bearer {settings['api_key']}"
     url = settings["endpoint"] + "/chat/completions"
     response = outbound.post_json(url, body, headers=headers, timeout=settings["timeout"])
+    shown = outbound.redact_url(url)
     if not response.ok:
-        raise JudgeError(f"llm_judge endpoint {url} answered HTTP {response.status}")
+        raise JudgeError(f"llm_judge endpoint {shown} answered HTTP {response.status}")
     try:
         reply = response.json()
     except ValueError as exc:
-        raise JudgeError(f"llm_judge endpoint {url} answered something that is not JSON ({exc})") from None
+        raise JudgeError(f"llm_judge endpoint {shown} answered something that is not JSON ({exc})") from None
     if not isinstance(reply, dict):
-        raise JudgeError(f"llm_judge endpoint {url} answered JSON that is not an object")
+        raise JudgeError(f"llm_judge endpoint {shown} answered JSON that is not an object")
     return reply
 
 

@@ -73,20 +73,23 @@ def environment_server_check(url: str) -> None:
         URLValidator(schemes=["http", "https"])(url)
     except ValidationError:
         raise ValidationError({"url": "Enter an http:// or https:// URL."}) from None
+    outbound.check_no_credentials(url, "url")
     if not env_url_allowed(url):
         raise ValidationError({"url": f"{url} is not in FLYWHEEL_ENV_URL_ALLOWLIST: the operator lists the "
                                       "environment servers that may be registered."})
     probe = {"task": {"id": "flywheel-probe", "messages": [{"role": "user", "content": "ping"}], "tools": [],
                       "env": {"type": "http", "url": url}}}
-    target = url.rstrip("/") + "/reset"
+    target = outbound.redact_url(url.rstrip("/") + "/reset")
     try:
-        response = outbound.post_json(target, probe, timeout=PROBE_TIMEOUT_S)
+        response = outbound.post_json(url.rstrip("/") + "/reset", probe, timeout=PROBE_TIMEOUT_S)
     except outbound.OutboundError as exc:
         raise ValidationError({"url": f"Not checked: {exc}."}) from None
     except OSError as exc:  # refused, unreachable, timed out
-        raise ValidationError({"url": f"The server did not answer POST {target}: {type(exc).__name__}: {exc}."}) from None
+        raise ValidationError({"url": outbound.redact(f"The server did not answer POST {target}: "
+                                                      f"{type(exc).__name__}: {exc}.")}) from None
     except Exception as exc:  # noqa: BLE001 (a broken HTTP answer is the server's fault, told as such)
-        raise ValidationError({"url": f"The server's answer to POST {target} is broken: {exc}."}) from None
+        raise ValidationError({"url": outbound.redact(f"The server's answer to POST {target} is broken: "
+                                                      f"{exc}.")}) from None
     if not response.ok:
         raise ValidationError({"url": f"The server answered POST {target} with HTTP {response.status}."})
     try:

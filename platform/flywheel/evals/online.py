@@ -44,6 +44,7 @@ from django.db import transaction
 from django.db.models import Avg, Count, Exists, Max, OuterRef, Q
 from django.utils import timezone
 
+from flywheel import outbound, sealed
 from flywheel.accounts.models import Project
 from flywheel.evals import calibration, promotion
 from flywheel.evals import rows as row_shape
@@ -99,9 +100,10 @@ def _number(data: Mapping[str, Any], name: str, errors: dict[str, str], *, kind:
 def online_settings_set(*, project: Project, data: Mapping[str, Any], user: AbstractBaseUser | None = None
                         ) -> OnlineEvalSettings:
     """Replace the project's online evaluation settings with `data` (the page's form or the API's body: the
-    same names). `judge_api_key` absent or None keeps the stored key; "" clears it. Raises ValidationError
-    naming each wrong field; nothing changes then. Turning it on starts from the trajectories that arrive
-    from now on."""
+    same names). `judge_api_key` absent or None keeps the stored key; "" clears it. The key is bound to the
+    judge_url's origin: a judge_url on another origin without the key given again (or cleared) is an error
+    on judge_api_key, so a new address never receives the old one's key. Raises ValidationError naming each
+    wrong field; nothing changes then. Turning it on starts from the trajectories that arrive from now on."""
     from flywheel.outbound import check_url_field
 
     errors: dict[str, str] = {}
@@ -149,10 +151,16 @@ def online_settings_set(*, project: Project, data: Mapping[str, Any], user: Abst
         errors["judge_api_key"] = "at most 500 characters"
     if enabled and task_set is None and not judge_enabled and "task_set" not in errors:
         errors["enabled"] = "choose what scores the trajectories first: a task set, the judge, or both"
+    rebind = _key_rebind_error(OnlineEvalSettings.objects.filter(project=project).first(), url, key)
+    if rebind and "judge_api_key" not in errors:
+        errors["judge_api_key"] = rebind
     if errors:
         raise ValidationError({name: [message] for name, message in errors.items()})
     with transaction.atomic():
         config, _ = OnlineEvalSettings.objects.select_for_update().get_or_create(project=project)
+        rebind = _key_rebind_error(config, url, key)  # again under the lock: a save may have come between
+        if rebind:
+            raise ValidationError({"judge_api_key": [rebind]})
         if enabled and not config.enabled:
             # From now on only: what arrived before was never a sample of this setting's traffic.
             config.enabled_at = timezone.now()
@@ -165,6 +173,14 @@ def online_settings_set(*, project: Project, data: Mapping[str, Any], user: Abst
         config.updated_by = user if user is not None and user.is_authenticated else None
         config.save()
     return config
+
+
+def _key_rebind_error(config: OnlineEvalSettings | None, url: str, key: Any) -> str | None:
+    if config is None:
+        return None
+    return outbound.secret_rebind_error(
+        old_url=config.judge_url, new_url=url, secret_set=bool(config.judge_api_key), secret_given=key is not None,
+        what="API key", clear_hint="clear it (\"Remove the stored key\"; in the API, judge_api_key \"\")")
 
 
 # --- sampling ----------------------------------------------------------------------------------------------
@@ -294,8 +310,9 @@ def judge_score(config: OnlineEvalSettings, trajectory: Trajectory) -> Score:
     calls = [call for m in assistant for call in parse_completion(m).calls]
     last = assistant[-1] if assistant else {}
     answer = parse_completion(last).content if last else ""
+    # A key that is set but that no key of this server opens raises here: the judge is not called without it.
     endpoint = {"endpoint": config.judge_url.rstrip("/"), "model": config.judge_model,
-                "api_key": config.judge_api_key or None, "timeout": JUDGE_TIMEOUT_S}
+                "api_key": sealed.readable(config.judge_api_key) or None, "timeout": JUDGE_TIMEOUT_S}
     return score_judge(spec, answer, calls, config=endpoint)
 
 
@@ -326,7 +343,8 @@ def online_eval_process(*, project_id: int, now: dt.datetime | None = None) -> i
                 # One failure stops the judge for this run: a judge that is down would otherwise hold the
                 # worker for a timeout per trajectory. The run's other sampled trajectories go without it.
                 judge_down = True
-                errors.append(f"the judge could not score trajectory {trajectory.pk} ({type(exc).__name__}: {exc})")
+                errors.append(outbound.redact(f"the judge could not score trajectory {trajectory.pk} "
+                                              f"({type(exc).__name__}: {exc})"))
         now_scored = timezone.now()
         scores += [OnlineScore(project_id=project_id, trajectory_id=trajectory.pk,
                                model_version=trajectory.model_version, verifier=label, source=source[:80],

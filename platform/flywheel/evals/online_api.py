@@ -11,6 +11,7 @@ from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 from pydantic import StrictBool, field_validator
 
+from flywheel.accounts.models import Scope
 from flywheel.api import api
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS
@@ -32,7 +33,9 @@ class OnlineEvalIn(Schema):
     judge_url: str = Field("", description="The judge's OpenAI-compatible base URL (the operator's outbound "
                                            "allowlist must allow it)")
     judge_model: str = ""
-    judge_api_key: str | None = Field(None, description="Write-only; null keeps the stored key, \"\" clears it")
+    judge_api_key: str | None = Field(None, description="Write-only; null keeps the stored key, \"\" clears it. The "
+                                                         "key is bound to judge_url's origin: a judge_url on another "
+                                                         "origin needs the key given again (or \"\")")
     judge_rubric: str = Field("", description="What a good answer does")
     threshold: float = Field(0.5, description="A reward below it puts the trajectory in the review queue")
 
@@ -44,7 +47,8 @@ class OnlineEvalOut(Schema):
     max_per_hour: int
     task_set: int | None
     judge_enabled: bool
-    judge_url: str
+    judge_url: str | None = Field(description="Shown to keys with the `promote` scope (who may change it), as "
+                                              "the page shows it to maintainers only; null to other keys")
     judge_model: str
     judge_api_key_set: bool = Field(description="Whether a key is stored (the key itself is never shown)")
     judge_rubric: str
@@ -53,9 +57,11 @@ class OnlineEvalOut(Schema):
 
 def _settings_out(request: HttpRequest) -> dict[str, Any]:
     config = online.settings_of(project=request.auth.project)
+    # Where live traffic is sent is the maintainers' business, on the page and here alike.
+    judge_url = config.judge_url if Scope.PROMOTE in (request.auth.scopes or []) else None
     return {"enabled": config.enabled, "enabled_at": config.enabled_at, "sample_rate": config.sample_rate,
             "max_per_hour": config.max_per_hour, "task_set": config.task_set_id,
-            "judge_enabled": config.judge_enabled, "judge_url": config.judge_url, "judge_model": config.judge_model,
+            "judge_enabled": config.judge_enabled, "judge_url": judge_url, "judge_model": config.judge_model,
             "judge_api_key_set": bool(config.judge_api_key), "judge_rubric": config.judge_rubric,
             "threshold": config.threshold}
 

@@ -4,7 +4,6 @@ same suite version case by case with a paired test."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from django.utils import timezone
 from flywheel import outbound, outbox, runs
 from flywheel.evals.rows import Origin, origin_of
 from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
-from flywheel.supervise import supervise
+from flywheel.supervise import supervise, trainer_env
 from trainer import events, jobdir
 
 
@@ -142,8 +141,7 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
     stderr_path = jobdir.stderr_log(folder, run.attempt)
     try:
         status, cancelled = supervise(
-            command, cwd=folder, env={**os.environ, "PYTHONUNBUFFERED": "1", "FLYWHEEL_ENV_ENTRY_POINTS": "0",
-                                         **outbound.subprocess_env()},
+            command, cwd=folder, env=trainer_env(),
             stderr_path=stderr_path, on_event=outcome.on_event, on_tick=on_tick,
             on_start=lambda pid: EvalRun.objects.filter(pk=run.pk).update(pid=pid))
         if cancelled:
@@ -159,7 +157,7 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
                                                          metrics=outcome.done.get("metrics", {}), pid=None, heartbeat_at=None)
                 _on_success(run)
     except Exception as exc:  # noqa: BLE001 (the page says why; Retry runs it again)
-        EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.FAILED, error=str(exc)[:4000],
+        EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.FAILED, error=outbound.redact(str(exc))[:4000],
                                                  finished_at=timezone.now(), pid=None, heartbeat_at=None)
     run.refresh_from_db()
     return run

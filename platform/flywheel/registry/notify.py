@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from flywheel import outbox
+from flywheel import outbound, outbox
 from flywheel.accounts.models import Project
 from flywheel.registry import services
 from flywheel.registry.models import Notification, RegistrySettings, SyncState
@@ -56,10 +56,8 @@ def body(row: Notification) -> bytes:
 
 
 def _webhook(row: Notification, config: RegistrySettings) -> None:
-    data = body(row)
-    headers = services.signed_headers(secret=config.webhook_secret, event_type=row.event_type,
-                                      delivery=f"n{row.pk}", body=data)
-    services.deliver(target="webhook", url=config.webhook_url, body=data, headers=headers, notification=row)
+    services.webhook_deliver(config=config, event_type=row.event_type, delivery=f"n{row.pk}", body=body(row),
+                             notification=row)
 
 
 def notification_deliver(*, notification_id: int) -> str:
@@ -93,7 +91,7 @@ def notification_deliver(*, notification_id: int) -> str:
                 errors.append(f"e-mail: {exc}")
         if errors:
             row.attempts += 1
-            row.last_error = "; ".join(errors)[:2000]
+            row.last_error = outbound.redact("; ".join(errors))[:2000]
             row.next_attempt_at = timezone.now() + services.backoff(row.attempts)
         row.save(update_fields=["webhook_state", "email_state", "attempts", "last_error", "next_attempt_at"])
     return "failed" if errors else "sent"

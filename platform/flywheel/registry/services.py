@@ -19,7 +19,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from flywheel import outbound, outbox
+from flywheel import outbound, outbox, sealed
 from flywheel.accounts.models import Project
 from flywheel.accounts.services import project_lock
 from flywheel.registry import serving, signals
@@ -435,7 +435,7 @@ def backoff(attempts: int) -> timedelta:
 
 def _failed(event: AliasEvent, field: str, error: str) -> None:
     event.attempts += 1
-    event.last_error = error[:2000]
+    event.last_error = outbound.redact(error)[:2000]
     event.next_attempt_at = timezone.now() + backoff(event.attempts)
     setattr(event, field, SyncState.FAILED)
     event.save(update_fields=[field, "attempts", "last_error", "next_attempt_at"])
@@ -492,7 +492,7 @@ def signed_headers(*, secret: str, event_type: str, delivery: str, body: bytes) 
 def deliver(*, target: str, url: str, body: bytes, headers: dict[str, str], ok_codes: tuple[int, ...] = (),
             event: AliasEvent | None = None, notification=None) -> None:
     """POST and log the attempt under the alias move or notification it is for; raises when the receiver did not
-    take it."""
+    take it. The log and the error carry the URL without its credentials or query (outbound.redact)."""
     started = time.monotonic()
     status, error = None, ""
     try:
@@ -501,11 +501,35 @@ def deliver(*, target: str, url: str, body: bytes, headers: dict[str, str], ok_c
             error = f"HTTP {status}"
     except Exception as exc:  # noqa: BLE001 (refused, timed out, bad address: all a failed delivery)
         error = f"{type(exc).__name__}: {exc}"
-    WebhookDelivery.objects.create(event=event, notification=notification, target=target, url=url,
-                                   status_code=status, error=error[:2000],
-                                   duration_ms=int((time.monotonic() - started) * 1000))
+    _delivery_log(target=target, url=url, status=status, error=error, started=started, event=event,
+                  notification=notification)
     if error:
-        raise RuntimeError(f"{target} {url}: {error}")
+        raise RuntimeError(f"{target} {outbound.redact_url(url)}: {outbound.redact(error)}")
+
+
+def _delivery_log(*, target: str, url: str, status: int | None, error: str, started: float,
+                  event: AliasEvent | None, notification) -> None:
+    WebhookDelivery.objects.create(event=event, notification=notification, target=target,
+                                   url=outbound.redact_url(url)[:1000], status_code=status,
+                                   error=outbound.redact(error)[:2000],
+                                   duration_ms=int((time.monotonic() - started) * 1000))
+
+
+def webhook_deliver(*, config: RegistrySettings, event_type: str, delivery: str, body: bytes,
+                    event: AliasEvent | None = None, notification=None) -> None:
+    """POST `body` to the project's webhook, signed under its secret where one is set. A secret that is set
+    but that no key of this server opens (SECRET_KEY rotated without SECRET_KEY_FALLBACKS) fails the delivery,
+    saying why: the receiver is never sent unsigned what it expects signed."""
+    try:
+        secret = sealed.readable(config.webhook_secret)
+    except sealed.Unreadable as exc:
+        error = f"not sent: the webhook secret {exc}"
+        _delivery_log(target="webhook", url=config.webhook_url, status=None, error=error, started=time.monotonic(),
+                      event=event, notification=notification)
+        raise RuntimeError(f"webhook {outbound.redact_url(config.webhook_url)}: {error}") from None
+    headers = signed_headers(secret=secret, event_type=event_type, delivery=delivery, body=body)
+    deliver(target="webhook", url=config.webhook_url, body=body, headers=headers, event=event,
+            notification=notification)
 
 
 def _announce(event: AliasEvent, config: RegistrySettings | None) -> None:
@@ -519,10 +543,8 @@ def _announce(event: AliasEvent, config: RegistrySettings | None) -> None:
         deliver(target="vllm", url=config.vllm_url.rstrip("/") + "/v1/load_lora_adapter", body=body, headers={},
                 ok_codes=(400,), event=event)
     if config and config.webhook_url:
-        body = webhook_body(event)
-        headers = signed_headers(secret=config.webhook_secret, event_type="alias.moved", delivery=str(event.pk),
-                                 body=body)
-        deliver(target="webhook", url=config.webhook_url, body=body, headers=headers, event=event)
+        webhook_deliver(config=config, event_type="alias.moved", delivery=str(event.pk), body=webhook_body(event),
+                        event=event)
 
 
 def registry_sync(*, project_id: int) -> dict[str, int]:
@@ -548,7 +570,8 @@ def registry_sync(*, project_id: int) -> dict[str, int]:
                 mlflow_version = mlflow_bridge.version_register(version)
                 ModelVersion.objects.filter(pk=version.pk).update(mlflow_version=mlflow_version)
         except Exception as exc:  # noqa: BLE001 (MLflow being away must not lose the move)
-            logger.warning("registry: MLflow registration of version id %s failed: %s", version_id, exc)
+            logger.warning("registry: MLflow registration of version id %s failed: %s", version_id,
+                           outbound.redact(str(exc)))
             done["failed"] += 1
             AliasEvent.objects.filter(project=project, mlflow_state=SyncState.PENDING).update(
                 mlflow_state=SyncState.FAILED, last_error=f"MLflow: {exc}"[:2000],
@@ -636,6 +659,36 @@ GATE_RULE_FIELDS = ("success_margin", "test", "confidence", "latency_tolerance",
                     "invalid_test", "invalid_tolerance", "expected_gain", "require_regression")
 _INTEGER_RULES = ("latency_cases",)
 _CHOICE_RULES = ("test", "invalid_test")
+
+
+def serving_settings_set(*, project: Project, webhook_url: str, webhook_secret: str | None,
+                         vllm_url: str) -> RegistrySettings:
+    """Where moves of production are announced: the webhook (and its signing secret) and the vLLM server.
+
+    `webhook_secret` None keeps the stored secret, "" clears it. The secret is bound to the webhook's origin:
+    a webhook moved to another origin needs it given again (or cleared), else the new address would receive
+    payloads signed with a secret meant for the old one. Raises ValidationError naming each wrong field."""
+    with transaction.atomic():
+        config = (RegistrySettings.objects.select_for_update().filter(project=project).first()
+                  or RegistrySettings(project=project))
+        rebind = outbound.secret_rebind_error(
+            old_url=config.webhook_url, new_url=webhook_url.strip(), secret_set=bool(config.webhook_secret),
+            secret_given=webhook_secret is not None, what="webhook secret",
+            clear_hint="tick \"Remove the stored secret\"")
+        config.webhook_url, config.vllm_url = webhook_url.strip(), vllm_url.strip()
+        if webhook_secret is not None:
+            config.webhook_secret = webhook_secret
+        errors: dict[str, list[str]] = {}
+        try:
+            config.full_clean(exclude=["project"])
+        except ValidationError as exc:
+            errors = exc.message_dict
+        if rebind:
+            errors.setdefault("webhook_secret", []).append(rebind)
+        if errors:
+            raise ValidationError(errors)
+        config.save()
+    return config
 
 
 def gate_rules_set(*, project: Project, data: dict[str, Any], auto_promote: bool) -> RegistrySettings:

@@ -15,7 +15,7 @@ from flywheel.demo_status import demo_status_of
 from flywheel.registry import model_folder, selectors, services
 from flywheel.registry.canary_views import live_context
 from flywheel.registry.live_views import live_panel_context
-from flywheel.registry.models import Alias, GateDecision, ModelVersion, RegistrySettings
+from flywheel.registry.models import Alias, GateDecision, ModelVersion
 
 
 def _context(request: HttpRequest, project: Project, **extra) -> dict:
@@ -103,18 +103,19 @@ def production_rollback(request: HttpRequest, project: Project) -> HttpResponse:
 @require_POST
 @project_view(Role.MAINTAINER)
 def registry_settings_save(request: HttpRequest, project: Project) -> HttpResponse:
-    config = RegistrySettings.objects.filter(project=project).first() or RegistrySettings(project=project)
-    config.webhook_url = request.POST.get("webhook_url", "").strip()
-    secret = request.POST.get("webhook_secret", "")
-    if secret:  # blank keeps the secret: it is never shown back
-        config.webhook_secret = secret
-    config.vllm_url = request.POST.get("vllm_url", "").strip()
+    secret = request.POST.get("webhook_secret", "") or None  # blank keeps the secret: it is never shown back
+    if request.POST.get("webhook_secret_clear"):
+        secret = ""
     try:
-        config.full_clean(exclude=["project"])
+        services.serving_settings_set(project=project, webhook_url=request.POST.get("webhook_url", ""),
+                                      webhook_secret=secret, vllm_url=request.POST.get("vllm_url", ""))
     except ValidationError as exc:
+        # The form shows what was typed, with the stored secret's state as it is.
+        config = selectors.settings_of(project=project)
+        config.webhook_url = request.POST.get("webhook_url", "").strip()
+        config.vllm_url = request.POST.get("vllm_url", "").strip()
         context = _context(request, project, config=config, settings_errors=exc.message_dict)
         return render(request, "registry/models.html", context, status=422)
-    config.save()
     return _back(project, "saved")
 
 

@@ -66,6 +66,7 @@ def _play(model_dir: Path, rows: list[dict[str, Any]], progress=None, chunk: int
     """The model's answer to each row, scored: `python -m trainer evaluate`, one sample a row, `chunk` rows a
     run so that `progress(text)` can say how far it is."""
     from flywheel.evals.runs import evaluate_command
+    from flywheel.supervise import trainer_env
     from trainer import jobdir
     from trainer.config import write_jsonl
 
@@ -78,7 +79,7 @@ def _play(model_dir: Path, rows: list[dict[str, Any]], progress=None, chunk: int
             write_jsonl(suite, rows[start:start + chunk])
             subprocess.run(evaluate_command(model_path=str(model_dir), suite=suite, out=out, samples=1,
                                             temperature=1.0, seed=7 + start),
-                           check=True, capture_output=True, timeout=1800)
+                           check=True, capture_output=True, timeout=1800, env=trainer_env())
             cases += jobdir.read_cases(out)
     return cases
 

@@ -9,7 +9,6 @@ import contextlib
 import fcntl
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from flywheel.accounts.models import Project
 from flywheel.environments.services import env_url_allowed
 from flywheel.evals import leakage
 from flywheel.registry import selectors as registry_selectors
-from flywheel.supervise import Refused, supervise, worker_name
+from flywheel.supervise import Refused, supervise, trainer_env, worker_name
 from flywheel.training.models import Checkpoint, JobEvent, JobStatus, TrainingJob
 from trainer import events, jobdir
 
@@ -274,10 +273,8 @@ def _run_subprocess(job: TrainingJob, command: list[str], folder: Path, *,
     """Run the trainer, record its events, beat the heart, honour cancel. Returns (exit status, cancelled)."""
     kind = next((k for k in ("evaluate", "latency") if k in command), "train")
     stderr_path = jobdir.stderr_log(folder, job.attempt, kind)
-    # Task rows come from users: never let one name code for the trainer to import (`env.type: python`).
-    # The outbound policy too: the trainer calls environment servers and a judge only where the operator allows.
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": settings.MLFLOW_TRACKING_URI,
-           "FLYWHEEL_ENV_ENTRY_POINTS": "0", **outbound.subprocess_env()}
+    # Only what the trainer needs (no entry points, the outbound policy, none of the worker's secrets).
+    env = trainer_env(MLFLOW_TRACKING_URI=settings.MLFLOW_TRACKING_URI)
 
     def on_tick() -> bool:
         TrainingJob.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now())
@@ -531,6 +528,7 @@ def _measure_latency(job: TrainingJob, folder: Path, adapter: str, best: int) ->
 
 
 def _fail(job: TrainingJob, message: str, *, step: int | None) -> TrainingJob:
+    message = outbound.redact(message)  # a trainer's error or stderr may quote a URL with its credentials
     TrainingJob.objects.filter(pk=job.pk).update(
         status=JobStatus.FAILED, error=message[:4000], failed_step=step, finished_at=timezone.now(), pid=None,
         heartbeat_at=None,

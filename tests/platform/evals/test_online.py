@@ -158,6 +158,88 @@ def test_the_judge_is_called_only_when_configured_and_allowed(ingest, project, s
         assert "OutboundRefused" in online.settings_of(project=project).last_error
 
 
+def test_a_judge_whose_key_no_key_of_the_server_opens_is_not_called(ingest, project, settings):
+    """SECRET_KEY rotated without SECRET_KEY_FALLBACKS: the sealed key is set but unreadable, so the judge is
+    not called at all (never without its key, as if none were set), and the page says why."""
+    settings.SECRET_KEY = "old-key-" + "x" * 40
+    with serving(Judge, requests=[]) as judge:
+        _enable(project, judge_enabled=True, judge_url=judge.url + "/v1", judge_model="grader",
+                judge_rubric="Correct.", judge_api_key="sk-judge")
+        settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "new-key-" + "y" * 40, []
+        ingest(refund_record("after-rotation", amount=50.0))
+        assert online.online_eval_process(project_id=project.pk) == 0
+        assert judge.requests == []
+    error = online.settings_of(project=project).last_error
+    assert "Unreadable" in error and "SECRET_KEY_FALLBACKS" in error
+
+
+def test_the_judge_key_stays_with_the_origin_it_was_given_for(api_client, make_api_key, project, ingest):
+    promote = make_api_key(project, scopes=["read", "promote"])
+    with serving(Judge, requests=[]) as first, serving(Judge, requests=[]) as second:
+        body = {**BASE, "judge_enabled": True, "judge_url": first.url + "/v1", "judge_model": "grader",
+                "judge_rubric": "Correct.", "judge_api_key": "sk-first"}
+        assert api_client.put("/api/v1/online-eval", body, key=promote).status_code == 200
+        body.pop("judge_api_key")  # null: keep the stored key
+        # Another path on the same origin keeps it.
+        assert api_client.put("/api/v1/online-eval", {**body, "judge_url": first.url + "/v2"},
+                              key=promote).status_code == 200
+        # Another origin (another port) without the key given again: refused on the key, nothing changed.
+        moved = api_client.put("/api/v1/online-eval", {**body, "judge_url": second.url + "/v1"}, key=promote)
+        assert moved.status_code == 422 and moved.json()["detail"][0]["loc"] == ["body", "judge_api_key"]
+        assert "give it again for the new address" in moved.json()["detail"][0]["msg"]
+        assert online.settings_of(project=project).judge_url == first.url + "/v2"
+        # Emptying the URL first does not carry the key over either.
+        emptied = {**body, "enabled": False, "judge_enabled": False, "judge_url": ""}
+        assert api_client.put("/api/v1/online-eval", emptied, key=promote).status_code == 200
+        again = api_client.put("/api/v1/online-eval", {**body, "judge_url": second.url + "/v1"}, key=promote)
+        assert again.status_code == 422
+        ingest(refund_record("scored", amount=50.0))
+        online.online_eval_process(project_id=project.pk)
+        assert second.requests == []  # the second host never saw the first one's key
+        # Given again (or cleared), it moves.
+        ok = api_client.put("/api/v1/online-eval", {**body, "judge_url": second.url + "/v1",
+                                                    "judge_api_key": "sk-second"}, key=promote)
+        assert ok.status_code == 200 and ok.json()["judge_api_key_set"]
+        ingest(refund_record("scored-2", amount=50.0))
+        online.online_eval_process(project_id=project.pk)
+        assert [auth for _, auth, _ in second.requests] == ["Bearer sk-second"]
+        cleared = api_client.put("/api/v1/online-eval", {**body, "judge_url": first.url + "/v1",
+                                                         "judge_api_key": ""}, key=promote)
+        assert cleared.status_code == 200 and not cleared.json()["judge_api_key_set"]
+
+
+def test_the_page_asks_for_the_key_again_when_the_judge_moves(client_for, user, project):
+    client = client_for(user)
+    save = f"/p/{project.slug}/online-eval/settings"
+    form = {"sample_rate": "0.3", "max_per_hour": "10", "threshold": "0.5", "judge_url": "http://127.0.0.1:9001/v1",
+            "judge_model": "grader", "judge_rubric": "Correct."}
+    assert client.post(save, {**form, "judge_api_key": "sk-a"}).status_code == 302
+    moved = client.post(save, {**form, "judge_url": "http://127.0.0.1:9002/v1"})
+    assert moved.status_code == 422 and 'data-field="judge_api_key"' in moved.content.decode()
+    assert "give it again for the new address" in moved.content.decode()
+    assert client.post(save, {**form, "judge_url": "http://127.0.0.1:9002/v1",
+                              "judge_api_key_clear": "on"}).status_code == 302
+    assert online.settings_of(project=project).judge_api_key == ""
+
+
+def test_where_the_judge_is_and_why_it_failed_show_to_maintainers_only(api_client, make_api_key, project, user,
+                                                                      make_user, make_membership, client_for):
+    _enable(project, judge_enabled=True, judge_url="http://127.0.0.1:9001/v1", judge_model="grader",
+            judge_rubric="Correct.")
+    online.OnlineEvalSettings.objects.filter(project=project).update(
+        last_error="the judge could not score trajectory 7 (OSError: http://127.0.0.1:9001/v1 down)",
+        last_error_at=timezone.now())
+    read = make_api_key(project, scopes=["read"])
+    promote = make_api_key(project, scopes=["read", "promote"])
+    assert api_client.get("/api/v1/online-eval", key=read).json()["judge_url"] is None
+    assert api_client.get("/api/v1/online-eval", key=promote).json()["judge_url"] == "http://127.0.0.1:9001/v1"
+    viewer = make_user("viewer-1")
+    make_membership(viewer, project, "viewer")
+    seen = client_for(viewer).get(f"/p/{project.slug}/online-eval/").content.decode()
+    assert 'id="last-error"' in seen and "127.0.0.1:9001" not in seen
+    assert "127.0.0.1:9001" in client_for(user).get(f"/p/{project.slug}/online-eval/").content.decode()
+
+
 def test_a_low_score_puts_the_trajectory_in_the_review_queue(ingest, project, refund_task, user):
     from flywheel.failures.queue import queue_queryset
     from flywheel.failures.review import trajectory_outcome_set

@@ -4,6 +4,7 @@ recorded from a job's files, and two runs compared case by case with a paired te
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -85,6 +86,36 @@ def test_a_run_measures_a_version_through_the_worker(project, suite_version, tin
     assert results.count() == 4 and {r.case_id for r in results} == {f"case-{i}" for i in range(4)}
     assert sum(r.passed for r in results) / 4 == pytest.approx(
         sum(1 for r in results if r.pass_rate > 0.5) / 4)
+
+
+SPY = """
+import json, os
+with open(os.path.join({folder!r}, "env-%d.json" % os.getpid()), "w") as out:
+    json.dump(dict(os.environ), out)
+"""
+
+
+def test_the_trainer_runs_with_none_of_the_workers_secrets_in_its_environment(project, suite_version, tiny_model,
+                                                                              user, tmp_path, monkeypatch):
+    """The worker's side run here, so that the trainer is this process's child: a sitecustomize on the
+    trainer's PYTHONPATH writes down the environment it started with."""
+    spy = tmp_path / "spy"
+    spy.mkdir()
+    (spy / "sitecustomize.py").write_text(SPY.format(folder=str(tmp_path)))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(spy), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("SECRET_KEY", "worker-secret-key-not-for-the-trainer")
+    monkeypatch.setenv("EMAIL_HOST_PASSWORD", "mail-password")
+    if "DATABASE_URL" not in os.environ:
+        monkeypatch.setenv("DATABASE_URL", "postgres://flywheel:db-password@db:5432/flywheel")
+    version = registry.base_model_register(project=project, name="tiny", path=str(tiny_model), user=user)
+    run = runs.eval_run_create(project=project, model_version=version, suite_version=suite_version, samples=1)
+    done = runs.eval_run_process(run_id=run.pk)
+    assert done.status == EvalRunStatus.SUCCEEDED, done.error  # it still runs end to end
+    seen = [json.loads(path.read_text()) for path in tmp_path.glob("env-*.json")]
+    assert seen, "the trainer did not start"
+    for env in seen:
+        assert not {"SECRET_KEY", "EMAIL_HOST_PASSWORD", "DATABASE_URL"} & set(env)
+        assert env["FLYWHEEL_ENV_ENTRY_POINTS"] == "0" and env["PATH"] == os.environ["PATH"]
 
 
 def test_a_failing_run_says_why(project, suite_version, user, tmp_path, celery_worker):

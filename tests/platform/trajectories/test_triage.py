@@ -494,7 +494,7 @@ def test_a_rerun_that_reaches_its_time_limit_says_so_and_retry_goes_on(project, 
     assert set(Trajectory.objects.values_list("triage_version", flat=True)) == {2}
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the chunk's transaction is a real one, as on a worker
 def test_a_chunks_statements_have_a_timeout_in_its_transaction_only(project, needs_postgres, monkeypatch):
     from django.db import connection
 

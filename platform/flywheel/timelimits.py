@@ -18,8 +18,8 @@ from celery import current_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
-__all__ = ["CALIBRATION", "HEARTBEAT", "LONG_RUN", "SCORING", "SWEEP", "TRIAGE", "TRIAGE_RERUN",
-           "SoftTimeLimitExceeded", "gpu", "stopped_reason"]
+__all__ = ["CALIBRATION", "HEARTBEAT", "LONG_RUN", "SCORING", "SHORT", "SWEEP", "TRIAGE", "TRIAGE_RERUN",
+           "TRIAGE_SLICE_S", "SoftTimeLimitExceeded", "gpu", "stopped_reason"]
 
 
 def _limits(soft_s: float, grace_s: float = 30.0) -> dict[str, float]:
@@ -54,6 +54,8 @@ LONG_RUN = _limits(1800, grace_s=60)
 # stops; at the soft limit the child's process group is killed and the run fails, and a retried training job
 # resumes from its last checkpoint. The operator sizes it (FLYWHEEL_GPU_TASK_TIME_LIMIT_S); read when the tasks
 # are defined, after Django's settings (this module is imported while they load).
+
+
 def gpu() -> dict[str, float]:
     return _limits(settings.FLYWHEEL_GPU_TASK_TIME_LIMIT_S, grace_s=300)
 

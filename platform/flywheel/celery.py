@@ -5,6 +5,8 @@ import os
 
 from celery import Celery
 
+from flywheel import timelimits
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "flywheel.settings")
 
 app = Celery("flywheel")
@@ -12,7 +14,7 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
-@app.task(name="flywheel.outbox_sweep", ignore_result=True)
+@app.task(name="flywheel.outbox_sweep", ignore_result=True, **timelimits.SWEEP)
 def outbox_sweep_task() -> dict[str, int]:
     """Send again the work that never reached a worker (flywheel.outbox)."""
     from flywheel.outbox import outbox_sweep  # Django is set up by the time a worker runs a task

@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from celery import Task
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
 from django.utils.module_loading import import_string
@@ -29,6 +30,7 @@ SWEEPS = (
     "flywheel.trajectories.upload.upload_sweep",
     "flywheel.trajectories.triage.triage_sweep",
     "flywheel.failures.clustering.services.clustering_sweep",
+    "flywheel.evals.calibration.calibration_sweep",
     "flywheel.registry.services.registry_sweep",
     "flywheel.registry.notify.notification_sweep",
     "flywheel.registry.live.rollup_sweep",
@@ -76,6 +78,8 @@ def outbox_sweep() -> dict[str, int]:
     for path in SWEEPS:
         try:
             sent[path] = import_string(path)()
+        except SoftTimeLimitExceeded:
+            raise  # the time limit is the whole sweep's: the next one goes on from what this one left
         except Exception:
             logger.exception("sweep %s failed", path)
             sent[path] = 0

@@ -242,6 +242,10 @@ FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S = get_env("FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S", 1
 # need (flywheel.supervise.trainer_env), never the platform's secrets; names listed here pass too (comma
 # separated), e.g. "AWS_PROFILE,MY_SCRATCH_DIR".
 FLYWHEEL_TRAINER_ENV = get_list("FLYWHEEL_TRAINER_ENV", [])
+# The longest a task on the gpu queue (a training job, a measurement, an eval run) may run before it is stopped
+# and failed (flywheel.timelimits.gpu): a bound on a run nobody cancels, not a budget. A retried job resumes
+# from its last checkpoint.
+FLYWHEEL_GPU_TASK_TIME_LIMIT_S = get_env("FLYWHEEL_GPU_TASK_TIME_LIMIT_S", 7 * 24 * 3600, cast=float)
 # Notifications by e-mail (flywheel.registry.notify) go through Django's mail backend: SMTP when EMAIL_HOST is
 # set, else the console (the worker's log). Projects list their recipients on the Models page's settings.
 EMAIL_HOST = get_env("EMAIL_HOST", "")

@@ -217,6 +217,9 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/evals/<int:suite_id>/v/<int:number>.jsonl": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/evals/<int:suite_id>/v/<int:number>/freeze": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/evals/calibration/": (READ, NOT_ALLOWED),
+    # Any member starts a calibration (it writes nothing but its own row; the empty form: 422) and reads one.
+    "p/<slug:project_slug>/evals/calibration/runs": (NOT_ALLOWED, (LOGIN, 404, 404, 422, 422, 422, LOGIN, LOGIN, LOGIN)),
+    "p/<slug:project_slug>/evals/calibration/runs/<int:calibration_id>/": (READ, NOT_ALLOWED),
     # Online evaluation: every member sees its settings and scores; maintainers change the settings.
     "p/<slug:project_slug>/online-eval/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/online-eval/settings": (NOT_ALLOWED, write(422, "maintainer")),
@@ -253,8 +256,10 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "api/v1/task-sets/<task_set_id>/promotions/bulk": (NOT_ALLOWED, api(401, 403, 403, 403)),
     "api/v1/task-sets/<task_set_id>/tasks/<task_id>/variants": (NOT_ALLOWED, api(401, 403, 403, 403)),
     "api/v1/environment-servers": (api(401, 200, 403, 200), api(401, 403, 403, 403)),  # registering: `review`
-    # Calibration computes and writes nothing: `read` (another project's key calibrates on its own project).
-    "api/v1/verifier-calibrations": (NOT_ALLOWED, api(401, 200, 403, 200)),
+    # Calibration changes nothing but its own row: `read` starts one (another project's key, on its own project)
+    # and reads it; a worker computes it (202).
+    "api/v1/verifier-calibrations": (NOT_ALLOWED, api(401, 202, 403, 202)),
+    "api/v1/verifier-calibrations/<calibration_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
     "api/v1/online-eval": (api(401, 200, 403, 200), NOT_ALLOWED),
     "api/v1/online-eval/scores": (api(401, 200, 403, 200), NOT_ALLOWED),
     # The Django admin is for superusers only (none of these visitors): its login page shows to all...
@@ -368,6 +373,7 @@ def world(db, settings, make_project, make_api_key):
         "task_set_id": task_set.pk,
         "task_id": task.pk,
         "server_id": _environment_server(project).pk,
+        "calibration_id": _calibration(project).pk,
         "number": 1,  # v1 of the suite and of the task set
         "user_id": users["viewer"].pk,
         "key_id": make_api_key(project, name="to revoke").api_key.pk,
@@ -405,6 +411,15 @@ def _eval_rows(project, trajectory):
     task = task_set.tasks.create(messages=[{"role": "user", "content": "other"}], verifier=verifier)
     version_create(collection=task_set)
     return suite, case, task_set, task
+
+
+def _calibration(project):
+    """A finished verifier calibration (the row only)."""
+    from flywheel.evals.calibration import Calibration
+    from flywheel.evals.calibration_models import VerifierCalibration
+
+    return VerifierCalibration.objects.create(project=project, verifier={"type": "exact", "expected": "x"},
+                                              status="done", result=Calibration().to_dict())
 
 
 def _environment_server(project):

@@ -1,7 +1,9 @@
 """Declared tools and their argument validators, compiled once and cached.
 
-Building a jsonschema validator (and checking the schema itself) costs far more than validating one small
-call with it, so validators are cached: first by the identity of the tools list (the same eval case or
+A tool's parameters schema comes with the trajectory, so it is checked and validated by
+`trainer.verifiers.jsonschemas`: nothing it refers to is fetched, and its patterns run on RE2. Building a
+validator (and checking the schema itself) costs far more than validating one small call with it, so
+validators are cached: first by the identity of the tools list (the same eval case or
 task scored again and again), then by the schema's content (the same tools read afresh from JSONL).
 """
 
@@ -12,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
-from jsonschema.exceptions import SchemaError, ValidationError
 
 from trainer.verifiers.base import short
 from trainer.verifiers.fastschema import FastCheck, compile_fast
-from trainer.verifiers.matchers import compile_regex
+from trainer.verifiers.jsonschemas import SchemaProblem, draft_of, schema_validator
 
 _MAX_CACHED = 4096
 _MAX_ERRORS = 5
@@ -106,16 +107,11 @@ def _build(name: str, parameters: Any) -> ToolInfo:
         return ToolInfo(name, None, None)
     if not isinstance(parameters, dict):
         return ToolInfo(name, None, None, f"tool {name!r}: parameters must be a JSON schema object")
-    cls = jsonschema.validators.validator_for(parameters, default=jsonschema.Draft202012Validator)
     try:
-        cls.check_schema(parameters)
-        for pattern in _patterns(parameters):
-            compile_regex(pattern)
-    except SchemaError as exc:
+        validator = schema_validator(parameters)
+    except SchemaProblem as exc:
         # Not the model's fault: the output is still judged on everything else, and checks say why.
-        return ToolInfo(name, None, None, f"tool {name!r} has an invalid parameters schema: {short(exc.message, 120)}")
-    except ValueError as exc:  # a pattern RE2 refuses (backreferences, lookaround) or too large
-        return ToolInfo(name, None, None, f"tool {name!r} has an invalid parameters schema: {short(str(exc), 120)}")
+        return ToolInfo(name, None, None, f"tool {name!r} has an invalid parameters schema: {exc}")
     # OpenAI tool schemas rarely say additionalProperties; an argument the tool does not declare would still
     # be a TypeError in the real function, so unknown arguments fail unless the schema explicitly allows them.
     extra = parameters.get("additionalProperties")
@@ -123,39 +119,8 @@ def _build(name: str, parameters: Any) -> ToolInfo:
     properties = None
     if extra is None and not open_schema and isinstance(parameters.get("properties"), dict):
         properties = frozenset(parameters["properties"])
-    fast = compile_fast(parameters) if cls in _FAST_DRAFTS and _validators_enabled else None
-    return ToolInfo(name, _with_re2(cls)(parameters), properties, None, fast)
-
-
-def _patterns(schema: Any) -> list[str]:
-    """Every `pattern` string in a schema, at any depth."""
-    found: list[str] = []
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if isinstance(node.get("pattern"), str):
-                found.append(node["pattern"])
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return found
-
-
-def _re2_pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
-    if validator.is_type(instance, "string") and compile_regex(pattern).search(instance) is None:
-        yield ValidationError(f"{short(instance, 60)!r} does not match {pattern!r}")
-
-
-_RE2_CLASSES: dict[type, type] = {}
-
-
-def _with_re2(cls: type) -> type:
-    """The draft's validator with `pattern` run on RE2: a tool's schema pattern meets model output, which
-    must not be able to make scoring backtrack for seconds."""
-    if cls not in _RE2_CLASSES:
-        _RE2_CLASSES[cls] = jsonschema.validators.extend(cls, {"pattern": _re2_pattern})
-    return _RE2_CLASSES[cls]
+    fast = compile_fast(parameters) if draft_of(parameters) in _FAST_DRAFTS and _validators_enabled else None
+    return ToolInfo(name, validator, properties, None, fast)
 
 
 def caching_enabled() -> bool:

@@ -7,10 +7,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-from jsonschema.exceptions import SchemaError
-
 from trainer.verifiers.base import Score, first_failure, short
+from trainer.verifiers.jsonschemas import SchemaProblem, schema_validator
 from trainer.verifiers.matchers import Compiler, compile_regex, normalize_text
 from trainer.verifiers.parsing import OPEN_TAG, ParsedCompletion, content_text, parse_completion, strip_fence
 from trainer.verifiers.tool_call import UnsafeRule, compile_unsafe, compile_weights, unsafe_calls
@@ -50,13 +48,13 @@ def compile_json_schema(spec: dict, problems: list[str]) -> JsonSchemaSpec:
     if not isinstance(schema, dict | bool):
         problems.append("schema must be a JSON schema object")
         return JsonSchemaSpec(None)
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        cls.check_schema(schema)
-    except SchemaError as exc:
-        problems.append(f"schema is not a valid JSON schema: {short(exc.message, 120)}")
+        # The answer meets the schema's patterns and the spec may come from any reviewer: the same
+        # validator as a tool's parameters (nothing fetched, patterns on RE2).
+        return JsonSchemaSpec(schema_validator(schema))
+    except SchemaProblem as exc:
+        problems.append(f"schema is not a valid JSON schema: {exc}")
         return JsonSchemaSpec(None)
-    return JsonSchemaSpec(cls(schema))
 
 
 def score_json_schema(spec: JsonSchemaSpec, text: str) -> Score:

@@ -13,6 +13,11 @@ trajectory's own declared tools. Never "any turn passes": that would lean every 
 Passing is compared with the reviewer's label (success / failure): a confusion matrix, precision and recall
 of "passes" against "success", and Cohen's kappa, from scikit-learn.
 
+A verifier calibration runs on a worker (`calibration_start`, then the task's `calibration_run_process`),
+under its time limit and one at a time per project: it runs the trainer's verifiers on agent data (tool
+schemas, patterns) for up to MAX_TRAJECTORIES trajectories, which has no place in a web request. The page
+and the API start one and then read its row (`VerifierCalibration`): progress, then figures or why it failed.
+
 Triage's detectors are calibrated the same way (`detector_calibrate`): a detector "says failure" on a
 trajectory when it left a signal there; its precision is the share of the labeled trajectories it flagged
 that reviewers call failures, its recall the share of the failures it flagged. Read from the stored signals,
@@ -22,22 +27,32 @@ so the figures are those of the triage the queue shows (a re-run brings them up 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Q, Value
 from django.db.models.functions import Coalesce, NullIf
+from django.utils import timezone
 
+from flywheel import outbox, runs, timelimits
 from flywheel.accounts.models import Project
 from flywheel.evals import promotion
 from flywheel.evals import rows as row_shape
+from flywheel.evals.calibration_models import CALIBRATION_ACTIVE, CalibrationStatus, VerifierCalibration
 from flywheel.evals.kinds import train_side
 from flywheel.evals.models import EnvType
+from flywheel.supervise import Refused
 from flywheel.trajectories.models import Outcome, SignalKind, Trajectory, TriageSignal
 from trainer.verifiers import SpecError, validate_spec
 
+logger = logging.getLogger(__name__)
+
 MIN_LABELED = 50  # under this the page warns: too few labels to trust the figures
 MAX_TRAJECTORIES = 2000
+PROGRESS_EVERY = 25  # trajectories scored between two writes of a calibration's progress (its heartbeat)
 
 
 @dataclass
@@ -65,6 +80,12 @@ class Calibration:
     @property
     def too_few(self) -> bool:
         return self.n < MIN_LABELED
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures as a calibration row keeps them (and the API shows them)."""
+        out = asdict(self)
+        del out["spec_errors"]
+        return {**out, "too_few": self.too_few}
 
 
 @dataclass(frozen=True)
@@ -113,10 +134,11 @@ def _verdict(spec: dict, trajectory: Trajectory, scoring: Scoring) -> tuple[bool
 
 
 def verifier_calibrate(*, project: Project, verifier: dict, agent: str = "", source: str = "",
-                       limit: int = MAX_TRAJECTORIES) -> Calibration:
+                       limit: int = MAX_TRAJECTORIES,
+                       progress: Callable[[int, int], None] | None = None) -> Calibration:
     """Score the project's labeled trajectories (newest first, at most `limit`) with `verifier`, at the turn
     and in the environment of `source` (`case:ID` or `task:ID`) when `verifier` is that case's or task's, else
-    as a written verifier (see the module's docstring)."""
+    as a written verifier (see the module's docstring). `progress(done, total)` is told every PROGRESS_EVERY."""
     result = Calibration()
     result.spec_errors = validate_spec(verifier)
     if result.spec_errors:
@@ -128,7 +150,10 @@ def verifier_calibrate(*, project: Project, verifier: dict, agent: str = "", sou
         qs = qs.filter(agent=agent)
     labels, verdicts = [], []
     trajectories = qs.order_by("-id").only("id", "messages", "tools", "reviewed_outcome").prefetch_related("signals")
-    for t in trajectories[:limit]:
+    total = min(qs.count(), limit) if progress is not None else 0
+    for done, t in enumerate(trajectories[:limit]):
+        if progress is not None and done % PROGRESS_EVERY == 0:
+            progress(done, total)
         try:
             passed, failure, turn = _verdict(verifier, t, scoring)
         except SpecError as exc:  # the trainer refuses the row (the spec was validated above): say why
@@ -197,6 +222,89 @@ def verifier_from_source(*, project: Project, source: str, text: str, errors: di
         errors["source"] = "no such case or task in this project"
         return None
     return item.verifier
+
+
+# --- calibrations on a worker ----------------------------------------------------------------------------
+
+
+class CalibrationRefused(Refused):
+    """Another calibration of the project is on its way."""
+
+
+def calibration_request(*, project: Project, source: str, text: str, agent: str, errors: dict[str, str],
+                        user: Any = None) -> VerifierCalibration | None:
+    """What the page and the API do: the verifier of `text` (written JSON) or of `source`, checked, then a
+    calibration of it started. Problems with the request go into `errors` (field -> why) and return None;
+    CalibrationRefused when another calibration of the project is on its way."""
+    if len(source) > VerifierCalibration._meta.get_field("source").max_length:
+        errors["source"] = "not a case or task of this project (case:ID or task:ID)"
+        return None
+    if len(agent) > VerifierCalibration._meta.get_field("agent").max_length:
+        errors["agent"] = "an agent's name has at most 200 characters"
+        return None
+    spec = verifier_from_source(project=project, source=source, text=text, errors=errors)
+    if spec is None and not errors:
+        errors["verifier"] = "give a verifier spec, or a source (case:ID or task:ID)"
+    if errors:
+        return None
+    return calibration_start(project=project, verifier=spec, source=source, agent=agent, user=user)
+
+
+def calibration_start(*, project: Project, verifier: dict, source: str = "", agent: str = "",
+                      user: Any = None) -> VerifierCalibration:
+    """Queue a calibration of `verifier` (checked by the caller) for a worker. One at a time per project: while
+    one is on its way, asking for the same one again finds it, and asking for another is refused."""
+    from flywheel.evals.tasks import calibration_task  # tasks import this module
+
+    try:
+        with transaction.atomic():
+            run = VerifierCalibration.objects.create(project=project, requested_by=user, verifier=verifier,
+                                                     source=source, agent=agent, queued_at=timezone.now())
+            outbox.send_on_commit(calibration_task, run.pk)
+    except IntegrityError:
+        active = VerifierCalibration.objects.filter(project=project, status__in=CALIBRATION_ACTIVE).first()
+        if active is None:  # it ended in between: ask again
+            return calibration_start(project=project, verifier=verifier, source=source, agent=agent, user=user)
+        if (active.verifier, active.source, active.agent) == (verifier, source, agent):
+            return active
+        raise CalibrationRefused(f"Calibration #{active.pk} of this project is on its way; calibrate again once it "
+                                 "has finished.") from None
+    return run
+
+
+def calibration_run_process(*, run_id: int) -> VerifierCalibration | None:
+    """The worker's side: claim the calibration, score, and store the figures or why it failed (a verifier the
+    trainer refuses on a row, the time limit). A duplicate message finds it no longer queued."""
+    claimed = runs.run_claim(VerifierCalibration, run_id, done=0, total=0)
+    run = VerifierCalibration.objects.select_related("project").filter(pk=run_id).first()
+    if not claimed or run is None:
+        return run
+
+    def progress(done: int, total: int) -> None:
+        VerifierCalibration.objects.filter(pk=run_id).update(done=done, total=total, heartbeat_at=timezone.now())
+
+    try:
+        result = verifier_calibrate(project=run.project, verifier=run.verifier, agent=run.agent, source=run.source,
+                                    progress=progress)
+    except Exception as exc:
+        logger.exception("calibration %s failed", run_id)
+        fields = {"status": CalibrationStatus.FAILED, "error": timelimits.stopped_reason(exc)[:2000]}
+    else:
+        if result.spec_errors:
+            fields = {"status": CalibrationStatus.FAILED, "error": "verifier: " + "; ".join(result.spec_errors)[:2000]}
+        else:
+            fields = {"status": CalibrationStatus.DONE, "result": result.to_dict(), "done": result.n,
+                      "total": result.n}
+    VerifierCalibration.objects.filter(pk=run_id, status=CalibrationStatus.RUNNING).update(
+        finished_at=timezone.now(), **fields)
+    return VerifierCalibration.objects.get(pk=run_id)
+
+
+def calibration_sweep() -> int:
+    """The outbox sweep: fail calibrations whose worker stopped beating, send again those no worker took."""
+    from flywheel.evals.tasks import calibration_task
+
+    return runs.run_sweep(VerifierCalibration, task=calibration_task)
 
 
 def _source_item(project: Project, source: str) -> Any:

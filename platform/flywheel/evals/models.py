@@ -193,7 +193,8 @@ class EvalSuiteVersion(VersionBase):
         return f"{self.suite.name} v{self.number}"
 
 
-# Eval runs, and online evaluation's settings and scores (flywheel.evals.online), live in their own modules;
-# imported here so Django finds them in this app.
+# Eval runs, online evaluation's settings and scores (flywheel.evals.online) and verifier calibrations live in
+# their own modules; imported here so Django finds them in this app.
+from flywheel.evals.calibration_models import VerifierCalibration  # noqa: E402, F401
 from flywheel.evals.online_models import OnlineEvalSettings, OnlineScore  # noqa: E402, F401
 from flywheel.evals.run_models import EvalCaseResult, EvalRun  # noqa: E402, F401

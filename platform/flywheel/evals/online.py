@@ -44,7 +44,7 @@ from django.db import transaction
 from django.db.models import Avg, Count, Exists, Max, OuterRef, Q
 from django.utils import timezone
 
-from flywheel import outbound, sealed
+from flywheel import outbound, sealed, timelimits
 from flywheel.accounts.models import Project
 from flywheel.evals import calibration, promotion
 from flywheel.evals import rows as row_shape
@@ -328,29 +328,38 @@ def online_eval_process(*, project_id: int, now: dt.datetime | None = None) -> i
     judge_down = False
     trajectories = (Trajectory.objects.filter(pk__in=claimed.ids).order_by("id")
                     .only("id", "project_id", "model_version", "messages", "tools").prefetch_related("signals"))
-    for trajectory in trajectories:
-        verdicts: list[tuple[str, str, Score]] = []
-        task = tasks.match(trajectory) if tasks is not None else None
-        if task is not None:
-            try:
-                verdicts.append((tasks.label, task.row_id, task_score(task, trajectory)))
-            except (SpecError, ValueError) as exc:  # the trainer refused the row: nothing to store
-                errors.append(f"{task.row_id} could not score trajectory {trajectory.pk}: {exc}")
-        if config.judge_enabled and not judge_down:
-            try:
-                verdicts.append((JUDGE, config.judge_model, judge_score(config, trajectory)))
-            except Exception as exc:  # the endpoint is a boundary we do not own: say why, leave it unscored
-                # One failure stops the judge for this run: a judge that is down would otherwise hold the
-                # worker for a timeout per trajectory. The run's other sampled trajectories go without it.
-                judge_down = True
-                errors.append(outbound.redact(f"the judge could not score trajectory {trajectory.pk} "
-                                              f"({type(exc).__name__}: {exc})"))
-        now_scored = timezone.now()
-        scores += [OnlineScore(project_id=project_id, trajectory_id=trajectory.pk,
-                               model_version=trajectory.model_version, verifier=label, source=source[:80],
-                               reward=score.reward, passed=score.passed, below_threshold=score.reward < config.threshold,
-                               failure=score.failure or "", checks=score.checks, scored_at=now_scored)
-                   for label, source, score in verdicts]
+    try:
+        for trajectory in trajectories:
+            verdicts: list[tuple[str, str, Score]] = []
+            task = tasks.match(trajectory) if tasks is not None else None
+            if task is not None:
+                try:
+                    verdicts.append((tasks.label, task.row_id, task_score(task, trajectory)))
+                except (SpecError, ValueError) as exc:  # the trainer refused the row: nothing to store
+                    errors.append(f"{task.row_id} could not score trajectory {trajectory.pk}: {exc}")
+            if config.judge_enabled and not judge_down:
+                try:
+                    verdicts.append((JUDGE, config.judge_model, judge_score(config, trajectory)))
+                except timelimits.SoftTimeLimitExceeded:
+                    raise
+                except Exception as exc:  # the endpoint is a boundary we do not own: say why, leave it unscored
+                    # One failure stops the judge for this run: a judge that is down would otherwise hold the
+                    # worker for a timeout per trajectory. The run's other sampled trajectories go without it.
+                    judge_down = True
+                    errors.append(outbound.redact(f"the judge could not score trajectory {trajectory.pk} "
+                                                  f"({type(exc).__name__}: {exc})"))
+            now_scored = timezone.now()
+            scores += [OnlineScore(project_id=project_id, trajectory_id=trajectory.pk,
+                                   model_version=trajectory.model_version, verifier=label, source=source[:80],
+                                   reward=score.reward, passed=score.passed, below_threshold=score.reward < config.threshold,
+                                   failure=score.failure or "", checks=score.checks, scored_at=now_scored)
+                       for label, source, score in verdicts]
+    except timelimits.SoftTimeLimitExceeded as exc:
+        # What was scored is kept, and the page says where the run stopped: the batch's other sampled
+        # trajectories go unscored (its watermark moved on when it was claimed).
+        scored = len({score.trajectory_id for score in scores})
+        errors.insert(0, f"{timelimits.stopped_reason(exc)} {scored} of the {len(claimed.ids)} sampled trajectories "
+                         "were scored.")
     for error in errors:
         logger.warning("online evaluation of project %s: %s", project_id, error)
     # The page shows the last run's first problem (or none): a failing judge is said where people look.

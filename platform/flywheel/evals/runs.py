@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from flywheel import outbound, outbox, runs
+from flywheel import outbound, outbox, runs, timelimits
 from flywheel.evals.rows import Origin, origin_of
 from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
 from flywheel.supervise import supervise, trainer_env
@@ -157,7 +157,8 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
                                                          metrics=outcome.done.get("metrics", {}), pid=None, heartbeat_at=None)
                 _on_success(run)
     except Exception as exc:  # noqa: BLE001 (the page says why; Retry runs it again)
-        EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.FAILED, error=outbound.redact(str(exc))[:4000],
+        why = timelimits.stopped_reason(exc) if isinstance(exc, timelimits.SoftTimeLimitExceeded) else str(exc)
+        EvalRun.objects.filter(pk=run.pk).update(status=EvalRunStatus.FAILED, error=outbound.redact(why)[:4000],
                                                  finished_at=timezone.now(), pid=None, heartbeat_at=None)
     run.refresh_from_db()
     return run

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -23,6 +24,7 @@ from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
 from flywheel.evals import calibration, leakage, promotion, selectors, services
 from flywheel.evals.api import export_response
+from flywheel.evals.calibration_models import VerifierCalibration
 from flywheel.evals.kinds import train_side
 from flywheel.evals.models import EvalSuite, SuiteKind
 from flywheel.trajectories.models import Trajectory
@@ -380,26 +382,61 @@ def bulk_promotion(request: HttpRequest, project: Project) -> HttpResponse:
 @require_GET
 @project_view()
 def calibration_page(request: HttpRequest, project: Project) -> HttpResponse:
-    """Pick a verifier (?source=case:ID / task:ID, or ?verifier=JSON) and the labeled trajectories. Triage's
-    detectors are calibrated on every view, against the labels ?labels= names (reviewers' by default)."""
-    source = request.GET.get("source", "")
-    text = request.GET.get("verifier", "")
-    agent = request.GET.get("agent", "")
-    labels = request.GET.get("labels") or "reviewed"
+    """The form to calibrate a verifier (?source=case:ID / task:ID preselects one), the calibration ?run=
+    names (else the project's newest) with its progress or figures, and triage's detectors, calibrated on every
+    view against the labels ?labels= names (reviewers' by default)."""
+    run = None
+    if request.GET.get("run", "").isdecimal() and len(request.GET["run"]) <= 18:
+        run = VerifierCalibration.objects.filter(project=project, pk=int(request.GET["run"])).first()
+    if run is None:
+        run = VerifierCalibration.objects.filter(project=project).first()
+    return _calibration_render(request, project, run=run, source=request.GET.get("source", ""),
+                               text=request.GET.get("verifier", ""), agent=request.GET.get("agent", ""),
+                               labels=request.GET.get("labels") or "reviewed")
+
+
+@require_POST
+@project_view()
+def calibration_start(request: HttpRequest, project: Project) -> HttpResponse:
+    """Start a calibration on a worker (every member may: it reads only) and show its progress."""
+    source, text, agent = (request.POST.get(k, "") for k in ("source", "verifier", "agent"))
+    labels = request.POST.get("labels") or "reviewed"
     errors: dict[str, str] = {}
+    try:
+        run = calibration.calibration_request(project=project, source=source, text=text, agent=agent, errors=errors,
+                                              user=request.user)
+    except calibration.CalibrationRefused as exc:
+        return _calibration_render(request, project, run=None, source=source, text=text, agent=agent, labels=labels,
+                                   errors={"run": str(exc)}, status=409)
+    if run is None:
+        return _calibration_render(request, project, run=None, source=source, text=text, agent=agent, labels=labels,
+                                   errors=errors, status=422)
+    query = {"run": run.pk, **({"labels": labels} if labels != "reviewed" else {})}
+    return redirect(reverse("calibration", args=[project.slug]) + "?" + urlencode(query) + "#calibration-run")
+
+
+@require_GET
+@project_view()
+def calibration_status(request: HttpRequest, project: Project, calibration_id: int) -> HttpResponse:
+    """A calibration's progress or figures: the fragment the page polls while it is queued or running."""
+    run = get_object_or_404(VerifierCalibration, project=project, pk=calibration_id)
+    return render(request, "evals/_calibration_run.html",
+                  {"project": project, "run": run, "min_labeled": calibration.MIN_LABELED})
+
+
+def _calibration_render(request: HttpRequest, project: Project, *, run: VerifierCalibration | None, source: str,
+                        text: str, agent: str, labels: str, errors: dict[str, str] | None = None,
+                        status: int = 200) -> HttpResponse:
+    errors = dict(errors or {})
     if labels not in calibration.DETECTOR_LABELS:
         errors["labels"] = f"labels {labels[:40]!r} is not one of: {', '.join(calibration.DETECTOR_LABELS)}"
         labels = "reviewed"
     detectors = calibration.detector_calibrate(project=project, agent=agent, labels=labels)
-    result = None
-    spec = calibration.verifier_from_source(project=project, source=source, text=text, errors=errors)
-    if spec is not None and not errors:
-        result = calibration.verifier_calibrate(project=project, verifier=spec, agent=agent, source=source)
-        if result.spec_errors:
-            errors["verifier"] = "; ".join(result.spec_errors)
-            result = None
-    context = {"project": project, "source": source, "verifier_text": text or (_text(spec) if spec else ""),
-               "agent": agent, "errors": errors, "result": result,
-               "sources": calibration.verifier_sources(project=project), "min_labeled": calibration.MIN_LABELED,
-               "detectors": detectors, "labels": labels, "label_choices": calibration.DETECTOR_LABELS}
-    return render(request, "evals/calibration.html", context, status=422 if errors else 200)
+    if run is not None and not (source or text or agent):
+        source, agent = run.source, run.agent  # the form shows what the calibration shown scored
+        text = "" if source else _text(run.verifier)
+    context = {"project": project, "source": source, "verifier_text": text, "agent": agent, "errors": errors,
+               "run": run, "sources": calibration.verifier_sources(project=project),
+               "min_labeled": calibration.MIN_LABELED, "detectors": detectors, "labels": labels,
+               "label_choices": calibration.DETECTOR_LABELS}
+    return render(request, "evals/calibration.html", context, status=422 if errors and status == 200 else status)

@@ -6,11 +6,12 @@ from __future__ import annotations
 from celery import shared_task
 from celery.worker.control import control_command
 
+from flywheel import timelimits
 from flywheel.registry.model_folder import folder_problems
 from flywheel.registry.services import registry_sync
 
 
-@shared_task(name="flywheel.registry.sync")
+@shared_task(name="flywheel.registry.sync", **timelimits.SHORT)
 def registry_sync_task(project_id: int) -> dict[str, int]:
     """Mirror the project's versions and alias moves to MLflow and announce production's moves."""
     return registry_sync(project_id=project_id)
@@ -30,7 +31,7 @@ def flywheel_model_folder_check(state, path: str) -> dict:
     return {"problems": folder_problems(path), "queues": queues}
 
 
-@shared_task(name="flywheel.registry.notification_deliver")
+@shared_task(name="flywheel.registry.notification_deliver", **timelimits.SHORT)
 def notification_deliver_task(notification_id: int) -> str:
     """Send one notification's webhook and e-mail (flywheel.registry.notify)."""
     from flywheel.registry.notify import notification_deliver
@@ -38,7 +39,7 @@ def notification_deliver_task(notification_id: int) -> str:
     return notification_deliver(notification_id=notification_id)
 
 
-@shared_task(name="flywheel.registry.live_check_look")
+@shared_task(name="flywheel.registry.live_check_look", **timelimits.SHORT)
 def live_check_task(check_id: int) -> str:
     """One look of a canary decision or a watch (flywheel.registry.canary)."""
     from flywheel.registry.canary import live_check_look
@@ -46,7 +47,7 @@ def live_check_task(check_id: int) -> str:
     return live_check_look(check_id=check_id)
 
 
-@shared_task(name="flywheel.registry.live_rollup")
+@shared_task(name="flywheel.registry.live_rollup", **timelimits.SHORT)
 def live_rollup_task() -> dict:
     """Recompute the live rollup's dirty buckets (flywheel.registry.live)."""
     from flywheel.registry.live import rollup_refresh

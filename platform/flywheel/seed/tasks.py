@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from flywheel import timelimits
+
 
 # The name it had in the registry app: a message queued before the move still finds it, and the route to the
 # `gpu` queue (settings.CELERY_TASK_ROUTES) is unchanged.
-@shared_task(name="flywheel.registry.demo_model")
+@shared_task(name="flywheel.registry.demo_model", **timelimits.gpu())
 def demo_model_task(project_id: int) -> str:
     """Build and register the demo project's tiny model (`make run`)."""
     from flywheel.seed.demo import demo_model_build

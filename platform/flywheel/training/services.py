@@ -18,12 +18,13 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from flywheel import outbound, outbox, runs
+from flywheel import outbound, outbox, runs, timelimits
 from flywheel.accounts.models import Project
 from flywheel.environments.services import env_url_allowed
 from flywheel.evals import leakage
 from flywheel.registry import selectors as registry_selectors
 from flywheel.supervise import Refused, supervise, trainer_env, worker_name
+from flywheel.timelimits import SoftTimeLimitExceeded
 from flywheel.training.models import Checkpoint, JobEvent, JobStatus, TrainingJob
 from trainer import events, jobdir
 
@@ -390,9 +391,13 @@ def job_evaluate(*, job_id: int) -> TrainingJob | None:
             if version is None:
                 continue
             outcome = events.Outcome()
-            status, _ = _run_subprocess(job, _evaluate_command(job, folder / jobdir.suite_file(name),
-                                                               jobdir.production_results(folder, name)),
-                                        folder, on_event=outcome.on_event)
+            try:
+                status, _ = _run_subprocess(job, _evaluate_command(job, folder / jobdir.suite_file(name),
+                                                                   jobdir.production_results(folder, name)),
+                                            folder, on_event=outcome.on_event)
+            except SoftTimeLimitExceeded as exc:
+                return _fail(job, f"Measuring production on the {name} suite: {timelimits.stopped_reason(exc)}",
+                             step=0)
             if status != 0 or "metrics" not in outcome.done:
                 reason = (outcome.error
                           or _stderr_tail(jobdir.stderr_log(folder, job.attempt, "evaluate"))[-500:])
@@ -578,6 +583,9 @@ def job_run(*, job_id: int) -> TrainingJob | None:
                 cancelled, measure_error = _measure_best(job, folder, last["done"])
     except Refused as exc:
         return _fail(job, str(exc), step=job.step)
+    except SoftTimeLimitExceeded as exc:  # supervise killed the trainer's process group on the way out
+        job.refresh_from_db()
+        return _fail(job, f"{timelimits.stopped_reason(exc)} Retry resumes from the last checkpoint.", step=job.step)
     job.refresh_from_db()
     if cancelled:
         TrainingJob.objects.filter(pk=job.pk).update(status=JobStatus.CANCELLED, finished_at=timezone.now(),

@@ -45,16 +45,18 @@ import json
 import logging
 import math
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from flywheel import outbox, runs
+from flywheel import outbox, runs, timelimits
 from flywheel.accounts.models import Project
 from flywheel.supervise import Refused
 from flywheel.trajectories.ingest import content_text, is_tool_error
@@ -77,6 +79,9 @@ from trainer.verifiers.tool_call import UnsafeRule, score_tool_call, unsafe_call
 logger = logging.getLogger(__name__)
 
 CHUNK = 250  # trajectories per transaction; they stay locked meanwhile, so a replay waits one chunk at most
+# The longest one statement of a chunk's transaction may run, on PostgreSQL (`_bound_statements`): a chunk's
+# statements take milliseconds; one that waits this long is stuck, and its locks are released with it.
+STATEMENT_TIMEOUT_MS = 30_000
 LOOP_MIN_REPEATS = 3
 EXCERPT = 200  # characters of agent text kept in a signal's detail
 MAX_ITEMS = 5  # errors, names... kept in a signal's detail
@@ -574,21 +579,28 @@ def triage_sweep() -> int:
 # --- the work --------------------------------------------------------------------------------------------
 
 
-def triage_chunk(*, project_id: int, stale: bool = False, size: int = CHUNK) -> int:
-    """Triage up to `size` of the project's untriaged trajectories (`stale`: also those triaged under an older
-    policy version) in one transaction; how many. Rows another transaction holds are skipped, not waited for:
-    two tasks on one project share the work, and a replay waits at most one chunk for its row."""
+def triage_chunk(*, project_id: int, stale: bool = False, size: int | None = None) -> int:
+    """Triage up to `size` (default CHUNK) of the project's untriaged trajectories (`stale`: also those triaged
+    under an older policy version) in one transaction; how many. Rows another transaction holds are skipped, not
+    waited for: two tasks on one project share the work, and a replay waits at most one chunk for its row.
+
+    A trajectory that holds the task until its time limit is marked triaged without signals (as one that breaks
+    a detector), with the chunk's trajectories before it; the rest stay for the next attempt, and the task's
+    SoftTimeLimitExceeded is raised again once that is committed."""
+    stopped: SoftTimeLimitExceeded | None = None
     with transaction.atomic():
+        _bound_statements()
         policy = policy_for(project_id=project_id)
         spec = policy_spec(policy)
         pending = Trajectory.objects.filter(project_id=project_id)
         pending = pending.filter(triage_version__lt=policy.version) if stale else pending.filter(triage_version=0)
-        ids = list(pending.select_for_update(skip_locked=True).values_list("id", flat=True)[:size])
+        ids = list(pending.select_for_update(skip_locked=True).values_list("id", flat=True)[:size or CHUNK])
         if not ids:
             return 0
-        rows = Trajectory.objects.filter(id__in=ids).values_list(
+        rows = Trajectory.objects.filter(id__in=ids).order_by("id").values_list(
             "id", "messages", "tools", "feedback", "human_intervention"
         )
+        done: list[int] = []
         signals: list[TriageSignal] = []
         groups: dict[tuple[str, int], list[int]] = {}  # (category, severity) -> ids: a few UPDATEs per chunk
         for trajectory_id, messages, tools, feedback, human_intervention in rows:
@@ -600,11 +612,18 @@ def triage_chunk(*, project_id: int, stale: bool = False, size: int = CHUNK) -> 
                     feedback=feedback,
                     human_intervention=human_intervention,
                 )
+            except SoftTimeLimitExceeded as exc:
+                # A chunk takes seconds and the task stops taking chunks long before its limit: this trajectory
+                # is what held it. Marked, so that the next attempt does not meet it again.
+                logger.error("triage of trajectory %s ran into the task's time limit; marked triaged without "
+                             "signals", trajectory_id)
+                found, stopped = [], exc
             except Exception:
                 # Agent data is untrusted: one trajectory that breaks a detector must not stop its chunk forever
                 # (the sweep would send it again and again). It is marked triaged, without signals, and logged.
                 logger.exception("triage of trajectory %s failed; marked triaged without signals", trajectory_id)
                 found = []
+            done.append(trajectory_id)
             signals.extend(
                 TriageSignal(
                     project_id=project_id,
@@ -618,7 +637,9 @@ def triage_chunk(*, project_id: int, stale: bool = False, size: int = CHUNK) -> 
             )
             key = (suggest_category(found), max((s.severity for s in found), default=0))
             groups.setdefault(key, []).append(trajectory_id)
-        TriageSignal.objects.filter(trajectory_id__in=ids).delete()
+            if stopped is not None:
+                break
+        TriageSignal.objects.filter(trajectory_id__in=done).delete()
         TriageSignal.objects.bulk_create(signals, batch_size=1000)
         now = timezone.now()
         for (category, severity), group in groups.items():
@@ -626,15 +647,39 @@ def triage_chunk(*, project_id: int, stale: bool = False, size: int = CHUNK) -> 
             Trajectory.objects.filter(id__in=group).update(
                 triage_version=policy.version, triaged_at=now, suggested_category=category, triage_severity=severity
             )
-    return len(ids)
+    if stopped is not None:
+        raise stopped
+    return len(done)
 
 
-def triage_project(*, project_id: int) -> int:
+def _bound_statements() -> None:
+    """On PostgreSQL, no statement of the chunk's transaction runs longer than STATEMENT_TIMEOUT_MS (SET LOCAL:
+    this transaction only). The chunk holds its trajectories' row locks, which a replay of one of them and the
+    live rollup's watermark wait on; a statement that hangs ends the transaction and releases them."""
+    connection = transaction.get_connection()
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT_MS)}")
+
+
+def triage_project(*, project_id: int, slice_s: float | None = None) -> int:
     """Triage every untriaged trajectory of the project, chunk by chunk; how many. Idempotent: a second run
-    finds nothing to do."""
+    finds nothing to do. With `slice_s` (the task's), it takes no new chunk after that many seconds and queues
+    itself again for the rest: a large backlog never brings the task near its time limit, and other projects'
+    messages get their turn in between."""
+    deadline = None if slice_s is None else time.monotonic() + slice_s
     total = 0
     while n := triage_chunk(project_id=project_id):
         total += n
+        if deadline is not None and time.monotonic() >= deadline:
+            from flywheel.trajectories.tasks import triage_project_task  # tasks import this module
+
+            try:
+                outbox.send(triage_project_task, project_id)
+            except outbox.BrokerUnavailable as exc:
+                logger.warning("could not queue the rest of project %s's triage (%s); the sweep sends it", project_id,
+                               exc)
+            break
     return total
 
 
@@ -694,7 +739,7 @@ def triage_run_process(*, run_id: int) -> TriageRun | None:
     except Exception as exc:
         logger.exception("triage run %s failed", run_id)
         TriageRun.objects.filter(pk=run_id).update(
-            status=TriageRunStatus.FAILED, finished_at=timezone.now(), error=f"{type(exc).__name__}: {exc}"[:2000]
+            status=TriageRunStatus.FAILED, finished_at=timezone.now(), error=timelimits.stopped_reason(exc)[:2000]
         )
     else:
         TriageRun.objects.filter(pk=run_id, status=TriageRunStatus.RUNNING).update(

@@ -27,7 +27,7 @@ from django.db.models import F, Q
 from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 
-from flywheel import outbox, runs
+from flywheel import outbox, runs, timelimits
 from flywheel.accounts.models import Project
 from flywheel.supervise import Refused, worker_name
 from flywheel.trajectories.ingest import JSONL_CHUNK, IngestResult, ingest_trajectories, jsonl_chunks
@@ -174,7 +174,7 @@ def upload_run(*, upload_id: int, owner: str) -> Upload:
         logger.warning("upload %s: run %s lost its lease near line %s; it stops", upload_id, owner, line_number)
     except Exception as exc:
         logger.exception("upload %s failed near line %s", upload_id, line_number)
-        _finish(upload_id, owner, UploadStatus.FAILED, f"Stopped near line {line_number}: {type(exc).__name__}: {exc}")
+        _finish(upload_id, owner, UploadStatus.FAILED, f"Stopped near line {line_number}: {timelimits.stopped_reason(exc)}")
     else:
         _finish(upload_id, owner, UploadStatus.DONE)
     upload.refresh_from_db()

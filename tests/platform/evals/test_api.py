@@ -123,17 +123,30 @@ def test_create_and_bulk_promote_a_failure_mode(api_client, keys, project, inges
 
 
 def test_calibration_and_variants_from_the_api(api_client, keys, ingest, refund_record, task_set, user):
+    from flywheel.evals.calibration import calibration_run_process
     from flywheel.failures.review import trajectory_outcome_set
 
     for i, (amount, label) in enumerate([(50.0, "success"), (500.0, "failure"), (55.0, "success")]):
         trajectory_outcome_set(trajectory=ingest(refund_record(f"c-{i}", amount=amount)), outcome=label, user=user)
     spec = {"type": "tool_call", "expected_calls": [{"name": "refund", "arguments": {"order_id": {"any": True}, "amount": 50}}]}
     out = api_client.post("/api/v1/verifier-calibrations", {"verifier": spec}, key=keys["read"])
-    assert out.status_code == 200, out.content
-    body = out.json()
+    assert out.status_code == 202, out.content
+    queued = out.json()
+    assert queued["status"] == "queued" and queued["result"] is None
+    url = f"/api/v1/verifier-calibrations/{queued['id']}"
+    # Asking again while it waits answers the same calibration; another verifier waits its turn.
+    assert api_client.post("/api/v1/verifier-calibrations", {"verifier": spec}, key=keys["read"]).json()["id"] == queued["id"]
+    other = api_client.post("/api/v1/verifier-calibrations", {"verifier": {**spec, "order": "any"}}, key=keys["read"])
+    assert other.status_code == 409 and f"#{queued['id']}" in other.json()["detail"]
+    calibration_run_process(run_id=queued["id"])  # what the worker does
+    body = api_client.get(url, key=keys["read"]).json()
+    assert body["status"] == "done" and body["done"] == body["total"] == 3
+    body = body["result"]
     assert body["n"] == 3 and body["matrix"] == {"success": {"pass": 1, "fail": 1}, "failure": {"pass": 0, "fail": 1}}
     assert body["precision"] == 1.0 and body["recall"] == 0.5 and body["too_few"] is True
     assert [d["label"] for d in body["disagreements"]] == ["success"]
+    assert api_client.get(url, key=keys["ingest"]).status_code == 403
+    assert api_client.get("/api/v1/verifier-calibrations/999999", key=keys["read"]).status_code == 404
     bad = api_client.post("/api/v1/verifier-calibrations", {"verifier": {"type": "regex", "pattern": "(?<=a)"}},
                           key=keys["read"])
     assert bad.status_code == 422 and "verifier" in bad.json()["errors"]

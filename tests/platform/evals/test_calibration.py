@@ -108,6 +108,88 @@ def test_a_workplace_case_is_scored_by_the_final_state_of_its_episode(ingest, su
     assert result.disagreements == []
 
 
+# --- calibrations on a worker ------------------------------------------------------------------------------
+
+
+def test_a_calibration_runs_on_a_worker_one_at_a_time_with_its_progress(ingest, refund_record, label, project, user,
+                                                                        monkeypatch):
+    from flywheel.evals import calibration
+    from flywheel.evals.calibration_models import VerifierCalibration
+
+    monkeypatch.setattr(calibration, "PROGRESS_EVERY", 1)
+    for i, amount in enumerate([50.0, 500.0, 50.0]):
+        label(ingest(refund_record(f"c-{i}", amount=amount)), "success" if amount == 50.0 else "failure")
+    seen = []
+    real = calibration.verifier_calibrate
+
+    def spy(**kwargs):  # the progress the page polls, as the worker writes it
+        progress = kwargs["progress"]
+
+        def record(done, total):
+            progress(done, total)
+            row = VerifierCalibration.objects.get()
+            seen.append((row.status, row.done, row.total))
+
+        return real(**{**kwargs, "progress": record})
+
+    monkeypatch.setattr(calibration, "verifier_calibrate", spy)
+    run = calibration.calibration_start(project=project, verifier=REFUND_50, user=user)
+    assert run.status == "queued" and run.requested_by == user
+    assert calibration.calibration_start(project=project, verifier=REFUND_50) == run  # the same one, waiting
+    with pytest.raises(calibration.CalibrationRefused, match=f"#{run.pk}"):
+        calibration.calibration_start(project=project, verifier={"type": "exact", "expected": "x"})
+    done = calibration.calibration_run_process(run_id=run.pk)
+    assert seen == [("running", 0, 3), ("running", 1, 3), ("running", 2, 3)]
+    assert (done.status, done.done, done.total, done.percent) == ("done", 3, 3, 100)
+    assert done.result["matrix"] == {"success": {"pass": 2, "fail": 0}, "failure": {"pass": 0, "fail": 1}}
+    assert calibration.calibration_run_process(run_id=run.pk).result == done.result  # a duplicate message: nothing
+    assert calibration.calibration_start(project=project, verifier={"type": "exact", "expected": "x"}) != run
+
+
+def test_a_calibration_that_reaches_its_time_limit_says_so(ingest, refund_record, label, project, client_for, user,
+                                                           monkeypatch):
+    """Celery raises SoftTimeLimitExceeded in whatever code runs when the limit passes: here, scoring."""
+    from celery.exceptions import SoftTimeLimitExceeded
+    from django.urls import reverse
+
+    from flywheel.evals import calibration
+    from flywheel.evals.tasks import calibration_task
+
+    label(ingest(refund_record("c", amount=50.0)), "success")
+
+    def stopped(*args, **kwargs):
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(promotion, "score_episode", stopped)
+    run = calibration.calibration_start(project=project, verifier=REFUND_50)
+    calibration_task.apply(args=[run.pk])  # the task as a worker runs it, with its limits
+    run.refresh_from_db()
+    assert run.status == "failed" and run.error == "It ran past its time limit of 10 min and was stopped."
+    html = client_for(user).get(reverse("calibration_status", args=[project.slug, run.pk])).content.decode()
+    assert "The calibration failed: It ran past its time limit" in html and "hx-get" not in html
+    assert calibration.calibration_start(project=project, verifier=REFUND_50) != run  # the next one may start
+
+
+def test_the_sweep_fails_a_calibration_whose_worker_stopped_and_sends_one_no_worker_took(project, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from flywheel.evals import calibration, tasks
+    from flywheel.evals.calibration_models import VerifierCalibration
+
+    sent = []
+    monkeypatch.setattr(tasks.calibration_task, "delay", lambda run_id: sent.append(run_id))
+    run = calibration.calibration_start(project=project, verifier=REFUND_50)
+    VerifierCalibration.objects.filter(pk=run.pk).update(queued_at=timezone.now() - timedelta(hours=1))
+    assert calibration.calibration_sweep() == 1 and sent[-1] == run.pk
+    VerifierCalibration.objects.filter(pk=run.pk).update(status="running",
+                                                         heartbeat_at=timezone.now() - timedelta(hours=1))
+    calibration.calibration_sweep()
+    run.refresh_from_db()
+    assert run.status == "failed" and "stopped answering" in run.error
+
+
 # --- triage detectors ------------------------------------------------------------------------------------
 
 DETECTOR_TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}

@@ -115,6 +115,29 @@ def test_a_task_verifier_scores_trajectories_with_its_tool_set_only(ingest, proj
     assert other_tools.pk not in scores
 
 
+def test_a_run_stopped_at_its_time_limit_keeps_what_it_scored_and_says_where_it_stopped(
+    ingest, project, refund_task, monkeypatch
+):
+    """Celery raises SoftTimeLimitExceeded in whatever code runs when the limit passes: here, the third score."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    _enable(project, task_set=refund_task.task_set_id)
+    ingest(*[refund_record(f"live-{i}", amount=50.0) for i in range(4)])
+    real, calls = online.task_score, []
+
+    def score(task, trajectory):
+        calls.append(trajectory.pk)
+        if len(calls) == 3:
+            raise SoftTimeLimitExceeded()
+        return real(task, trajectory)
+
+    monkeypatch.setattr(online, "task_score", score)
+    assert online.online_eval_process(project_id=project.pk) == 2
+    config = online.settings_of(project=project)
+    assert config.last_error.startswith("It ran past its time limit") and "2 of the 4 sampled" in config.last_error
+    assert OnlineScore.objects.count() == 2
+
+
 class Judge(StandIn):
     """An OpenAI-compatible judge: counts requests, grades 0.2 when the answer says "sorry", else 0.9."""
 

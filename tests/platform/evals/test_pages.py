@@ -136,6 +136,7 @@ def test_lists_create_and_task_variants(client_for, members, user, project, inge
 
 
 def test_calibration_page(client_for, members, project, ingest, refund_record):
+    from flywheel.evals.calibration import calibration_run_process
     from flywheel.failures.review import trajectory_outcome_set
 
     good = [ingest(refund_record(f"g-{i}", amount=50.0)) for i in range(3)]
@@ -149,7 +150,21 @@ def test_calibration_page(client_for, members, project, ingest, refund_record):
     trajectory_outcome_set(trajectory=odd, outcome="success", user=members["reviewer"])
     spec = {"type": "tool_call", "expected_calls": [{"name": "refund", "arguments": {"order_id": {"any": True}, "amount": 50}}]}
     url = reverse("calibration", args=[project.slug])
-    page = client_for(members["viewer"]).get(url, {"verifier": json.dumps(spec)})
+    viewer = client_for(members["viewer"])
+    # The form's spec goes to a worker: the page answers at once with its progress, polling while it waits.
+    started = viewer.post(reverse("calibration_start", args=[project.slug]), {"verifier": json.dumps(spec)})
+    assert started.status_code == 302
+    from flywheel.evals.calibration_models import VerifierCalibration
+
+    run = VerifierCalibration.objects.get(project=project)
+    assert started["Location"].startswith(f"{url}?run={run.pk}")
+    waiting = viewer.get(started["Location"]).content.decode()
+    assert 'data-status="queued"' in waiting and f'hx-get="{url}runs/{run.pk}/"' in waiting
+    assert "&quot;expected_calls&quot;" in waiting  # the form shows the spec it scores
+    calibration_run_process(run_id=run.pk)  # what the worker does
+    fragment = viewer.get(reverse("calibration_status", args=[project.slug, run.pk])).content.decode()
+    assert 'data-status="done"' in fragment and "hx-get" not in fragment
+    page = viewer.get(started["Location"])
     html = page.content.decode()
     assert page.status_code == 200
     assert 'data-cell="success-pass">3<' in html and 'data-cell="success-fail">1<' in html
@@ -157,8 +172,10 @@ def test_calibration_page(client_for, members, project, ingest, refund_record):
     assert 'id="precision">1.000<' in html and 'id="recall">0.750<' in html
     assert 'id="kappa">0.667<' in html  # (5/6 - 1/2) / (1 - 1/2)
     assert f'data-trajectory="{odd.pk}"' in html and 'id="too-few"' in html
-    bad_spec = client_for(members["viewer"]).get(url, {"verifier": '{"type": "regex", "pattern": "(a)\\\\1"}'})
+    bad_spec = viewer.post(reverse("calibration_start", args=[project.slug]),
+                           {"verifier": '{"type": "regex", "pattern": "(a)\\\\1"}'})
     assert bad_spec.status_code == 422 and 'data-field="verifier"' in bad_spec.content.decode()
+    assert VerifierCalibration.objects.count() == 1  # nothing queued for a spec that does not compile
 
 
 def test_freezing_a_leaking_version_lists_the_conflicts(client_for, user, project, trajectory, ingest, refund_record,

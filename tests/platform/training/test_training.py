@@ -264,6 +264,26 @@ def test_the_reaper_fails_a_job_whose_worker_vanished(world):
     assert services.job_retry(job=job).status == JobStatus.QUEUED
 
 
+def test_a_job_stopped_at_its_time_limit_fails_saying_so_and_retry_resumes(world, monkeypatch):
+    """Celery raises SoftTimeLimitExceeded where the worker is, supervising the trainer (whose process group
+    supervise kills on the way out): the job fails with the reason, not as a worker that vanished."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    job = TrainingJob.objects.create(
+        project=world["project"], task_set_version=world["train"], base_version=world["production"],
+        status=JobStatus.QUEUED, step=3, max_steps=20, advice={"recommendation": "grpo"}, queued_at=timezone.now(),
+    )
+
+    def limit(*args, **kwargs):
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(services, "_run_subprocess", limit)
+    job = services.job_run(job_id=job.pk)
+    assert job.status == JobStatus.FAILED and job.failed_step == 3 and job.heartbeat_at is None
+    assert "ran past its time limit" in job.error and "Retry resumes from the last checkpoint" in job.error
+    assert services.job_retry(job=job).status == JobStatus.QUEUED
+
+
 def test_a_refused_action_is_a_409_with_its_reason_on_the_job_page(world, client_for):
     """The job's state refuses it (flywheel.supervise.Refused), as an eval run's page does: 409, the reason
     shown on the job's own page, nothing changed."""

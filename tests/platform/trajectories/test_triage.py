@@ -8,6 +8,7 @@ import json
 from datetime import timedelta
 
 import pytest
+from celery.exceptions import SoftTimeLimitExceeded
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.urls import reverse
@@ -431,6 +432,88 @@ def test_a_trajectory_that_breaks_a_detector_does_not_stop_its_chunk(project, mo
     assert not Trajectory.objects.filter(triage_version=0).exists()
     assert signals_of(project, "t-1") == []
     assert ("unsafe_action", 1) in signals_of(project, "t-0")
+
+
+def _holds_to_the_limit(monkeypatch, poison_id):
+    """Celery's soft limit, as it arrives while the poison trajectory's detectors run (a prefork worker raises
+    SoftTimeLimitExceeded in whatever code runs when the limit passes)."""
+    real = triage.detect
+
+    def detect(**kwargs):
+        if kwargs["messages"] == Trajectory.objects.get(pk=poison_id).messages:
+            raise SoftTimeLimitExceeded()
+        return real(**kwargs)
+
+    monkeypatch.setattr(triage, "detect", detect)
+
+
+@pytest.mark.django_db
+def test_a_trajectory_that_holds_triage_to_its_time_limit_is_marked_and_the_rest_waits(project, monkeypatch):
+    ingest_trajectories(project=project, records=[record(f"t-{i}", [USER, call(f"delete_{i}", {})]) for i in range(4)])
+    ids = list(Trajectory.objects.order_by("id").values_list("id", flat=True))
+    Trajectory.objects.filter(pk=ids[1]).update(messages=[USER, call("delete_poison", {})])
+    _holds_to_the_limit(monkeypatch, ids[1])
+    with pytest.raises(SoftTimeLimitExceeded):
+        triage.triage_project(project_id=project.pk)
+    triaged = dict(Trajectory.objects.values_list("id", "triage_version"))
+    # What came before it is committed, it is marked (so that no retry meets it again), the rest waits.
+    assert [triaged[i] for i in ids] == [1, 1, 0, 0]
+    assert ("unsafe_action", 1) in signals_of(project, "t-0") and signals_of(project, "t-1") == []
+    assert triage.triage_project(project_id=project.pk) == 2  # the sweep's next message goes on
+    assert set(Trajectory.objects.values_list("triage_version", flat=True)) == {1}
+
+
+@pytest.mark.django_db
+def test_a_large_backlog_is_taken_a_slice_at_a_time(project, monkeypatch):
+    from flywheel.trajectories import tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.triage_project_task, "delay", lambda project_id: sent.append(project_id))
+    monkeypatch.setattr(triage, "CHUNK", 2)
+    ingest_trajectories(project=project, records=[record(f"t-{i}", [USER, ANSWER]) for i in range(5)])
+    # Past its slice after the first chunk: it stops there and queues the rest, far from the task's limit.
+    assert triage.triage_project(project_id=project.pk, slice_s=0) == 2
+    assert sent == [project.pk] and Trajectory.objects.filter(triage_version=0).count() == 3
+    assert triage.triage_project(project_id=project.pk, slice_s=60) == 3 and sent == [project.pk]
+
+
+@pytest.mark.django_db
+def test_a_rerun_that_reaches_its_time_limit_says_so_and_retry_goes_on(project, user, monkeypatch):
+    from flywheel.trajectories import tasks
+
+    monkeypatch.setattr(tasks.triage_run_task, "delay", lambda run_id: None)
+    ingest_trajectories(project=project, records=[record(f"t-{i}", [USER, call("wipe_disk", {"disk": i})])
+                                                  for i in range(3)])
+    poison = Trajectory.objects.order_by("id").values_list("id", flat=True)[1]
+    _holds_to_the_limit(monkeypatch, poison)
+    run = triage.triage_run_process(run_id=triage.triage_run_start(project=project, user=user).pk)
+    assert run.status == TriageRunStatus.FAILED and "ran past its time limit" in run.error
+    assert run.done == 0 and Trajectory.objects.filter(triage_version=2).count() == 2  # committed, with the poison
+    run = triage.triage_run_process(run_id=triage.triage_run_retry(run=run).pk)
+    assert run.status == TriageRunStatus.DONE and run.done == 1
+    assert set(Trajectory.objects.values_list("triage_version", flat=True)) == {2}
+
+
+@pytest.mark.django_db(transaction=True)  # the chunk's transaction is a real one, as on a worker
+def test_a_chunks_statements_have_a_timeout_in_its_transaction_only(project, needs_postgres, monkeypatch):
+    from django.db import connection
+
+    seen = []
+    real = triage.detect
+
+    def detect(**kwargs):  # a spy: what the chunk's transaction says while the detectors run
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            seen.append(cursor.fetchone()[0])
+        return real(**kwargs)
+
+    monkeypatch.setattr(triage, "detect", detect)
+    ingest_trajectories(project=project, records=[record("t", [USER, ANSWER])])
+    assert triage.triage_project(project_id=project.pk) == 1
+    assert seen == [f"{triage.STATEMENT_TIMEOUT_MS // 1000}s"]
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        assert cursor.fetchone()[0] != seen[0]  # SET LOCAL: gone with the transaction
 
 
 @pytest.mark.django_db(transaction=True)

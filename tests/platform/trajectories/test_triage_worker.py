@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from flywheel.trajectories.models import Trajectory, TriageRun, TriageRunStatus, TriageSignal
+from tests.standin import StandIn, serving
 
 
 @pytest.fixture(autouse=True)
@@ -128,3 +129,60 @@ def test_a_failed_rerun_is_retried_from_the_page_by_a_maintainer(
     # A run that is done is not retried again: the page refuses with the reason.
     refused = client.post(reverse("triage_run_retry", args=[project.slug, run.pk]))
     assert refused.status_code == 409 and "only a failed triage re-run is retried" in refused.content.decode()
+
+
+class Recorder(StandIn):
+    """Where a fetched `$ref` would go: answers a schema, and remembers that it was asked."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.server.requests.append(self.path)
+        self.answer(200, {"type": "string", "enum": ["from-the-server"]})
+
+
+SECRET = "s3cr3t-admin-password"
+
+
+def hostile(external_id, parameters, arguments):
+    """One call to a tool whose parameters schema the sender wrote, as an ingest key can send it."""
+    tools = [{"type": "function", "function": {"name": "get_order", "parameters": parameters}}]
+    return {**record(external_id), "tools": tools, "messages": [
+        {"role": "user", "content": "Where is my order?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_order", "arguments": json.dumps(arguments)}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"status": "shipped"}'},
+        {"role": "assistant", "content": "It shipped."},
+    ]}
+
+
+def test_a_hostile_tool_schema_is_triaged_without_a_fetch_a_file_read_or_backtracking(
+    celery_worker, api_client, api_key, project, user, client_for, tmp_path
+):
+    """Issue 22: a `$ref` to a server, a `file:` `$ref` to a file holding a secret, and `^(a+)+$` as a
+    patternProperties key against 30 a's and a "!" (minutes for Python's re), ingested through the API and
+    triaged by the worker."""
+    secret = tmp_path / "local-login.json"
+    secret.write_text(json.dumps({"type": "string", "enum": [SECRET]}))
+    redos = {"type": "object", "patternProperties": {"^(a+)+$": {"type": "string"}}, "additionalProperties": False}
+    with serving(Recorder, requests=[]) as server:
+        records = [
+            hostile("http-ref", {"type": "object", "properties": {"order_id": {"$ref": f"{server.url}/x.json"}}},
+                    {"order_id": "1"}),
+            hostile("file-ref", {"type": "object", "properties": {"order_id": {"$ref": secret.as_uri()}}},
+                    {"order_id": "1"}),
+            hostile("redos", redos, {"a" * 30 + "!": "x"}),
+        ]
+        assert api_client.post("/api/v1/trajectories", records, key=api_key).status_code == 200
+        # A generous bound: triage takes well under a second; before RE2 the last one alone took minutes.
+        celery_worker.wait_for(lambda: not Trajectory.objects.filter(project=project, triage_version=0).exists(),
+                               timeout=20)
+        assert server.requests == []  # nothing fetched
+    # The schemas that point outside are the tools' problem, never the model's: no schema signal, no values.
+    assert "schema_violation" not in kinds(project, "http-ref") | kinds(project, "file-ref")
+    # The hostile key was matched on RE2, with an answer: it fits no pattern, and no other key is allowed.
+    (violation,) = TriageSignal.objects.filter(trajectory__external_id="redos", kind="schema_violation")
+    assert "does not match any of the regexes" in violation.detail["errors"][0]
+    stored = json.dumps(list(TriageSignal.objects.filter(project=project).values_list("detail", flat=True)))
+    assert SECRET not in stored and "from-the-server" not in stored
+    page = client_for(user).get(reverse("trajectory_detail", args=[project.slug,
+                                                                   Trajectory.objects.get(external_id="file-ref").pk]))
+    assert page.status_code == 200 and SECRET not in page.content.decode()

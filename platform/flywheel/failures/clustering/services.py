@@ -23,7 +23,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from flywheel import outbox, runs
+from flywheel import outbox, runs, timelimits
 from flywheel.accounts.models import Project
 from flywheel.failures.clustering import engine, naming
 from flywheel.failures.clustering.models import (
@@ -363,7 +363,7 @@ def clustering_run_process(*, run_id: int, embedder: engine.Embedder | None = No
         ClusteringRun.objects.filter(pk=run_id).update(
             status=RunStatus.FAILED,
             finished_at=timezone.now(),
-            error=f"Failed while {RunStage(stage).label.lower()}: {type(exc).__name__}: {exc}"[:2000],
+            error=f"Failed while {RunStage(stage).label.lower()}: {timelimits.stopped_reason(exc)}"[:2000],
         )
     return ClusteringRun.objects.get(pk=run_id)
 

@@ -14,6 +14,7 @@ from pydantic import StrictBool, field_validator
 from flywheel.api import api
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS
+from flywheel.api.ids import Id
 from flywheel.evals import online
 
 router = Router(tags=["online-eval"])
@@ -26,7 +27,7 @@ class OnlineEvalIn(Schema):
     sample_rate: float = Field(0.1, description="The share of new trajectories scored, from 0 to 1 (by a hash of "
                                                 "the external id: the same trajectory is always taken or left)")
     max_per_hour: int = Field(200, description="At most this many trajectories scored per clock hour")
-    task_set: int | None = Field(None, description="A task set's id: a trajectory is scored by the verifier of "
+    task_set: Id | None = Field(None, description="A task set's id: a trajectory is scored by the verifier of "
                                                    "its task whose declared tool names equal the trajectory's")
     judge_enabled: StrictBool = Field(False, description="Also score with an llm_judge on the endpoint below")
     judge_url: str = Field("", description="The judge's OpenAI-compatible base URL (the operator's outbound "

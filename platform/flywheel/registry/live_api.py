@@ -13,6 +13,7 @@ from ninja.errors import HttpError
 from flywheel.api import api
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS
+from flywheel.api.ids import VersionNumber
 from flywheel.registry import live, serving
 from flywheel.registry.models import ModelVersion
 
@@ -69,7 +70,7 @@ def _version(request: HttpRequest, number: int) -> ModelVersion:
                         "trajectories, tokens and latency per trajectory where carried, and a series per hour (per "
                         "day for 30d). Counted from the hourly rollup a worker keeps as trajectories are triaged and "
                         "reviewed (seconds behind). 400 for another window, 404 for a version not in the project.")
-def version_live(request: HttpRequest, number: int,
+def version_live(request: HttpRequest, number: VersionNumber,
                  window: str = Query(live.DEFAULT_WINDOW, description="1h, 24h, 7d or 30d")) -> dict[str, Any]:
     version = _version(request, number)
     try:
@@ -98,7 +99,7 @@ class VersionNamesOut(Schema):
 
 class VersionNameIn(Schema):
     name: str = Field(description="The model_version string the traffic carries", max_length=200)
-    version: int = Field(description="The version it names (its number)")
+    version: VersionNumber = Field(description="The version it names (its number)")
 
 
 def _name(row) -> dict[str, Any]:

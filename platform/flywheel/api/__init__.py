@@ -1,8 +1,9 @@
 """The JSON API: the Ninja instance (`api`) and the parts every app's endpoints share.
 
-`auth` (key authentication and scopes), `errors` (error shapes, field errors, handlers), `pagination`
-(keyset pages) and `collections` (the endpoints eval suites and task sets share) live here; an app's own
-endpoints live in its `api` module, which registers its router on `api`, and never import another app's."""
+`auth` (key authentication and scopes), `errors` (error shapes, field errors, handlers), `ids` (the bounded
+types of every id and version number a request names), `pagination` (keyset pages) and `collections` (the
+endpoints eval suites and task sets share) live here; an app's own endpoints live in its `api` module, which
+registers its router on `api`, and never import another app's."""
 
 from __future__ import annotations
 

@@ -156,7 +156,8 @@ def failure_modes_create(request: HttpRequest, body: FailureModeIn) -> Status:
 )
 def failure_mode_assign(request: HttpRequest, mode_id: Id, body: Selection) -> dict:
     """Assign the mode to trajectories by id or by the list's filter. A trajectory that carries it already is
-    left as it is, and ids of other projects are ignored: `count` is how many were newly assigned."""
+    left as it is, and ids of other projects are ignored: `count` is how many were newly assigned. An empty
+    `trajectory_ids`, like a filter that matches nothing, changes nothing: `count` 0."""
     mode = _mode(request, mode_id)
     count = services.failure_mode_assign(
         failure_mode=mode,

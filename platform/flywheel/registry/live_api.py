@@ -56,6 +56,12 @@ class LiveOut(Schema):
     series: LiveSeriesOut
 
 
+class LiveQuery(Schema):
+    # The schema lists the windows; the handler, not validation, refuses another (400, naming them).
+    window: str = Field(live.DEFAULT_WINDOW, description="1h, 24h, 7d or 30d",
+                        json_schema_extra={"enum": list(live.WINDOWS)})
+
+
 def _version(request: HttpRequest, number: int) -> ModelVersion:
     version = ModelVersion.objects.filter(project=request.auth.project, number=number).first()
     if version is None:
@@ -71,10 +77,10 @@ def _version(request: HttpRequest, number: int) -> ModelVersion:
                         "day for 30d). Counted from the hourly rollup a worker keeps as trajectories are triaged and "
                         "reviewed (seconds behind). 400 for another window, 404 for a version not in the project.")
 def version_live(request: HttpRequest, number: VersionNumber,
-                 window: str = Query(live.DEFAULT_WINDOW, description="1h, 24h, 7d or 30d")) -> dict[str, Any]:
+                 query: Query[LiveQuery]) -> dict[str, Any]:
     version = _version(request, number)
     try:
-        return live.live_metrics(project=request.auth.project, version=version, window=window)
+        return live.live_metrics(project=request.auth.project, version=version, window=query.window)
     except live.WindowError as exc:
         raise HttpError(400, str(exc)) from None
 

@@ -111,8 +111,8 @@ class CurvesOut(Schema):
 
 
 class JobCompareQuery(Schema):
-    ids: list[Id] = Field(min_length=2, max_length=comparison.MAX_COMPARED,
-                           description="The jobs, in the order to show them")
+    ids: list[Id] = Field(min_length=2, max_length=comparison.MAX_COMPARED, json_schema_extra={"uniqueItems": True},
+                          description="The jobs, in the order to show them, each once")
 
 
 class RecipeIn(Schema):

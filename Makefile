@@ -39,8 +39,10 @@ bench: setup
 	  echo "== $$script"; $(PY) "$$script"; \
 	done; [ $$found -eq 1 ] || echo "make bench: no benchmarks in bench/"
 
-# The fuzz tests with many more examples than the suite runs (FUZZ_EXAMPLES each). The OTLP fuzz needs
-# PostgreSQL: export DATABASE_URL (and CELERY_BROKER_URL) as CI does, or it skips.
+# The fuzz tests with many more examples than the suite runs (FUZZ_EXAMPLES each), on the database the
+# environment names. Run it on SQLite (DATABASE_URL unset: SQLite cannot bind an integer past 64 bits, which
+# PostgreSQL compares) and on PostgreSQL (export DATABASE_URL and CELERY_BROKER_URL as CI does; the OTLP fuzz
+# needs it and skips without).
 FUZZ_EXAMPLES ?= 500
 fuzz: setup
 	FLYWHEEL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -n 0 --hypothesis-show-statistics \

@@ -161,3 +161,42 @@ def test_no_two_api_models_share_a_name():
                 if seen.setdefault(cls_name, module.__name__) != module.__name__:
                     clashes.append(f"{cls_name}: {seen[cls_name]} and {module.__name__}")
     assert not clashes, clashes
+
+
+def _integers(schema: dict, components: dict, path: tuple = ()) -> list[tuple[tuple, dict]]:
+    """(path, schema) of every integer in `schema`: through $ref, anyOf/oneOf/allOf, array items, properties."""
+    if "$ref" in schema:
+        schema = components[schema["$ref"].rsplit("/", 1)[-1]]
+    found = [(path, schema)] if schema.get("type") == "integer" else []
+    for branch in ("anyOf", "oneOf", "allOf"):
+        for sub in schema.get(branch, []):
+            found += _integers(sub, components, path)
+    if "items" in schema:
+        found += _integers(schema["items"], components, (*path, "[]"))
+    for name, sub in schema.get("properties", {}).items():
+        found += _integers(sub, components, (*path, name))
+    return found
+
+
+def test_every_integer_a_path_or_query_takes_and_every_id_in_a_body_is_bounded():
+    """An integer that names a row is looked up in a column of fixed range: past it SQLite cannot even bind
+    the value (OverflowError, a 500). So the schema bounds each (flywheel.api.ids), and validation refuses
+    one outside with a 422 naming it, before any query."""
+    from flywheel.api import api
+
+    schema = api.get_openapi_schema(path_prefix="")
+    components = schema["components"]["schemas"]
+    checked, unbounded = 0, []
+    for route, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            found = []
+            for parameter in operation.get("parameters", []):
+                found += _integers(parameter["schema"], components, (parameter["in"], parameter["name"]))
+            for content in operation.get("requestBody", {}).get("content", {}).values():
+                found += [(path, s) for path, s in _integers(content.get("schema", {}), components, ("body",))
+                          if path[0] != "body" or str(path[-1] if path[-1] != "[]" else path[-2]).endswith(("_id", "_ids"))]
+            for path, integer in found:
+                checked += 1
+                if "minimum" not in integer or "maximum" not in integer:
+                    unbounded.append(f"{method.upper()} {route} {'.'.join(map(str, path))}")
+    assert checked >= 40 and unbounded == [], unbounded

@@ -1,8 +1,9 @@
 """The JSON API: the Ninja instance (`api`) and the parts every app's endpoints share.
 
-`auth` (key authentication and scopes), `errors` (error shapes, field errors, handlers), `pagination`
-(keyset pages) and `collections` (the endpoints eval suites and task sets share) live here; an app's own
-endpoints live in its `api` module, which registers its router on `api`, and never import another app's."""
+`auth` (key authentication and scopes), `errors` (error shapes, field errors, handlers), `ids` (the bounded
+types of every id and version number a request names), `pagination` (keyset pages) and `collections` (the
+endpoints eval suites and task sets share) live here; an app's own endpoints live in its `api` module, which
+registers its router on `api`, and never import another app's."""
 
 from __future__ import annotations
 
@@ -90,6 +91,16 @@ class FlywheelAPI(NinjaAPI):
         """A body field's path without the handler's parameter name (`["body", "config", "beta"]`, not
         `["body", "body", "config", "beta"]`): the path a service's field error has (errors.field_errors)."""
         exc = super().validation_error_from_error_contexts(error_contexts)
+        # Ninja renames a flattened parameter's path only when the error is on the field itself: an item of a
+        # list (`?ids=1&ids=x`) kept the handler's parameter name, ["query", "query", "ids", 1]. Renamed here by
+        # the longest known prefix, to ["query", "ids", 1]. Ninja's errors are in the contexts' order.
+        raw = [(context.model, tuple(error["loc"])) for context in error_contexts
+               for error in context.pydantic_validation_error.errors(include_url=False)]
+        for error, (model, loc) in zip(exc.errors, raw, strict=True):
+            renames = model.__ninja_flatten_map_reverse__
+            prefix = next((n for n in range(len(loc), 0, -1) if loc[:n] in renames), None)
+            if prefix is not None:
+                error["loc"] = (model.__ninja_param_source__, *renames[loc[:prefix]], *loc[prefix:])
         for error in exc.errors:
             loc = tuple(error["loc"])
             if len(loc) >= 2 and loc[0] == "body":  # ["body", "body"]: the whole body (ObjectIn) -> ["body"]

@@ -23,6 +23,7 @@ from ninja.errors import HttpError
 from flywheel.api import ObjectIn, api
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ErrorOut, ValidationErrorOut
+from flywheel.api.ids import Id, VersionNumber
 from flywheel.evals import promotion, selectors
 from flywheel.evals import rows as row_shape
 from flywheel.evals.kinds import train_side
@@ -35,7 +36,7 @@ class CollectionIn(Schema):
     name: str = Field(min_length=1, max_length=120, pattern=r"\S", description="unique in the project")
     kind: Literal["holdout", "regression"] = Field(default=SuiteKind.REGRESSION, description="eval suites only")
     description: str = ""
-    server: int | None = Field(default=None, description="task sets only: the id of a registered environment "
+    server: Id | None = Field(default=None, description="task sets only: the id of a registered environment "
                                "server (`GET /api/v1/environment-servers`) whose episodes its tasks run in")
 
 
@@ -99,7 +100,7 @@ class PromotionIn(ObjectIn):
     """The trajectory, by `trajectory_id` or by `external_id` (exactly one). Unset fields start from its
     prefill (expected = what the agent did)."""
 
-    trajectory_id: int | None = Field(default=None, description="The trajectory's id; or send external_id")
+    trajectory_id: Id | None = Field(default=None, description="The trajectory's id; or send external_id")
     external_id: str | None = Field(default=None, min_length=1, max_length=255,
                                     description="The external_id the agent sent it with; or send trajectory_id")
     message_index: int | None = None
@@ -140,8 +141,8 @@ class BulkIn(ObjectIn):
     """Which trajectories: a failure mode's, or a selection by `trajectory_ids` or `external_ids` (exactly one
     of the three)."""
 
-    failure_mode_id: int | None = None
-    trajectory_ids: list[int] | None = Field(default=None, max_length=promotion.BULK_MAX)
+    failure_mode_id: Id | None = None
+    trajectory_ids: list[Id] | None = Field(default=None, max_length=promotion.BULK_MAX)
     external_ids: list[str] | None = Field(default=None, max_length=promotion.BULK_MAX)
     expect: str | None = None
     expected_calls: Any = None
@@ -292,7 +293,7 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
     @router.get(f"/{prefix}/{{{id_name}}}", auth=read_auth, response={200: CollectionDetailOut, **errors},
                 summary=f"Read a {label}: its rows and versions", operation_id=f"{tag}_read")
     @by_id
-    def collection_read(request: HttpRequest, collection_id: int) -> dict[str, Any]:
+    def collection_read(request: HttpRequest, collection_id: Id) -> dict[str, Any]:
         c = get(request, collection_id)
         items = list(selectors.collection_items(collection=c))
         versions = list(selectors.collection_versions(collection=c))
@@ -302,7 +303,7 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
     @router.get(f"/{prefix}/{{{id_name}}}/versions", auth=read_auth, response={200: list[VersionOut], **errors},
                 summary=f"A {label}'s versions, newest first", operation_id=f"{tag}_versions")
     @by_id
-    def collection_versions(request: HttpRequest, collection_id: int) -> list[dict[str, Any]]:
+    def collection_versions(request: HttpRequest, collection_id: Id) -> list[dict[str, Any]]:
         c = get(request, collection_id)
         return [version_out(c, v) for v in selectors.collection_versions(collection=c)]
 
@@ -315,7 +316,7 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
                                 "that many samples a case.",
                     operation_id=f"{tag}_power")
         @by_id
-        def collection_power(request: HttpRequest, collection_id: int, number: int,
+        def collection_power(request: HttpRequest, collection_id: Id, number: VersionNumber,
                              samples: int | None = Query(None, ge=1, le=64)) -> dict[str, Any]:
             c = get(request, collection_id)
             version = selectors.version_get(collection=c, number=number)
@@ -329,7 +330,7 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
                             "`train`); the file's SHA-256 is the version's content_hash.",
                 operation_id=f"{tag}_export")
     @by_id
-    def collection_export(request: HttpRequest, collection_id: int, number: int) -> HttpResponse:
+    def collection_export(request: HttpRequest, collection_id: Id, number: VersionNumber) -> HttpResponse:
         c = get(request, collection_id)
         version = selectors.version_get(collection=c, number=number)
         if version is None:
@@ -344,7 +345,7 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
                              "run, 422 with field errors, conflicts and both checks when refused.",
                  operation_id=f"{tag}_promote")
     @by_id
-    def collection_promote(request: HttpRequest, collection_id: int, body: PromotionIn) -> Any:
+    def collection_promote(request: HttpRequest, collection_id: Id, body: PromotionIn) -> Any:
         c = get(request, collection_id)
         trajectory = trajectory_named(request.auth.project, trajectory_id=body.trajectory_id,
                                       external_id=body.external_id)
@@ -404,7 +405,7 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
                              "pass both checks and the leakage guard, lists the others with the reason.",
                  operation_id=f"{tag}_promote_bulk")
     @by_id
-    def collection_promote_bulk(request: HttpRequest, collection_id: int, body: BulkIn) -> Any:
+    def collection_promote_bulk(request: HttpRequest, collection_id: Id, body: BulkIn) -> Any:
         c = get(request, collection_id)
         project = request.auth.project
         data = body.dict(exclude_none=True, exclude={"failure_mode_id", "trajectory_ids", "external_ids"})

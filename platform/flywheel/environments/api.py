@@ -15,6 +15,7 @@ from flywheel.api import ObjectIn
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.collections import ItemOut, item_out, register
 from flywheel.api.errors import ERRORS
+from flywheel.api.ids import Id
 from flywheel.environments.models import EnvironmentServer, Task, TaskSet
 from flywheel.environments.services import environment_server_register
 from flywheel.environments.variants import task_variants_create
@@ -41,7 +42,7 @@ class VariantsOut(Schema):
                 "guard lets it in.",
     operation_id="task-sets_variants",
 )
-def task_variants(request: HttpRequest, task_set_id: int, task_id: int, body: VariantsIn) -> dict[str, Any]:
+def task_variants(request: HttpRequest, task_set_id: Id, task_id: Id, body: VariantsIn) -> dict[str, Any]:
     task = Task.objects.filter(task_set__project=request.auth.project, task_set_id=task_set_id, pk=task_id).first()
     if task is None:
         raise HttpError(404, f"No task {task_id} in task set {task_set_id} of project '{request.auth.project.slug}'.")

@@ -4,7 +4,7 @@ traffic is sent to a judge and what reaches the review queue) and the scores per
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Annotated, Any
 
 from django.http import HttpRequest
 from django.utils import timezone
@@ -15,6 +15,7 @@ from flywheel.accounts.models import Scope
 from flywheel.api import api
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS
+from flywheel.api.ids import Id
 from flywheel.evals import online
 
 router = Router(tags=["online-eval"])
@@ -27,7 +28,7 @@ class OnlineEvalIn(Schema):
     sample_rate: float = Field(0.1, description="The share of new trajectories scored, from 0 to 1 (by a hash of "
                                                 "the external id: the same trajectory is always taken or left)")
     max_per_hour: int = Field(200, description="At most this many trajectories scored per clock hour")
-    task_set: int | None = Field(None, description="A task set's id: a trajectory is scored by the verifier of "
+    task_set: Id | None = Field(None, description="A task set's id: a trajectory is scored by the verifier of "
                                                    "its task whose declared tool names equal the trajectory's")
     judge_enabled: StrictBool = Field(False, description="Also score with an llm_judge on the endpoint below")
     judge_url: str = Field("", description="The judge's OpenAI-compatible base URL (the operator's outbound "
@@ -83,19 +84,21 @@ def online_eval_set(request: HttpRequest, body: OnlineEvalIn) -> dict[str, Any]:
     return _settings_out(request)
 
 
+# PostgreSQL's text holds no NUL (its driver refuses the query), and a model_version is at most 200 characters;
+# the pattern tells a client, the validator below refuses.
+_VersionName = Annotated[str, Field(max_length=200, json_schema_extra={"pattern": "^[^\\x00]*$"})]
+
+
 class ScoresQuery(Schema):
-    model_version: list[str] | None = Field(None, description="Only these model_version strings (repeatable)")
+    model_version: list[_VersionName] | None = Field(None, description="Only these model_version strings "
+                                                                        "(repeatable)")
     hours: int = Field(24 * 7, ge=1, le=24 * 366, description="The window: scores of the last this many hours")
 
     @field_validator("model_version")
     @classmethod
     def _names(cls, value: list[str] | None) -> list[str] | None:
-        # PostgreSQL's text holds no NUL (its driver refuses the query), and a model_version is at most 200.
-        for name in value or []:
-            if "\x00" in name:
-                raise ValueError("must not contain a NUL character")
-            if len(name) > 200:
-                raise ValueError("a model_version is at most 200 characters")
+        if any("\x00" in name for name in value or []):
+            raise ValueError("must not contain a NUL character")
         return value
 
 

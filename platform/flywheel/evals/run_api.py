@@ -15,6 +15,7 @@ from ninja.errors import HttpError
 from flywheel.api import ObjectIn, api
 from flywheel.api.auth import read_auth, train_auth
 from flywheel.api.errors import ERRORS
+from flywheel.api.ids import Id, VersionNumber
 from flywheel.api.pagination import PageQuery, keyset_page
 from flywheel.api.versions import version_of
 from flywheel.evals import runs
@@ -26,9 +27,9 @@ router = Router(tags=["eval runs"])
 
 
 class RunIn(Schema):
-    model_version: int = Field(description="The model version's number (v3 is 3)")
-    suite: int = Field(description="The eval suite's id")
-    suite_version: int = Field(description="Its version's number (`GET /api/v1/eval-suites/{id}/versions`)")
+    model_version: VersionNumber = Field(description="The model version's number (v3 is 3)")
+    suite: Id = Field(description="The eval suite's id")
+    suite_version: VersionNumber = Field(description="Its version's number (`GET /api/v1/eval-suites/{id}/versions`)")
     samples: int = 4
 
 
@@ -73,10 +74,10 @@ class RunPage(Schema):
 
 class RunFilters(PageQuery):
     status: Literal[tuple(EvalRunStatus.values)] | None = None  # type: ignore[valid-type]
-    model_version: int | None = Field(None, ge=1, le=2**31 - 1, description="Runs of this model version (number)")
-    suite: int | None = Field(None, ge=1, le=2**63 - 1, description="Runs on this eval suite (id)")
-    suite_version: int | None = Field(None, ge=1, le=2**31 - 1,
-                                      description="Runs on this version (its number) of `suite`, or of any suite")
+    model_version: VersionNumber | None = Field(None, description="Runs of this model version (number)")
+    suite: Id | None = Field(None, description="Runs on this eval suite (id)")
+    suite_version: VersionNumber | None = Field(None, description="Runs on this version (its number) of `suite`, "
+                                                                  "or of any suite")
 
 
 class CompareRowOut(Schema):
@@ -99,7 +100,7 @@ class CompareOut(Schema):
 
 
 class RunCompareQuery(Schema):
-    ids: list[int] = Field(min_length=2, max_length=2, description="The two runs: a, then b")
+    ids: list[Id] = Field(min_length=2, max_length=2, description="The two runs: a, then b")
 
 
 class RegressionBuildIn(ObjectIn):
@@ -129,7 +130,7 @@ def _summary(run: EvalRun) -> dict[str, Any]:
                          "pass rate is at least `min_rate`. The answer is the eval run: follow it at "
                          "`GET /api/v1/eval-runs/{id}`, which shows every case's measured rate. 422 names the "
                          "wrong field.")
-def regression_build_create(request: HttpRequest, suite_id: int, body: RegressionBuildIn) -> Status:
+def regression_build_create(request: HttpRequest, suite_id: Id, body: RegressionBuildIn) -> Status:
     from flywheel.evals.regression import regression_build_start
 
     project = request.auth.project
@@ -209,7 +210,7 @@ def run_compare(request: HttpRequest, query: Query[RunCompareQuery]) -> dict[str
 
 @router.get("/eval-runs/{eval_run_id}", auth=read_auth, response={200: RunOut, **ERRORS}, summary="An eval run",
             description="Status, metrics and, once it succeeded, each case's result with where the case came from.")
-def run_get(request: HttpRequest, eval_run_id: int) -> dict[str, Any]:
+def run_get(request: HttpRequest, eval_run_id: Id) -> dict[str, Any]:
     run = _run(request, eval_run_id)
     return {**_summary(run), "error": run.error, "attempt": run.attempt,
             "cases": [_case(r) for r in run.results.all()]}
@@ -223,13 +224,13 @@ def _act(request: HttpRequest, eval_run_id: int, action) -> dict[str, Any]:
 @router.post("/eval-runs/{eval_run_id}/cancel", auth=train_auth, response={200: RunState, **ERRORS},
              summary="Cancel an eval run", description="A queued run stops at once, a running one when its worker "
              "next checks (its trainer's whole process group is killed); 409 when it has ended.")
-def run_cancel(request: HttpRequest, eval_run_id: int) -> dict[str, Any]:
+def run_cancel(request: HttpRequest, eval_run_id: Id) -> dict[str, Any]:
     return _act(request, eval_run_id, runs.eval_run_cancel)
 
 
 @router.post("/eval-runs/{eval_run_id}/retry", auth=train_auth, response={200: RunState, **ERRORS},
              summary="Retry an eval run", description="Queues a failed or cancelled run again; 409 otherwise.")
-def run_retry(request: HttpRequest, eval_run_id: int) -> dict[str, Any]:
+def run_retry(request: HttpRequest, eval_run_id: Id) -> dict[str, Any]:
     return _act(request, eval_run_id, runs.eval_run_retry)
 
 

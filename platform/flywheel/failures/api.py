@@ -19,6 +19,7 @@ from ninja.errors import HttpError
 from flywheel.api import ObjectIn, api
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ERRORS as _ERRORS
+from flywheel.api.ids import Id
 from flywheel.failures import queue, selectors, services
 from flywheel.failures.models import FailureMode
 from flywheel.trajectories.models import Trajectory
@@ -53,7 +54,7 @@ class Selection(ObjectIn):
     """Which trajectories: `trajectory_ids`, or `filter` (the list page's query parameters: outcome, agent,
     model_version, date_from, date_to, tool_error, q, signal, reviewed, source, tag, mode). Exactly one."""
 
-    trajectory_ids: list[int] | None = Field(None, max_length=MAX_IDS)
+    trajectory_ids: list[Id] | None = Field(None, max_length=MAX_IDS)
     filter: dict[str, str] | None = Field(None, description="The list page's filter, e.g. {\"signal\": \"loop\"}")
     message_index: int | None = Field(None, ge=0, description="The message the mode shows at (assign only)")
     note: str = Field("", max_length=10_000)
@@ -153,9 +154,10 @@ def failure_modes_create(request: HttpRequest, body: FailureModeIn) -> Status:
 @router.post(
     "/failure-modes/{mode_id}/assign", auth=review_auth, response={200: CountOut, **_ERRORS}, summary="Assign trajectories"
 )
-def failure_mode_assign(request: HttpRequest, mode_id: int, body: Selection) -> dict:
+def failure_mode_assign(request: HttpRequest, mode_id: Id, body: Selection) -> dict:
     """Assign the mode to trajectories by id or by the list's filter. A trajectory that carries it already is
-    left as it is, and ids of other projects are ignored: `count` is how many were newly assigned."""
+    left as it is, and ids of other projects are ignored: `count` is how many were newly assigned. An empty
+    `trajectory_ids`, like a filter that matches nothing, changes nothing: `count` 0."""
     mode = _mode(request, mode_id)
     count = services.failure_mode_assign(
         failure_mode=mode,
@@ -170,7 +172,7 @@ def failure_mode_assign(request: HttpRequest, mode_id: int, body: Selection) -> 
 @router.post(
     "/failure-modes/{mode_id}/unassign", auth=review_auth, response={200: CountOut, **_ERRORS}, summary="Unassign trajectories"
 )
-def failure_mode_unassign(request: HttpRequest, mode_id: int, body: Selection) -> dict:
+def failure_mode_unassign(request: HttpRequest, mode_id: Id, body: Selection) -> dict:
     mode = _mode(request, mode_id)
     count = services.failure_mode_unassign(
         failure_mode=mode, trajectories=_selection(request, body), user=request.auth.created_by
@@ -192,7 +194,7 @@ def queue_claim(request: HttpRequest, body: QueueFilter) -> dict:
 @router.post(
     "/queue/{trajectory_id}/complete", auth=review_auth, response={200: CompleteOut, **_ERRORS}, summary="Complete a queue item"
 )
-def queue_complete(request: HttpRequest, trajectory_id: int, body: CompleteIn) -> dict:
+def queue_complete(request: HttpRequest, trajectory_id: Id, body: CompleteIn) -> dict:
     """Mark the trajectory reviewed and release it; 409 while another person holds it."""
     trajectory = Trajectory.objects.filter(project=request.auth.project, pk=trajectory_id).first()
     if trajectory is None:

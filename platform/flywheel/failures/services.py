@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.exceptions import ValidationError
+from django.core.exceptions import EmptyResultSet, ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
@@ -184,8 +184,9 @@ def failure_mode_update(
 TrajectorySelection = Iterable[Trajectory | int] | QuerySet[Trajectory]
 
 
-def _ids_sql(*, project: Project, trajectories: TrajectorySelection) -> tuple[str, list[Any]]:
-    """SQL selecting the ids of `trajectories` that belong to `project`, with its parameters.
+def _ids_sql(*, project: Project, trajectories: TrajectorySelection) -> tuple[str, list[Any]] | None:
+    """SQL selecting the ids of `trajectories` that belong to `project`, with its parameters; None for a
+    selection of nothing (no ids, or a queryset Django knows is empty), which SQL's `IN ()` cannot say.
 
     A queryset (the list's filter, "all N matching") stays a subquery: its ids never travel through Python."""
     if isinstance(trajectories, QuerySet):
@@ -193,7 +194,10 @@ def _ids_sql(*, project: Project, trajectories: TrajectorySelection) -> tuple[st
     else:
         ids = {t.pk if isinstance(t, Trajectory) else int(t) for t in trajectories}
         qs = Trajectory.objects.filter(project=project, id__in=ids).order_by().values("id")
-    sql, params = qs.query.sql_with_params()
+    try:
+        sql, params = qs.query.sql_with_params()
+    except EmptyResultSet:
+        return None
     return sql, list(params)
 
 
@@ -212,7 +216,10 @@ def failure_mode_assign(
     if message_index is not None and message_index < 0:
         raise ValidationError({"message_index": f"No message {message_index}: indexes start at 0."})
     project = failure_mode.project
-    ids_sql, ids_params = _ids_sql(project=project, trajectories=trajectories)
+    selected = _ids_sql(project=project, trajectories=trajectories)
+    if selected is None:
+        return 0
+    ids_sql, ids_params = selected
     if message_index is not None:
         too_short = Trajectory.objects.extra(where=[f"id IN ({ids_sql})"], params=ids_params).filter(
             message_count__lte=message_index
@@ -243,7 +250,10 @@ def failure_mode_assign(
 def failure_mode_unassign(*, failure_mode: FailureMode, trajectories: TrajectorySelection, user: AbstractBaseUser | None) -> int:
     """Take the mode off `trajectories`; returns how many carried it. Recorded in the review history."""
     project = failure_mode.project
-    ids_sql, ids_params = _ids_sql(project=project, trajectories=trajectories)
+    selected = _ids_sql(project=project, trajectories=trajectories)
+    if selected is None:
+        return 0
+    ids_sql, ids_params = selected
     with transaction.atomic():
         links = FailureModeAssignment.objects.filter(failure_mode=failure_mode).extra(
             where=[f"trajectory_id IN ({ids_sql})"], params=ids_params

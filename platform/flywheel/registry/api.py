@@ -16,6 +16,7 @@ from pydantic import StrictBool, field_validator
 from flywheel.api import ObjectIn, api
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS as _ERRORS
+from flywheel.api.ids import VersionNumber
 from flywheel.registry import selectors, services
 from flywheel.registry.models import AliasEvent, ModelVersion
 
@@ -121,7 +122,7 @@ class MoveIn(ObjectIn):
 
 class RollbackIn(ObjectIn):
     reason: str = ""
-    to_version: int | None = None
+    to_version: VersionNumber | None = None
 
 
 class MoveOut(Schema):
@@ -155,7 +156,7 @@ def _version(request: HttpRequest, number: int) -> ModelVersion:
 
 @router.get("/model-versions/{number}", auth=read_auth, response={200: ModelVersionOut, **_ERRORS},
             summary="A model version", description="Its base model, adapter, lineage, aliases and latest gate decision.")
-def version_get(request: HttpRequest, number: int) -> dict:
+def version_get(request: HttpRequest, number: VersionNumber) -> dict:
     version = _version(request, number)
     decision = version.gate_decisions.first()
     return {
@@ -172,7 +173,7 @@ def version_get(request: HttpRequest, number: int) -> dict:
              summary="Promote a version to production",
              description="Only a version whose latest gate decision passed: else 409 with the failing rules. With MLflow "
                          "away, 409 and nothing changes.")
-def version_promote(request: HttpRequest, number: int, body: MoveIn) -> dict:
+def version_promote(request: HttpRequest, number: VersionNumber, body: MoveIn) -> dict:
     version = _version(request, number)
     try:
         event = services.model_promote(project=request.auth.project, version=version, user=request.auth.created_by,
@@ -358,7 +359,7 @@ class CanaryOut(Schema):
              description="Serve the version to a share of traffic (`weight`) beside production, and start the canary "
                          "decision (a sequential test on live traffic). Only a version that passed the gate against "
                          "the production serving now, and one canary at a time: else 409 saying why.")
-def version_canary(request: HttpRequest, number: int, body: CanaryIn) -> dict:
+def version_canary(request: HttpRequest, number: VersionNumber, body: CanaryIn) -> dict:
     from flywheel.registry import canary
 
     version = _version(request, number)

@@ -13,6 +13,7 @@ from ninja.errors import HttpError
 from flywheel.api import api
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS
+from flywheel.api.ids import VersionNumber
 from flywheel.registry import live, serving
 from flywheel.registry.models import ModelVersion
 
@@ -55,6 +56,12 @@ class LiveOut(Schema):
     series: LiveSeriesOut
 
 
+class LiveQuery(Schema):
+    # The schema lists the windows; the handler, not validation, refuses another (400, naming them).
+    window: str = Field(live.DEFAULT_WINDOW, description="1h, 24h, 7d or 30d",
+                        json_schema_extra={"enum": list(live.WINDOWS)})
+
+
 def _version(request: HttpRequest, number: int) -> ModelVersion:
     version = ModelVersion.objects.filter(project=request.auth.project, number=number).first()
     if version is None:
@@ -69,11 +76,11 @@ def _version(request: HttpRequest, number: int) -> ModelVersion:
                         "trajectories, tokens and latency per trajectory where carried, and a series per hour (per "
                         "day for 30d). Counted from the hourly rollup a worker keeps as trajectories are triaged and "
                         "reviewed (seconds behind). 400 for another window, 404 for a version not in the project.")
-def version_live(request: HttpRequest, number: int,
-                 window: str = Query(live.DEFAULT_WINDOW, description="1h, 24h, 7d or 30d")) -> dict[str, Any]:
+def version_live(request: HttpRequest, number: VersionNumber,
+                 query: Query[LiveQuery]) -> dict[str, Any]:
     version = _version(request, number)
     try:
-        return live.live_metrics(project=request.auth.project, version=version, window=window)
+        return live.live_metrics(project=request.auth.project, version=version, window=query.window)
     except live.WindowError as exc:
         raise HttpError(400, str(exc)) from None
 
@@ -98,7 +105,7 @@ class VersionNamesOut(Schema):
 
 class VersionNameIn(Schema):
     name: str = Field(description="The model_version string the traffic carries", max_length=200)
-    version: int = Field(description="The version it names (its number)")
+    version: VersionNumber = Field(description="The version it names (its number)")
 
 
 def _name(row) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pydantic import StrictBool
 from flywheel.api import api
 from flywheel.api.auth import read_auth, train_auth
 from flywheel.api.errors import ERRORS
+from flywheel.api.ids import Id, VersionNumber
 from flywheel.api.pagination import PageQuery, keyset_page
 from flywheel.api.versions import version_of, version_ref
 from flywheel.environments.models import TaskSet
@@ -27,12 +28,12 @@ router = Router(tags=["training"])
 
 
 class JobIn(Schema):
-    task_set: int = Field(description="The task set's id")
-    task_set_version: int = Field(description="Its version's number (`GET /api/v1/task-sets/{id}/versions`)")
-    holdout: int | None = Field(None, description="The holdout suite's id; with holdout_version")
-    holdout_version: int | None = Field(None, description="Its version's number")
-    regression: int | None = Field(None, description="The regression suite's id; with regression_version")
-    regression_version: int | None = Field(None, description="Its version's number")
+    task_set: Id = Field(description="The task set's id")
+    task_set_version: VersionNumber = Field(description="Its version's number (`GET /api/v1/task-sets/{id}/versions`)")
+    holdout: Id | None = Field(None, description="The holdout suite's id; with holdout_version")
+    holdout_version: VersionNumber | None = Field(None, description="Its version's number")
+    regression: Id | None = Field(None, description="The regression suite's id; with regression_version")
+    regression_version: VersionNumber | None = Field(None, description="Its version's number")
     algorithm: str = Field("grpo", description=" | ".join(services.ALGORITHMS))
     config: dict[str, Any] = Field({}, description="GRPOConfig fields, over the project's recipe")
     num_gpus: int = 1
@@ -110,8 +111,8 @@ class CurvesOut(Schema):
 
 
 class JobCompareQuery(Schema):
-    ids: list[int] = Field(min_length=2, max_length=comparison.MAX_COMPARED,
-                           description="The jobs, in the order to show them")
+    ids: list[Id] = Field(min_length=2, max_length=comparison.MAX_COMPARED, json_schema_extra={"uniqueItems": True},
+                          description="The jobs, in the order to show them, each once")
 
 
 class RecipeIn(Schema):
@@ -206,7 +207,7 @@ def job_compare(request: HttpRequest, query: Query[JobCompareQuery]) -> dict[str
             description="Status, progress, the settings it runs with (resolved config, algorithm, versions, the "
                         "gate's rules), last holdout metrics, checkpoints and, when done, the candidate version and "
                         "the gate's decision.")
-def job_get(request: HttpRequest, job_id: int) -> dict[str, Any]:
+def job_get(request: HttpRequest, job_id: Id) -> dict[str, Any]:
     from flywheel.registry.selectors import gate_rules_of
 
     job = _job(request, job_id)
@@ -231,7 +232,7 @@ def job_get(request: HttpRequest, job_id: int) -> dict[str, Any]:
             summary="A training job's curves",
             description="Each trainer step's reward, KL and completion length, and each holdout look's success "
                         "rate: the points of the job page's chart.")
-def job_curves(request: HttpRequest, job_id: int) -> dict[str, Any]:
+def job_curves(request: HttpRequest, job_id: Id) -> dict[str, Any]:
     job = _job(request, job_id)
     return {"status": job.status, **services.job_page_data(job=job)}
 
@@ -239,7 +240,7 @@ def job_curves(request: HttpRequest, job_id: int) -> dict[str, Any]:
 @router.post("/training-jobs/{job_id}/cancel", auth=train_auth, response={200: JobCreated, **ERRORS},
              summary="Cancel a training job", description="Stops the trainer (its whole process group); 409 when the "
              "job has finished.")
-def job_cancel(request: HttpRequest, job_id: int) -> dict[str, Any]:
+def job_cancel(request: HttpRequest, job_id: Id) -> dict[str, Any]:
     job = services.job_cancel(job=_job(request, job_id), user=request.auth.created_by)  # Refused: 409
     return {"id": job.pk, "status": job.status}
 

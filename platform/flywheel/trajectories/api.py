@@ -20,6 +20,7 @@ from pydantic import field_validator
 from flywheel.api import api
 from flywheel.api.auth import ingest_auth, read_auth
 from flywheel.api.errors import ErrorOut, ValidationErrorOut, error_format, json_response
+from flywheel.api.ids import Id
 from flywheel.api.pagination import MAX_LIMIT, cursor_value
 from flywheel.trajectories import otlp, selectors
 from flywheel.trajectories.ingest import ingest_trajectories, json_error_text, jsonl_records
@@ -205,7 +206,7 @@ class TrajectoryQuery(Schema):
     external_id: str | None = Field(None, json_schema_extra=_NO_NUL)
     has_tool_error: bool | None = None
     signal: SignalKind | None = Field(None, description="Trajectories with at least one triage signal of this kind")
-    failure_mode: int | None = Field(None, ge=1, le=2**63 - 1, description="Trajectories assigned to this failure mode (its id)")
+    failure_mode: Id | None = Field(None, description="Trajectories assigned to this failure mode (its id)")
     q: str | None = Field(
         None,
         max_length=selectors.MAX_SEARCH_CHARS,
@@ -363,7 +364,7 @@ def trajectories_list(request: HttpRequest, query: Query[TrajectoryQuery]) -> di
     summary="Read one trajectory",
     description="A trajectory of the key's project, messages included; 404 when the key's project has no such id.",
 )
-def trajectory_detail(request: HttpRequest, trajectory_id: int) -> dict[str, Any]:
+def trajectory_detail(request: HttpRequest, trajectory_id: Id) -> dict[str, Any]:
     trajectory = (
         Trajectory.objects.filter(project=request.auth.project, pk=trajectory_id)
         .prefetch_related("tags", "comments__author")

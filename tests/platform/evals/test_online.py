@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import math
 import random
+import re
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -429,3 +430,18 @@ def test_a_versions_live_metrics_carry_its_online_scores(project, ingest, tmp_pa
     assert metrics["online_scored"] == 2 and metrics["online_pass_rate"] == 0.5
     page = client_for(user).get(reverse("registry_version", args=[project.slug, 1])).content.decode()
     assert "Online evaluation pass rate" in page and "2 scored" in page
+
+
+def test_the_schema_states_what_a_scores_query_refuses(api_client, make_api_key, project):
+    """A model_version with a NUL or past 200 characters is refused (422): the schema says so, or a client
+    that follows it (a fuzzer did) sends a request the schema allows and gets refused."""
+    from flywheel.api import api
+
+    operation = api.get_openapi_schema(path_prefix="")["paths"]["/online-eval/scores"]["get"]
+    names = next(p for p in operation["parameters"] if p["name"] == "model_version")["schema"]["anyOf"][0]["items"]
+    assert names["maxLength"] == 200 and re.fullmatch(names["pattern"], "v1") and not re.search(names["pattern"], "a\x00")
+    key = make_api_key(project, scopes=["read"])
+    for name in ("a\x00", "v" * 201):
+        refused = api_client.get("/api/v1/online-eval/scores", {"model_version": [name]}, key=key)
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][:2] == ["query", "model_version"]
+    assert api_client.get("/api/v1/online-eval/scores", {"model_version": ["v" * 200]}, key=key).status_code == 200

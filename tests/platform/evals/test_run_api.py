@@ -77,3 +77,12 @@ def test_two_runs_compared_as_the_page_compares_them(api_client, world):
     assert api_client.get(url, {"ids": [world["a"].pk]}, key=key).status_code == 422
     assert api_client.get(url, {"ids": [world["a"].pk, 10**9]}, key=key).status_code == 404
     assert api_client.get(url, {"ids": [world["a"].pk, world["b"].pk]}, key=world["other"]).status_code == 404
+
+
+@pytest.mark.parametrize("outside", [2**63, -(2**63) - 1, 0, -1, 38333908473300881156079616])
+def test_a_run_id_outside_the_id_range_is_a_422_naming_it(api_client, world, outside):
+    """SQLite raised OverflowError on an id past 64 bits in the `IN` of the comparison (a 500); an id is
+    1 to 2**63 - 1 on every backend, so the schema says so and the parameter is refused by its position."""
+    answer = api_client.get("/api/v1/eval-runs/compare", {"ids": [world["a"].pk, outside]}, key=world["read"])
+    assert answer.status_code == 422, answer.content
+    assert [problem["loc"] for problem in answer.json()["detail"]] == [["query", "ids", 1]]

@@ -79,3 +79,29 @@ def test_the_queue_from_a_script_claims_and_completes(api_client, project, user,
     ownerless = make_api_key(project, scopes=["review"])
     assert api_client.post("/api/v1/queue/claim", {}, key=ownerless).status_code == 409
     assert api_client.post("/api/v1/queue/claim", {}, key=make_api_key(project, scopes=["read"])).status_code == 403
+
+
+@pytest.mark.parametrize("action", ["assign", "unassign"])
+def test_an_empty_selection_changes_nothing_and_says_so(api_client, project, user, review_key, make_trajectories, action):
+    """`trajectory_ids: []` reached an `id IN ()` Django cannot write (EmptyResultSet, a 500): it is a
+    selection of nothing, answered as a filter that matches nothing is, count 0."""
+    trajectory = make_trajectories(project, 1)[0]
+    mode = services.failure_mode_create(project=project, name="Empty", category_key="other", user=user)
+    services.failure_mode_assign(failure_mode=mode, trajectories=[trajectory], user=user)
+    changes = ReviewChange.objects.count()
+    answer = api_client.post(f"/api/v1/failure-modes/{mode.pk}/{action}",
+                             {"trajectory_ids": [], "filter": None, "message_index": 0, "note": ""}, key=review_key)
+    assert answer.status_code == 200, answer.content
+    assert answer.json() == {"count": 0}
+    assert list(FailureModeAssignment.objects.filter(failure_mode=mode).values_list("trajectory_id", flat=True)) == [
+        trajectory.pk]
+    assert ReviewChange.objects.count() == changes
+
+
+@pytest.mark.parametrize("action", ["assign", "unassign"])
+def test_a_trajectory_id_outside_the_id_range_is_a_422_naming_it(api_client, project, user, review_key, action):
+    mode = services.failure_mode_create(project=project, name="Far", category_key="other", user=user)
+    answer = api_client.post(f"/api/v1/failure-modes/{mode.pk}/{action}", {"trajectory_ids": [1, 2**64]},
+                             key=review_key)
+    assert answer.status_code == 422, answer.content
+    assert [problem["loc"] for problem in answer.json()["detail"]] == [["body", "trajectory_ids", 1]]

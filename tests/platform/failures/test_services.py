@@ -80,6 +80,19 @@ def test_assigning_by_filter_respects_the_filter(project, user, make_trajectorie
     assert by_mode.count() == 3
 
 
+def test_a_selection_of_nothing_assigns_and_unassigns_nothing(project, user, make_trajectories):
+    """No ids, or a queryset Django knows is empty, has no `IN (...)` to write (EmptyResultSet): nothing
+    changes and the count is 0, as for a filter that matches nothing."""
+    trajectory = make_trajectories(project, 1)[0]
+    mode = services.failure_mode_create(project=project, name="M", category_key="other", user=user)
+    assert services.failure_mode_assign(failure_mode=mode, trajectories=[trajectory], user=user) == 1
+    for nothing in ([], set(), Trajectory.objects.none(), Trajectory.objects.filter(pk__in=[])):
+        assert services.failure_mode_assign(failure_mode=mode, trajectories=nothing, user=user, message_index=0) == 0
+        assert services.failure_mode_unassign(failure_mode=mode, trajectories=nothing, user=user) == 0
+    assert FailureModeAssignment.objects.filter(failure_mode=mode).count() == 1
+    assert ReviewChange.objects.filter(trajectory=trajectory).count() == 1
+
+
 def test_a_message_index_past_the_end_is_a_field_error(project, user, make_trajectories):
     trajectory = make_trajectories(project, 1)[0]
     mode = services.failure_mode_create(project=project, name="M", category_key="other", user=user)

@@ -481,3 +481,13 @@ def test_a_versions_page_shows_its_full_live_metrics(project, versions, user, cl
     assert "900" in html and "300" in html and "live-version-data" in html
     assert client_for(user).get(url + "?window=2w").status_code == 400
     assert client_for(user).get(reverse("registry_version", args=[project.slug, 9])).status_code == 404
+
+
+def test_the_schema_lists_the_windows_the_live_api_takes():
+    """Any other window is refused (400, above): the schema lists them, or a client that follows it (a fuzzer
+    sent `window=`) sends a request the schema allows and gets refused."""
+    from flywheel.api import api
+
+    operation = api.get_openapi_schema(path_prefix="")["paths"]["/model-versions/{number}/live"]["get"]
+    window = next(p for p in operation["parameters"] if p["name"] == "window")
+    assert window["schema"]["enum"] == list(live.WINDOWS) and window["schema"]["default"] == live.DEFAULT_WINDOW

@@ -137,3 +137,22 @@ def test_jobs_compared_side_by_side(api_client, keys, jobs):
     assert api_client.get(url, {"ids": [jobs[4].pk, jobs[4].pk]}, key=keys["read"]).status_code == 422
     assert api_client.get(url, {"ids": [jobs[4].pk, 10**9]}, key=keys["read"]).status_code == 404
     assert api_client.get(url, {"ids": ids}, key=keys["other"]).status_code == 404
+
+
+@pytest.mark.parametrize("outside", [2**63, -(2**63) - 1, 0, -4106197646545209942349509624609112064])
+def test_a_job_id_outside_the_id_range_is_a_422_naming_it(api_client, keys, jobs, outside):
+    """SQLite raised OverflowError on an id past 64 bits in the `IN` of the comparison (a 500)."""
+    answer = api_client.get("/api/v1/training-jobs/compare", {"ids": [jobs[4].pk, jobs[3].pk, outside]},
+                            key=keys["read"])
+    assert answer.status_code == 422, answer.content
+    assert [problem["loc"] for problem in answer.json()["detail"]] == [["query", "ids", 2]]
+
+
+def test_the_schema_says_a_comparison_names_each_job_once():
+    """A job named twice is refused (422, above): the schema says so, or a client that follows it (a fuzzer
+    did) sends a request the schema allows and gets refused."""
+    from flywheel.api import api
+
+    operation = api.get_openapi_schema(path_prefix="")["paths"]["/training-jobs/compare"]["get"]
+    ids = next(p for p in operation["parameters"] if p["name"] == "ids")
+    assert ids["schema"]["uniqueItems"] is True

@@ -19,6 +19,7 @@ from pydantic import StrictBool
 from flywheel.api import ObjectIn, api
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ERRORS as _ERRORS
+from flywheel.api.ids import Id
 from flywheel.failures.clustering import services
 from flywheel.failures.clustering.models import ClusteringRun, ClusterSuggestion
 from flywheel.failures.models import FailureMode
@@ -73,7 +74,7 @@ class DecisionIn(ObjectIn):
     action: Literal["accept", "merge", "split", "dismiss"]
     name: str = Field("", max_length=200, description="accept: the new mode's name (default: the label)")
     category: str = Field("", max_length=32, description="accept: a taxonomy key (default: the members' usual)")
-    failure_mode_id: int | None = Field(None, description="merge: the mode to merge into")
+    failure_mode_id: Id | None = Field(None, description="merge: the mode to merge into")
 
 
 def _cluster(s: ClusterSuggestion) -> dict[str, Any]:
@@ -119,7 +120,7 @@ def clustering_create(request: HttpRequest, body: ClusteringIn) -> Status:
 
 
 @router.get("/clusterings/{clustering_id}", auth=read_auth, response={200: ClusteringOut, **_ERRORS}, summary="A clustering run")
-def clustering_get(request: HttpRequest, clustering_id: int) -> dict:
+def clustering_get(request: HttpRequest, clustering_id: Id) -> dict:
     run = ClusteringRun.objects.filter(project=request.auth.project, pk=clustering_id).first()
     if run is None:
         raise HttpError(404, f"No clustering run {clustering_id} in project '{request.auth.project.slug}'.")
@@ -132,7 +133,7 @@ def clustering_get(request: HttpRequest, clustering_id: int) -> dict:
     response={200: ClusterOut, **_ERRORS},
     summary="Decide on a suggestion",
 )
-def suggestion_decide(request: HttpRequest, suggestion_id: int, body: DecisionIn) -> dict:
+def suggestion_decide(request: HttpRequest, suggestion_id: Id, body: DecisionIn) -> dict:
     project = request.auth.project
     suggestion = ClusterSuggestion.objects.filter(project=project, pk=suggestion_id).select_related("run", "target_mode").first()
     if suggestion is None:

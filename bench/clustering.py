@@ -17,7 +17,10 @@ large sets and on small ones.
    and the engine alone on a separate labeled fixture of `--quality` failures (another seed):
    homogeneity, completeness and adjusted Rand index from sklearn.metrics (goal: homogeneity >= 0.9,
    ARI >= 0.6).
-4. Small sets: the engine alone on `--small-sets` labeled small projects from the fixture's
+4. Real API descriptions: the engine alone on `--api` failures from bench/clustering_api_fixture.py (tools,
+   argument names and requests from the REST operations the installed Databricks SDK documents; five causes
+   that fall on any operation). Goal: homogeneity >= 0.8, coverage (share in a group) >= 0.5.
+5. Small sets: the engine alone on `--small-sets` labeled small projects from the fixture's
    `small_failures` (30 to 60 failures of 3 to 5 causes in uneven shares, spread over the range; single-turn
    failures that share one signal, like the loop demo's). Here a failure in no group counts as a group of
    its own: with a few dozen failures, a cause left as noise is a cause the reviewer never sees, and
@@ -157,6 +160,15 @@ def quality_fixture(n: int) -> dict:
     return _scores(causes, labels) | {"failures": n, "clusters": len(set(labels) - {-1}), "noise_share": round(float(np.mean(np.array(labels) == -1)), 4)}
 
 
+def quality_api(n: int) -> dict:
+    """The engine alone on `n` failures built from real API descriptions (bench/clustering_api_fixture.py)."""
+    import clustering_api_fixture as api
+    import numpy as np
+
+    causes, labels = _engine_labels(api.failures(n, seed=1, prefix="api"))
+    return _scores(causes, labels) | {"failures": n, "clusters": len(set(labels) - {-1}), "coverage": round(float(np.mean(np.array(labels) >= 0)), 4)}
+
+
 def small_sets(count: int) -> list[tuple[int, list[str], int]]:
     """(failures, causes, seed) of `count` small projects: 30 to 60 failures, 3 to 5 causes, spread over both."""
     import clustering_fixture as fixture
@@ -214,6 +226,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--failures", type=int, default=10_000)
     parser.add_argument("--quality", type=int, default=600, help="failures in the separate labeled fixture")
+    parser.add_argument("--api", type=int, default=1500, help="failures built from real API descriptions")
     parser.add_argument("--small-sets", type=int, default=12, help="small labeled projects (30 to 60 failures each)")
     parser.add_argument("--threads", type=int, default=2, help="torch and BLAS threads of the timed process")
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"), help="a PostgreSQL server (default: SQLite)")
@@ -261,6 +274,12 @@ def main() -> None:
                 f"{fixture['homogeneity']}, completeness {fixture['completeness']}, ARI {fixture['ari']}",
                 flush=True,
             )
+            real = quality_api(args.api)
+            print(
+                f"real API fixture: {real['failures']} failures, {real['clusters']} groups, coverage {real['coverage']}; "
+                f"homogeneity {real['homogeneity']}, completeness {real['completeness']}, ARI {real['ari']}",
+                flush=True,
+            )
             small = quality_small(args.small_sets)
             print(
                 f"small sets: {small['sets']} projects of {small['failures'][0]} to {small['failures'][1]} failures "
@@ -280,6 +299,7 @@ def main() -> None:
                 "noise": result["noise"],
                 "threads": args.threads,
                 "fixture": fixture,
+                "api": real,
                 "small": small,
                 "cpus": os.cpu_count(),
                 "load_average": [round(x, 2) for x in os.getloadavg()],

@@ -69,9 +69,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NamedTuple
 
 logger = logging.getLogger("flywheel.router")
 
@@ -140,8 +139,7 @@ def _digits(text: str, most: int) -> bool:
     return text.isascii() and text.isdigit() and 0 < len(text) <= most and (text == "0" or text[0] != "0")
 
 
-@dataclass(frozen=True)
-class Evidence:
+class Evidence(NamedTuple):
     """A token's fields: which version answered, when (Unix seconds), the request's own id, and the MAC."""
 
     version: int

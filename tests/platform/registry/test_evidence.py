@@ -11,6 +11,7 @@ from itertools import count
 
 import numpy as np
 import pytest
+from django.urls import reverse
 from scipy.special import gammaln
 from scipy.stats import binomtest
 
@@ -58,7 +59,7 @@ def forged(project, version_number, n, outcome):
 
 
 def test_an_ingest_key_flooding_failures_on_the_canary_does_not_roll_it_back(project, versions, api_client,
-                                                                            make_api_key):
+                                                                            make_api_key, user, client_for):
     """The audit: 60 failures tagged with the canary's version and 60 successes tagged with production's, from an
     ingest key, rolled the canary back at the next look ("failure rate 100.0% against 0.0%"). Now the look flags
     the check for a person, and the canary keeps serving."""
@@ -74,6 +75,9 @@ def test_an_ingest_key_flooding_failures_on_the_canary_does_not_roll_it_back(pro
     assert not AliasEvent.objects.filter(project=project, alias="canary", kind="end").exists()
     note = Notification.objects.get(project=project)
     assert note.event_type == "canary.worse" and "not rolled back by itself" in note.text
+    page = client_for(user).get(reverse("registry_page", args=[project.slug])).content.decode()
+    assert "but it was not rolled back by itself: the traffic the router vouched for does not show it" in page
+    assert "counted for an automatic action: 0 of v2&#x27;s trajectories and 0 of v1&#x27;s" in page
 
 
 def test_the_same_real_difference_on_vouched_traffic_is_acted_on(project, versions):

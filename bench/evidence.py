@@ -6,7 +6,8 @@ router's token, against the same batches without one, in the same run, on the da
 
 Migrates that database first (on PostgreSQL it must exist), works in a project of its own ("bench-evidence",
 deleted at the end) with two model versions, and alternates the two kinds of batch so that both see the same
-load. Prints milliseconds per batch (median) for each and their ratio; the last line is JSON."""
+load. The records are bench/ingest.py's support-agent runs (about 10 messages, 2.5 KB each). Prints milliseconds
+per batch (median) for each and their ratio; the last line is JSON."""
 
 from __future__ import annotations
 
@@ -58,14 +59,20 @@ def main() -> None:
         ModelVersion.objects.create(project=project, base=base, number=number)
     key = evidence_keys(project.pk)[0]
 
+    sys.path.insert(0, str(ROOT / "bench"))
+    from ingest import synthetic  # bench/ingest.py's support-agent run: ~10 messages, ~2.5 KB
+
     def batch(vouched: bool) -> list[dict]:
-        now = int(time.time())
-        return [{"external_id": uuid.uuid4().hex, "model_version": f"bench-evidence-v{1 + i % 2}",
-                 "outcome": "success", "messages": [{"role": "user", "content": "refund order 7"},
-                                                    {"role": "assistant", "content": "Refunded."}],
-                 "metadata": {"flywheel_evidence": evidence_sign(key, version=1 + i % 2, at=now,
-                                                                 request_id=uuid.uuid4().hex)} if vouched else {}}
-                for i in range(args.batch)]
+        now, run = int(time.time()), uuid.uuid4().hex
+        records = []
+        for i in range(args.batch):
+            record = synthetic(i, run)
+            record["model_version"] = f"bench-evidence-v{1 + i % 2}"
+            if vouched:
+                token = evidence_sign(key, version=1 + i % 2, at=now, request_id=uuid.uuid4().hex)
+                record["metadata"] = {**(record.get("metadata") or {}), "flywheel_evidence": token}
+            records.append(record)
+        return records
 
     times: dict[str, list[float]] = {"plain": [], "vouched": []}
     for _ in range(args.batches):

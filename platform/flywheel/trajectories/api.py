@@ -176,6 +176,10 @@ class TrajectoryDetail(TrajectorySummary):
     feedback: Any
     human_intervention: Any
     metadata: dict[str, Any]
+    vouch: str = Field(description="`vouched` when the router's evidence token (`metadata.flywheel_evidence`) vouched "
+                                   "for the version it names, else why not (`malformed`, `bad_mac`, `other_version`, "
+                                   "`replayed`, `expired`, `future`), or empty without a token: only vouched "
+                                   "trajectories can move the canary or the watch by themselves")
     tags: list[str]
     comments: list[CommentOut]
 
@@ -379,6 +383,7 @@ def trajectory_detail(request: HttpRequest, trajectory_id: int) -> dict[str, Any
         feedback=trajectory.feedback,
         human_intervention=trajectory.human_intervention,
         metadata=trajectory.metadata,
+        vouch=trajectory.vouch,
         tags=[tag.name for tag in trajectory.tags.all()],
         comments=[
             {

@@ -67,6 +67,8 @@ def test_each_token_is_judged_and_the_verdict_stored_with_why(project, versions,
     assert stored.vouch_request == evidence_parse(good).request_id
     assert stored.ingested_by == f"key:{key.api_key.pk}" and stored.get_vouch_display() == "Vouched for"
     assert Trajectory.objects.get(project=project, external_id="forged").vouch_request == ""
+    reader = make_api_key(project, scopes=["read"])
+    assert api_client.get(f"/api/v1/trajectories/{stored.pk}", key=reader).json()["vouch"] == "vouched"
     # The same token for another trajectory, later or in one batch: a replay.
     again = api_client.post("/api/v1/trajectories", [record("copy", v2, good), record("copy-2", v2, good)], key=key)
     assert again.json()["accepted"] == 2

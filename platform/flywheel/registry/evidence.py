@@ -7,16 +7,18 @@ promotion) needs the same verdict from the evidence the platform vouched for (`T
 
 - only trajectories the router vouched for at ingestion (`Trajectory.vouch`, flywheel.trajectories.vouch), each
   request id counted once (the first trajectory that carried it: two batches racing with one token count once);
-- of those, one sender's (an API key's, a user's upload) count at most FLYWHEEL_EVIDENCE_KEY_SHARE of an arm's
-  vouched trajectories, its first ones, once more than one sender sends them (`trusted_rows`): a second key
-  flooding an arm cannot make up more than that share of it;
+- of those, one sender's (an API key's, a user's upload) count at most FLYWHEEL_EVIDENCE_KEY_SHARE of the arm's
+  vouched trajectories, its first ones, once more than one sender sends them (`trusted_rows`). It bounds what
+  one key's flood adds (at most that share of the arm's count), not its weight among what is left: a sender of
+  90 of 100 still makes 50 of the 60 that count. A sender alone is not capped: there is no one to share with;
 - and, for the canary, a split of the vouched traffic that agrees with the weight the router applies
   (`split_check`): far from it, something other than the split chose the arms (pinning, a second router, a
   flood), and a person decides.
 
 A trajectory's failure is the effective outcome (a reviewer's label over the agent's), its unsafe action a
 triage signal the platform computed. What a client reports on traffic nobody vouched for can flag a check for a
-person, never act by itself; on vouched traffic it counts as the sender reported it, within its share.
+person, never act by itself; on vouched traffic it counts as the sender reported it, within its share (vouching
+proves which version answered, not how it went).
 
 **The split check.** Under correct routing each vouched trajectory lands on the canary with probability w, its
 weight, independently of the others. Against the mixture q ~ Beta(1, 1) over the canary's real share, the
@@ -32,9 +34,9 @@ at w = 0.1 flagged 0.00% of the time (95% interval 0 to 0.10%), at w = 0.05 the 
 sends 15% is flagged in 100% of streams (median 148 canary trajectories at the flag), 20% in 100% (median 71), 5%
 in 100% (median 37). Only trajectories that started between SPLIT_GRACE after the canary started (the router's next
 read of the split) and SPLIT_SETTLE before the look (their conversations finished and sent) are counted, so
-neither a router's refresh nor a slower arm's later trajectories lean the split. It assumes each trajectory's arm is its own draw: a route key shared by many trajectories (a
-user id rather than a conversation's) makes the split lumpier than binomial and flags more often than stated,
-which holds automatic actions for a person, never acts."""
+neither a router's refresh nor a slower arm's later trajectories lean the split. It assumes each trajectory's arm
+is its own draw: a route key shared by many trajectories (a user id rather than a conversation's) makes the split
+lumpier than binomial and flags more often than stated, which holds automatic actions for a person, never acts."""
 
 from __future__ import annotations
 

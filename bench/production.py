@@ -134,15 +134,21 @@ def _django(workdir: str, database_url: str | None = None) -> None:
 
 
 def _records(rng: np.random.Generator, start: int, n: int, slug: str, canary_share: float,
-             failure: tuple[float, float]) -> tuple[list[dict], int]:
+             failure: tuple[float, float], evidence_key: bytes | None = None) -> tuple[list[dict], int]:
     """`n` trajectories as an agent behind the router sends them: the answering adapter as model_version, one
-    tool call and an answer, the outcome drawn with the arm's failure rate. Returns them and the canary's."""
+    tool call and an answer, the outcome drawn with the arm's failure rate, and (with `evidence_key`) the
+    router's evidence token, as the wrapper copies it. Returns them and the canary's."""
+    from flywheel.router import evidence_sign
+
     records, canary = [], 0
     for i in range(start, start + n):
         arm = int(rng.random() < canary_share)
         canary += arm
         failed = rng.random() < failure[arm]
+        token = (evidence_sign(evidence_key, version=1 + arm, at=int(time.time()), request_id=f"bench-{i:08d}")
+                 if evidence_key else None)
         records.append({
+            **({"metadata": {"flywheel_evidence": token}} if token else {}),
             "external_id": f"t{i}", "model_version": f"{slug}-v{1 + arm}",
             "outcome": "failure" if failed else "success", "latency_ms": int(rng.integers(200, 2000)),
             "usage": {"total_tokens": int(rng.integers(100, 900))},
@@ -215,12 +221,16 @@ def _platform_figures(workdir: str, *, per_round: int, rounds: int, batch: int, 
     GateDecision.objects.create(project=project, candidate=v2, production=v1, passed=True)
     RegistrySettings.objects.create(project=project, canary_auto=True)
 
-    # Part 2: a canary at 10% that fails ten points more often, looked at after every batch.
+    # Part 2: a canary at 10% that fails ten points more often, looked at after every batch; its traffic comes
+    # through the router, which vouches for each answer (only vouched evidence acts by itself).
+    from flywheel.trajectories.vouch import evidence_keys
+
     check = canary.canary_start(project=project, version=v2)
     sent = canary_sent = 0
     status = "running"
     while status == "running" and canary_sent < 4 * MAX_PER_ARM:
-        records, k = _records(rng, sent, batch, project.slug, 0.1, (PRODUCTION_FAILURE, PRODUCTION_FAILURE + WORSE_BY))
+        records, k = _records(rng, sent, batch, project.slug, 0.1, (PRODUCTION_FAILURE, PRODUCTION_FAILURE + WORSE_BY),
+                              evidence_key=evidence_keys(project.pk)[0])
         ingest_trajectories(project=project, records=records)
         sent, canary_sent = sent + batch, canary_sent + k
         triage_project(project_id=project.pk)

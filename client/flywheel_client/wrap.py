@@ -13,6 +13,12 @@ keeps its external_id and is sent again when it next finishes: the platform upda
 A conversation left waiting on a tool longer than `idle_s` is sent as it stands, and so is every open one on
 `flush()`, on `close()` (or the end of a `with` block) and when the interpreter exits.
 
+Evidence. Behind the platform's router (`python -m flywheel.router`), each answer carries an evidence token that
+vouches for the version that gave it (`flywheel.evidence` in the body). The wrapper keeps each call's, and sends
+the trajectory with the token of its last call answered by the version the trajectory names, in
+`metadata.flywheel_evidence`: only trajectories the platform vouches for this way may move a canary or a watch by
+themselves. Nothing is needed from the agent; without the router there is no token and nothing changes.
+
 How it went. The wrapper cannot know whether the agent succeeded: a conversation is sent with outcome
 "unknown" until the agent says, with `report(response, outcome="failure", feedback={...})` naming any
 completion of that conversation (or its external_id); the trajectory is then sent again, updated in place.
@@ -43,6 +49,7 @@ log = logging.getLogger("flywheel_client")
 OUTCOMES = ("success", "failure", "unknown")
 KEPT_CONVERSATIONS = 512  # conversations remembered for continuation; the oldest are forgotten (sent first)
 SEND_BATCH = 100
+EVIDENCE_KEY = "flywheel_evidence"  # where a trajectory carries the router's token (the platform reads it there)
 
 
 def wrap(openai_client: Any, *, agent: str, flywheel: Flywheel | None = None, model_version: str | None = None,
@@ -153,6 +160,14 @@ def _message(value: Any) -> dict[str, Any]:
     return message
 
 
+def _evidence_of(response: Any) -> str | None:
+    """The router's evidence token in an answer's body (`flywheel.evidence`), if any."""
+    extra = getattr(response, "model_extra", None)
+    info = extra.get("flywheel") if isinstance(extra, dict) else getattr(response, "flywheel", None)
+    token = info.get("evidence") if isinstance(info, dict) else None
+    return token if isinstance(token, str) and token else None
+
+
 def _key(message: dict[str, Any]) -> str:
     """What makes two messages the same turn, whichever way the agent rebuilt it for the next call."""
     calls = [(c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments"))
@@ -218,12 +233,14 @@ class Recorder:
             conversation.messages = [*messages, reply]
             conversation.keys = [*keys, _key(reply)]
             conversation.tools = tools or conversation.tools
+            evidence = _evidence_of(response)
             conversation.calls.append({
                 "model": getattr(response, "model", None) or request.get("model"),
                 "latency_ms": latency_ms,
                 "usage": _plain(getattr(response, "usage", None)) or {},
                 "finish_reason": getattr(choices[0], "finish_reason", None),
                 "message_index": len(messages),
+                **({"evidence": evidence} if evidence else {}),
             })
             completion_id = getattr(response, "id", None)
             if isinstance(completion_id, str) and completion_id:
@@ -284,10 +301,14 @@ class Recorder:
                 if isinstance(value, int):
                     usage[name] = usage.get(name, 0) + value
         models = [call["model"] for call in conversation.calls if call["model"]]
+        model_version = self.model_version or (models[-1] if models else "")
+        # The token of the last call the named version answered: the one that vouches for that version.
+        evidence = next((call["evidence"] for call in reversed(conversation.calls)
+                         if call.get("evidence") and call["model"] == model_version), None)
         return {
             "external_id": conversation.external_id,
             "agent": self.agent,
-            "model_version": self.model_version or (models[-1] if models else ""),
+            "model_version": model_version,
             "messages": list(conversation.messages),
             "tools": list(conversation.tools),
             "outcome": conversation.outcome,
@@ -296,7 +317,8 @@ class Recorder:
             "usage": usage or None,
             "started_at": conversation.started_at.isoformat(),
             "metadata": {**self.metadata, "recorded_by": f"flywheel-client/{__version__}",
-                         "finished": conversation.finished, "calls": list(conversation.calls)},
+                         "finished": conversation.finished, "calls": list(conversation.calls),
+                         **({EVIDENCE_KEY: evidence} if evidence else {})},
         }
 
     # --- the sending thread -----------------------------------------------------------------------------------

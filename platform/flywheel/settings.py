@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from flywheel.env import get_env, get_list
+from flywheel.env import MissingSetting, get_env, get_list
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent  # the repository root
 VAR_DIR = Path(get_env("FLYWHEEL_VAR_DIR", str(BASE_DIR / "var")))
@@ -153,6 +153,14 @@ FLYWHEEL_OTLP_MAX_MESSAGES_PER_TRACE = get_env("FLYWHEEL_OTLP_MAX_MESSAGES_PER_T
 # A JSONL file uploaded in the UI is held in memory and in one database row while it is ingested.
 FLYWHEEL_MAX_UPLOAD_BYTES = get_env("FLYWHEEL_MAX_UPLOAD_BYTES", 5 * FLYWHEEL_MAX_REQUEST_BYTES, cast=int)
 DATA_UPLOAD_MAX_MEMORY_SIZE = FLYWHEEL_MAX_REQUEST_BYTES + 1024 * 1024
+
+# Live evidence (flywheel.trajectories.vouch, flywheel.registry.evidence): how long after the router's answer a
+# trajectory may first arrive with its evidence token and still be vouched for, and the most one API key's
+# vouched trajectories may count of an arm when more than one key sends them (1 turns the cap off).
+FLYWHEEL_EVIDENCE_TTL_HOURS = get_env("FLYWHEEL_EVIDENCE_TTL_HOURS", 24.0, cast=float)
+FLYWHEEL_EVIDENCE_KEY_SHARE = get_env("FLYWHEEL_EVIDENCE_KEY_SHARE", 0.5, cast=float)
+if not 0 < FLYWHEEL_EVIDENCE_KEY_SHARE <= 1:
+    raise MissingSetting("environment variable FLYWHEEL_EVIDENCE_KEY_SHARE must be a share above 0 and at most 1")
 
 # Abuse limits (README, "Abuse limits"). The client address is REMOTE_ADDR; behind N reverse proxies that
 # each append to X-Forwarded-For (production's TLS proxy: 1), set FLYWHEEL_TRUSTED_PROXY_COUNT=N. Left at 0,

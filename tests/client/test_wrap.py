@@ -142,3 +142,37 @@ def test_the_agent_reports_how_a_conversation_went_and_the_trajectory_is_updated
     with pytest.raises(ValueError, match="success, failure, unknown"):
         client.report(response, outcome="great")
     client.close()
+
+
+def test_the_routers_evidence_token_goes_with_the_trajectory_and_vouches_for_it(live_server, stand_in, project, user,
+                                                                               tmp_path, make_api_key):
+    """Behind the router each answer carries a token for the version that gave it (`flywheel.evidence`); the
+    trajectory carries the token of its last call answered by the version it names, and the platform vouches
+    for it, also when the agent reports the outcome later."""
+    from tests.platform.registry.worlds import evidence_token, versions_with_adapters
+
+    versions_with_adapters(project, user, tmp_path)
+    tokens = []
+
+    def router_like(request):
+        number = 1 if request.body["messages"][-1]["role"] != "tool" else 2  # the second call lands on v2
+        status, headers, body = openai_stand_in(request)
+        tokens.append(evidence_token(project, number))
+        return status, headers, {**body, "model": f"{project.slug}-v{number}",
+                                 "flywheel": {"version": number, "evidence": tokens[-1]}}
+
+    server = stand_in(router_like)
+    flywheel = Flywheel(live_server.url, make_api_key(project, scopes=["ingest"]))
+    client = wrap(openai.OpenAI(base_url=server.url + "/v1", api_key="sk-test"), agent="support", flywheel=flywheel)
+    messages = [{"role": "user", "content": "Where is my order A1?"}]
+    assert agent_turn(client, messages) == "Order A1 shipped."
+    trajectory = wait_for(lambda: Trajectory.objects.filter(project=project).first())
+    assert trajectory.model_version == f"{project.slug}-v2"
+    assert trajectory.metadata["flywheel_evidence"] == tokens[1]  # v2's, not v1's
+    assert [c["evidence"] for c in trajectory.metadata["calls"]] == tokens
+    assert trajectory.vouch == "vouched"
+    client.report(trajectory.external_id, outcome="success")
+    assert client.flush(timeout=15)
+    trajectory = wait_for(lambda: Trajectory.objects.filter(project=project, outcome="success").first())
+    assert trajectory.vouch == "vouched"
+    client.close()

@@ -128,6 +128,7 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "api/v1/models/production/rollback": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `promote`
     "api/v1/models/history": (api(401, 200, 403, 200), NOT_ALLOWED),
     "api/v1/serving": (api(401, 200, 403, 200), NOT_ALLOWED),  # "other" has no model: production null, 200
+    "api/v1/serving/evidence-key": (api(401, 403, 403, 403), NOT_ALLOWED),  # needs `route`, the router's alone
     "api/v1/model-versions/<number>": (api(401, 200, 403, 404), NOT_ALLOWED),
     "api/v1/model-versions/<number>/promote": (NOT_ALLOWED, api(401, 403, 403, 403)),  # needs `promote`
     "api/v1/training-jobs": (api(401, 200, 403, 200), api(401, 403, 403, 403)),  # starting needs `train`

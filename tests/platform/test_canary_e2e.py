@@ -5,7 +5,8 @@ recorded by `flywheel_client.wrap`, and a webhook receiver on a local port.
 Production v1 serves; v2 passed the gate and starts as a canary at 10% through the API. The agent's 300
 conversations go through the router, which sends each to v1's or v2's adapter; the stand-in answers a known
 share of each adapter's requests with a failure (v1 1 in 10, v2 7 in 10), the agent reports how each went, and
-the wrapper ingests every conversation through the REST API with the answering `model` as its model_version.
+the wrapper ingests every conversation through the REST API with the answering `model` as its model_version
+and the router's evidence token in its metadata.
 Then the sweeps run as beat runs them: the worker's look finds v2 worse (canary_auto on) and rolls it back. The
 alias history says the rule did it with the figures it saw, the receiver got the split at each move and the
 notification, the router stops sending to v2, and each version's live metrics count exactly its traffic."""
@@ -27,6 +28,7 @@ from flywheel_client import Flywheel, wrap
 from flywheel import router as flywheel_router
 from flywheel.registry import canary, live
 from flywheel.registry.models import LiveCheck, LiveRollupState, RegistrySettings
+from flywheel.trajectories.models import Trajectory
 from tests.platform.registry.worlds import versions_with_adapters
 from tests.standin import StandIn, serving
 
@@ -79,7 +81,7 @@ def stack(celery_worker, live_server, project, user, tmp_path, make_api_key):
         RegistrySettings.objects.create(project=project, webhook_url=receiver.url + "/flywheel", webhook_secret=SECRET,
                                         canary_auto=True, canary_min_per_arm=1000, canary_weight=0.1)
         v1, v2 = versions_with_adapters(project, user, tmp_path)
-        router = flywheel_router.build(platform=live_server.url, key=make_api_key(project, scopes=["read"]),
+        router = flywheel_router.build(platform=live_server.url, key=make_api_key(project, scopes=["read", "route"]),
                                        upstream=vllm.url, listen="127.0.0.1:0", refresh_s=0.2, seed=7).start()
         try:
             yield {"worker": celery_worker, "url": live_server.url, "receiver": receiver, "vllm": vllm,
@@ -143,6 +145,10 @@ def test_a_worse_canary_is_rolled_back_by_the_decision_on_traffic_through_the_ro
     assert (look["subject"]["n"], look["subject"]["failures"]) == (sent[v2_name], failures[v2_name])
     assert (look["baseline"]["n"], look["baseline"]["failures"]) == (sent[v1_name], failures[v1_name])
     assert look["worse"] and look["failure"]["p"] <= 0.025
+    # It acted on evidence the router vouched for: every answer's token, copied by the wrapper, checked at ingest.
+    trusted = check.evidence["trusted"]
+    assert (trusted["subject"]["n"], trusted["baseline"]["n"]) == (sent[v2_name], sent[v1_name])
+    assert set(Trajectory.objects.filter(project=project).values_list("vouch", flat=True)) == {"vouched"}
 
     history = api("GET", "/api/v1/models/history")
     end = history[0]

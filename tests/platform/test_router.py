@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -110,9 +111,9 @@ def models(project, user, tmp_path):
 
 
 def start_router(platform_url, key, upstream_url, **options):
-    options = {"refresh_s": 0.2, "seed": 0, "upstream_timeout": 5.0, "platform_timeout": 2.0, **options}
-    return flywheel_router.build(platform=platform_url, key=key, upstream=upstream_url, listen="127.0.0.1:0",
-                                 **options).start()
+    options = {"refresh_s": 0.2, "seed": 0, "upstream_timeout": 5.0, "platform_timeout": 2.0, "listen": "127.0.0.1:0",
+               **options}
+    return flywheel_router.build(platform=platform_url, key=key, upstream=upstream_url, **options).start()
 
 
 @pytest.fixture
@@ -211,18 +212,204 @@ def test_model_is_rewritten_both_ways_for_the_openai_client(live_server, project
         answer = client.chat.completions.create(model="agent-model", messages=[{"role": "user", "content": "hi"}])
         assert answer.model in served
         assert answer.choices[0].message.content == f"answered as {answer.model}"
-    # The caller's key goes on to vLLM (no --upstream-key); a pinned adapter stays pinned.
+    # The caller's key goes on to vLLM (no --inbound-key, no --upstream-key).
     assert upstream.requests[-1]["authorization"] == "Bearer agent-key"
-    for name in served:
-        pinned = [client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}]).model
-                  for _ in range(5)]
-        assert pinned == [name] * 5
+    # An agent that sends back the `model` it was answered by, with its route key, stays on that version.
+    for session in ("session-a", "session-b", "session-c"):
+        first = client.chat.completions.create(model="agent-model", user=session,
+                                               messages=[{"role": "user", "content": "hi"}]).model
+        again = [client.chat.completions.create(model=first, user=session,
+                                                messages=[{"role": "user", "content": "hi"}]).model for _ in range(3)]
+        assert again == [first] * 3
     # An adapter that no longer serves is routed like any other name; so is the body's `user` as a sticky key.
     old = {client.chat.completions.create(model=f"{project.slug}-v9", messages=[{"role": "user", "content": "x"}],
                                           user="end-user-7").model for _ in range(5)}
     assert len(old) == 1 and old <= served
     listed = {m.id for m in client.models.list()}
     assert listed == served
+
+
+def test_a_request_naming_a_version_it_was_not_assigned_is_refused(live_server, project, models, make_api_key,
+                                                                   upstream, routers):
+    """The audit's reproduction: with the canary at 1%, 1000 requests naming the canary's adapter all reached it.
+    Now each is 403 and none reaches the upstream; a route key assigned the canary may name it, one assigned
+    production may not; an operator who allows pinning gets the old behaviour, without evidence tokens."""
+    canary.canary_start(project=project, version=models[1], weight=0.01)
+    key = make_api_key(project, scopes=["read", "route"])
+    server = routers(live_server.url, key, upstream.url)
+    canary_name, production_name = f"{project.slug}-v2", f"{project.slug}-v1"
+    connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+
+    def ask(model, headers=None):
+        connection.request("POST", "/v1/chat/completions", json.dumps(chat(model=model)),
+                           {"Content-Type": "application/json", **(headers or {})})
+        answer = connection.getresponse()
+        return answer.status, answer.getheader("X-Flywheel-Evidence"), json.loads(answer.read())
+
+    answers = [ask(canary_name) for _ in range(1000)]
+    assert {status for status, _, _ in answers} == {403}
+    assert answers[0][2]["error"]["type"] == "version_not_assigned"
+    assert f"names {canary_name}, a version this request was not assigned" in answers[0][2]["error"]["message"]
+    assert upstream.requests == []
+    # While a canary serves, a request without a route key was assigned nothing it could name: production neither.
+    assert ask(production_name)[0] == 403
+    # Route keys: find one the split sends to the canary and one it sends to production, by asking.
+    placed = {}
+    for i in range(2000):
+        status, _, body = ask("agent-model", {"X-Flywheel-Route-Key": f"user-{i}"})
+        placed.setdefault(body["model"], f"user-{i}")
+        if len(placed) == 2:
+            break
+    assert ask(canary_name, {"X-Flywheel-Route-Key": placed[canary_name]})[0] == 200
+    assert ask(canary_name, {"X-Flywheel-Route-Key": placed[production_name]})[0] == 403
+    assert ask(production_name, {"X-Flywheel-Route-Key": placed[production_name]})[0] == 200
+    connection.close()
+
+    pinning = routers(live_server.url, key, upstream.url, allow_pinning=True)
+    status, token, body = call_full(pinning.url, chat(model=canary_name))
+    assert (status, body["model"], token, "flywheel" in body) == (200, canary_name, None, False)
+    status, token, body = call_full(pinning.url, chat())
+    assert status == 200 and token is not None and body["flywheel"]["evidence"] == token  # routed: vouched
+
+
+def call_full(url, body, headers=None):
+    """(status, X-Flywheel-Evidence, JSON body) of a chat completion."""
+    status, answer_headers, payload = call(url, "/v1/chat/completions", body, headers)
+    return status, answer_headers.get("X-Flywheel-Evidence"), payload
+
+
+def test_route_keys_cannot_be_chosen_offline(live_server, project, models, make_api_key, upstream, routers):
+    """Before, a route key's arm was sha256(key): anyone could list keys that land on the canary before sending
+    one. Now it is keyed with the project's evidence key: keys chosen by the old rule land on the canary at its
+    weight, like any others (a binomial test whose error rate is stated: p > 1e-4 but once in 10,000)."""
+    import hashlib
+
+    canary.canary_start(project=project, version=models[1], weight=0.1)
+    server = routers(live_server.url, make_api_key(project, scopes=["read", "route"]), upstream.url)
+    chosen = [k for k in (f"k-{i}" for i in range(20000))
+              if int.from_bytes(hashlib.sha256(k.encode()).digest()[:8], "big") / 2**64 < 0.1][:300]
+    landed = [call(server.url, "/v1/chat/completions", chat(), {"X-Flywheel-Route-Key": k})[2]["model"]
+              for k in chosen]
+    on_canary = landed.count(f"{project.slug}-v2")
+    assert binomtest(on_canary, len(chosen), 0.1).pvalue > 1e-4, on_canary
+    # Still sticky: one key, one arm.
+    assert len({call(server.url, "/v1/chat/completions", chat(), {"X-Flywheel-Route-Key": chosen[0]})[2]["model"]
+                for _ in range(10)}) == 1
+
+
+def test_each_answer_routed_by_the_split_carries_an_evidence_token_the_platform_verifies(
+        live_server, project, models, make_api_key, upstream, routers, caplog):
+    from flywheel.router import evidence_parse
+    from flywheel.trajectories.vouch import evidence_keys
+
+    canary.canary_start(project=project, version=models[1], weight=0.5)
+    server = routers(live_server.url, make_api_key(project, scopes=["read", "route"]), upstream.url)
+    before = time.time()
+    seen = set()
+    for _ in range(20):
+        status, token, body = call_full(server.url, chat())
+        evidence = evidence_parse(token)
+        assert status == 200 and body["flywheel"] == {"version": evidence.version, "evidence": token}
+        assert f"{project.slug}-v{evidence.version}" == body["model"]  # it names the version that answered
+        assert evidence.signed_by(evidence_keys(project.pk)[0]) and before - 1 <= evidence.at <= time.time() + 1
+        seen.add(evidence.request_id)
+    assert len(seen) == 20  # a request id of its own each
+    # A stream: the header.
+    connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+    connection.request("POST", "/v1/chat/completions", json.dumps(chat(stream=True)),
+                       {"Content-Type": "application/json"})
+    answer = connection.getresponse()
+    answer.read()
+    assert evidence_parse(answer.getheader("X-Flywheel-Evidence")).signed_by(evidence_keys(project.pk)[0])
+    connection.close()
+    # The upstream's error answer vouches for nothing.
+    upstream.mode = "error"
+    status, token, body = call_full(server.url, chat())
+    assert (status, token, "flywheel" in body) == (400, None, False)
+    upstream.mode = "ok"
+    # A router whose key lacks `route` routes as well, vouches for nothing, and says why once.
+    caplog.set_level(logging.INFO, logger="flywheel.router")
+    plain = routers(live_server.url, make_api_key(project, scopes=["read"]), upstream.url)
+    status, token, body = call_full(plain.url, chat())
+    assert (status, token, "flywheel" in body) == (200, None, False)
+    assert "cannot read the evidence key: the platform refused the key (HTTP 403); it needs scope `route`" in caplog.text
+    assert call(plain.url, "/healthz")[2]["vouches"] is False
+
+
+def test_the_inbound_key_is_required_and_never_passed_on(live_server, project, models, make_api_key, upstream,
+                                                         routers):
+    key = make_api_key(project, scopes=["read", "route"])
+    server = routers(live_server.url, key, upstream.url, inbound_key="router-secret", upstream_key="vllm-secret")
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic router-secret"}):
+        status, answer_headers, body = call(server.url, "/v1/chat/completions", chat(), headers)
+        assert (status, body["error"]["type"], answer_headers["WWW-Authenticate"]) == (401, "invalid_api_key", "Bearer")
+        assert call(server.url, "/v1/models", headers=headers)[0] == 401
+        assert call(server.url, "/healthz", headers=headers)[2] == {"ok": True}  # nothing more to a stranger
+    assert upstream.requests == []
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="router-secret", max_retries=0)
+    answer = client.chat.completions.create(model="agent-model", messages=[{"role": "user", "content": "hi"}])
+    assert answer.model == f"{project.slug}-v1"
+    assert upstream.requests[-1]["authorization"] == "Bearer vllm-secret"  # the router's key stays with it
+    assert "split" in call(server.url, "/healthz", headers={"Authorization": "Bearer router-secret"})[2]
+    # Without --upstream-key, the router's own key is not passed on either.
+    bare = routers(live_server.url, key, upstream.url, inbound_key="router-secret")
+    assert call(bare.url, "/v1/chat/completions", chat(), {"Authorization": "Bearer router-secret"})[0] == 200
+    assert upstream.requests[-1]["authorization"] is None
+    # What would open the upstream's key, or the router, to anyone is refused at start.
+    with pytest.raises(ValueError, match="--upstream-key needs --inbound-key"):
+        start_router(live_server.url, key, upstream.url, upstream_key="vllm-secret")
+    with pytest.raises(ValueError, match="without --inbound-key would serve anyone"):
+        start_router(live_server.url, key, upstream.url, listen="0.0.0.0:0")
+
+
+def test_a_request_body_is_bounded_and_must_say_its_length(live_server, project, models, make_api_key, upstream,
+                                                          routers):
+    server = routers(live_server.url, make_api_key(project, scopes=["read"]), upstream.url, max_request_bytes=2000)
+    small = json.dumps(chat("x" * 100)).encode()
+    large = json.dumps(chat("x" * 2000)).encode()
+    for data, headers, status in ((large, {"Content-Length": str(len(large))}, 413),
+                                  (small, {"Transfer-Encoding": "chunked"}, 411)):
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10) as sock:
+            head = "".join(f"{k}: {v}\r\n" for k, v in {"Content-Type": "application/json", **headers}.items())
+            body = data if "Content-Length" in headers else b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+            sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + body)
+            reply = b""
+            while chunk := sock.recv(65536):  # the router answers, then hangs up: the body is never read
+                reply += chunk
+        assert reply.startswith(f"HTTP/1.1 {status} ".encode()), reply[:100]
+        assert b"at most 2000 bytes" in reply
+    assert upstream.requests == []
+    assert call(server.url, "/v1/chat/completions", json.loads(small))[0] == 200
+
+
+def test_connections_are_bounded_and_a_silent_caller_is_hung_up_on(live_server, project, models, make_api_key,
+                                                                   upstream, routers):
+    server = routers(live_server.url, make_api_key(project, scopes=["read"]), upstream.url, max_connections=3,
+                     client_timeout=1.0)
+    # Three callers that connect and say nothing hold every slot: the fourth is answered 503 at once.
+    held = [socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10) for _ in range(3)]
+    time.sleep(0.2)
+    with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10) as fourth:
+        reply = fourth.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 503 ") and b"server_busy" in reply and b"Retry-After: 1" in reply
+    # Silent past --client-timeout, they are hung up on, and their slots come back.
+    for sock in held:
+        assert sock.recv(65536) == b""  # closed by the router
+        sock.close()
+    assert call(server.url, "/v1/chat/completions", chat())[0] == 200
+    # Slow requests hold their slots while they are served, no more.
+    upstream.mode, upstream.slow_s = "slow", 1.5
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(call(server.url, "/v1/chat/completions", chat())[0]))
+               for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10) as extra:
+        assert extra.recv(65536).startswith(b"HTTP/1.1 503 ")
+    for thread in threads:
+        thread.join()
+    assert results == [200, 200, 200]
 
 
 def test_a_stream_is_passed_on_chunk_by_chunk_with_model_rewritten(live_server, project, models, make_api_key,
@@ -423,3 +610,8 @@ def test_python_m_flywheel_router_routes_from_its_environment(live_server, proje
     missing = subprocess.run([sys.executable, "-m", "flywheel.router"], capture_output=True, text=True, timeout=60,
                              cwd=REPO, env={k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")})
     assert missing.returncode == 2 and "missing --platform, --key, --upstream" in missing.stderr
+    for flags, said in ((["--listen", f"0.0.0.0:{port}"], "without --inbound-key would serve anyone"),
+                        (["--upstream-key", "vllm-secret"], "--upstream-key needs --inbound-key")):
+        refused = subprocess.run([sys.executable, "-m", "flywheel.router", *flags], capture_output=True, text=True,
+                                 timeout=60, cwd=REPO, env=env)
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr

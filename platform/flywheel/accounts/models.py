@@ -51,6 +51,8 @@ class Scope(models.TextChoices):
     REVIEW = "review", "Review: assign failure modes, work the review queue"
     TRAIN = "train", "Train: start and cancel training jobs"
     PROMOTE = "promote", "Promote: move production to a version that passed the gate, roll it back"
+    # The reference router's alone: a key with it can vouch for live evidence (flywheel.trajectories.vouch).
+    ROUTE = "route", "Route: the router reads the key it vouches for its answers with"
 
 
 class ApiKey(models.Model):

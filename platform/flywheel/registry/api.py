@@ -14,7 +14,7 @@ from ninja.errors import HttpError
 from pydantic import StrictBool, field_validator
 
 from flywheel.api import ObjectIn, api
-from flywheel.api.auth import promote_auth, read_auth
+from flywheel.api.auth import promote_auth, read_auth, route_auth
 from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.api.ids import VersionNumber
 from flywheel.registry import selectors, services
@@ -102,6 +102,33 @@ def serving_get(request: HttpRequest) -> dict:
     from flywheel.registry.serving import serving_split
 
     return serving_split(request.auth.project)
+
+
+class EvidenceKeyOut(Schema):
+    key: str = Field(description="The project's evidence key, base64url (32 bytes): the router signs each answer's "
+                                 "evidence token with it (HMAC-SHA256)")
+    ttl_s: int = Field(description="How long after its answer a trajectory may first arrive with the token and "
+                                   "still be vouched for (FLYWHEEL_EVIDENCE_TTL_HOURS)")
+
+
+@router.get(
+    "/serving/evidence-key",
+    auth=route_auth,
+    response={200: EvidenceKeyOut, **_ERRORS},
+    summary="The key the router vouches for its answers with",
+    description=(
+        "For the reference router alone (scope `route`, which no other key should hold): whoever has this key can "
+        "vouch that a version answered a request, and vouched trajectories are what the canary and the watch "
+        "act on by themselves. Derived from SECRET_KEY, one per project; rotating SECRET_KEY rotates it (tokens "
+        "under the old key verify while it is in SECRET_KEY_FALLBACKS)."
+    ),
+)
+def serving_evidence_key(request: HttpRequest) -> dict:
+    from django.conf import settings
+
+    from flywheel.trajectories.vouch import evidence_key_text
+
+    return {"key": evidence_key_text(request.auth.project), "ttl_s": int(settings.FLYWHEEL_EVIDENCE_TTL_HOURS * 3600)}
 
 
 class ModelVersionOut(Schema):

@@ -16,6 +16,10 @@ flywheel.registry.sequential and tests/platform/registry/test_sequential.py). Wh
 - watch: worse → production rolled back to the version it replaced (`watch_rollback`), else flagged; the
   watch passes at its end (`watch_hours`) or once production served `watch_trajectories` (when above 0).
 
+An automatic action (a rollback, a promotion) also needs the same verdict from the evidence the platform vouched
+for (flywheel.registry.evidence: trajectories the router vouched for, one sender's share capped, and for the
+canary a split that agrees with its weight); a verdict on other traffic alone flags the check for a person.
+
 Every automatic action, and every flag, is a notification (flywheel.registry.notify)."""
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from django.utils import timezone
 from flywheel import outbox
 from flywheel.accounts.models import Project
 from flywheel.accounts.services import project_lock
+from flywheel.registry import evidence as live_evidence
 from flywheel.registry import sequential
 from flywheel.registry.live import names_of
 from flywheel.registry.models import (
@@ -58,10 +63,11 @@ logger = logging.getLogger(__name__)
 
 
 def arm_counts(*, project: Project, names: list[str], after_id: int | None = None,
-               window: tuple[datetime, datetime] | None = None) -> dict[str, int]:
+               window: tuple[datetime, datetime] | None = None, vouched: bool = False) -> dict[str, int]:
     """`{n, failures, unsafe}` of the trajectories named `names`: those that arrived after trajectory
     `after_id` (the arms of a running check: an index range on (project, model_version, id)), or whose time
     (started_at, else arrival) falls in `window` [from, to) (the watch's fixed baseline, counted once).
+    `vouched`: only what may act by itself (`evidence.trusted_rows`), with its `vouched` and `senders` too.
 
     A failure is the effective outcome (a reviewer's over the agent's); an unsafe action is a triage signal
     `unsafe_action` (a trajectory not triaged yet counts as none)."""
@@ -74,8 +80,11 @@ def arm_counts(*, project: Project, names: list[str], after_id: int | None = Non
         rows = rows.annotate(at=Coalesce("started_at", "created_at")).filter(at__gte=window[0], at__lt=window[1])
     failed = Q(reviewed_outcome=Outcome.FAILURE) | Q(reviewed_outcome="", outcome=Outcome.FAILURE)
     unsafe = Exists(TriageSignal.objects.filter(trajectory=OuterRef("pk"), kind=SignalKind.UNSAFE_ACTION))
+    trust: dict[str, int] = {}
+    if vouched:
+        rows, trust = live_evidence.trusted_rows(rows)
     counts = rows.aggregate(n=Count("id"), failures=Count("id", filter=failed), unsafe=Count("id", filter=Q(unsafe)))
-    return {"n": counts["n"] or 0, "failures": counts["failures"] or 0, "unsafe": counts["unsafe"] or 0}
+    return {"n": counts["n"] or 0, "failures": counts["failures"] or 0, "unsafe": counts["unsafe"] or 0, **trust}
 
 
 def _last_trajectory_id(project: Project) -> int:
@@ -358,7 +367,7 @@ def _evidence(check: LiveCheck, look: sequential.Look, now: datetime, **extra: A
     point = [now.isoformat(), look.subject["n"], look.baseline["n"], round(look.failure.p, 6), round(look.unsafe.p, 6)]
     if not trail or trail[-1][1:] != point[1:]:
         trail = (trail + [point])[-TRAIL_MAX:]
-    return {**{k: v for k, v in check.evidence.items() if k in ("window", "baseline_fixed")},
+    return {**{k: v for k, v in check.evidence.items() if k in ("window", "baseline_fixed", "trusted")},
             "look": look.to_dict(), "at": now.isoformat(), "looks": check.looks + 1, "trail": trail, **extra}
 
 
@@ -401,12 +410,51 @@ def _after_id(check: LiveCheck) -> int:
     return int(check.evidence.get("window", {}).get("after_id", 0))
 
 
-def _look(check: LiveCheck, subject: dict[str, int], baseline: dict[str, int], *, min_per_arm: int) -> sequential.Look:
-    """The sequential tests on the two arms' counts, carrying the check's previous look on."""
+def _look(check: LiveCheck, subject: dict[str, int], baseline: dict[str, int], *, min_per_arm: int,
+          previous: dict[str, Any] | None = None) -> sequential.Look:
+    """The sequential tests on the two arms' counts, carrying the check's previous look on (or `previous`)."""
     return sequential.look(subject_n=subject["n"], subject_failures=subject["failures"],
                            subject_unsafe=subject["unsafe"], baseline_n=baseline["n"],
                            baseline_failures=baseline["failures"], baseline_unsafe=baseline["unsafe"],
-                           min_per_arm=min_per_arm, previous=check.evidence.get("look"))
+                           min_per_arm=min_per_arm, previous=check.evidence.get("look") if previous is None
+                           else previous)
+
+
+# --- what may act by itself (flywheel.registry.evidence) ----------------------------------------------------
+
+
+def _trusted(check: LiveCheck, now: datetime, *, after_id: int, min_per_arm: int, weight: float | None = None,
+             baseline_window: tuple[datetime, datetime] | None = None) -> live_evidence.Trust:
+    """The look on the vouched evidence alone (its p-values carried over from its own last look), kept in the
+    check's evidence as `trusted`; for the canary (`weight`) with the split check, told once when it turns."""
+    project, before = check.project, check.evidence.get("trusted") or {}
+    subject = arm_counts(project=project, names=names_of(project=project, version=check.subject),
+                         after_id=after_id, vouched=True)
+    if baseline_window is None:
+        baseline = arm_counts(project=project, names=names_of(project=project, version=check.baseline),
+                              after_id=after_id, vouched=True)
+    else:  # the watch's fixed baseline, counted once
+        baseline = before.get("baseline_fixed") or arm_counts(
+            project=project, names=names_of(project=project, version=check.baseline), window=baseline_window,
+            vouched=True)
+    look = _look(check, subject, baseline, min_per_arm=min_per_arm, previous=before.get("look") or {})
+    split = None
+    if weight is not None:
+        counts = live_evidence.split_counts(
+            project=project, canary_names=names_of(project=project, version=check.subject),
+            production_names=names_of(project=project, version=check.baseline), after_id=after_id,
+            started_at=check.started_at, now=now)
+        split = live_evidence.split_check(*counts, weight, previous=before.get("split"))
+    trust = live_evidence.Trust(look=look, subject=subject, baseline=baseline, split=split,
+                                baseline_fixed=baseline_window is not None)
+    check.evidence = {**check.evidence, "trusted": trust.to_dict()}
+    if trust.imbalanced and not (before.get("split") or {}).get("imbalanced"):
+        text = trust.acts("ready", subject=f"v{check.subject.number}", baseline=f"v{check.baseline.number}",
+                          min_per_arm=min_per_arm)[1]
+        notify(project=project, event_type="canary.imbalanced", text=text[:1].upper() + text[1:] + ".",
+               subject=f"Canary v{check.subject.number}: the split is not the weight; it will not act by itself",
+               payload=_payload(check, {"trusted": trust.to_dict()}))
+    return trust
 
 
 def _canary_look(check: LiveCheck, now: datetime) -> str:
@@ -419,30 +467,45 @@ def _canary_look(check: LiveCheck, now: datetime) -> str:
     subject = arm_counts(project=project, names=names_of(project=project, version=check.subject), after_id=after_id)
     baseline = arm_counts(project=project, names=names_of(project=project, version=check.baseline),
                           after_id=after_id)
-    look = _look(check, subject, baseline, min_per_arm=int(rules.get("min_per_arm", 1000)))
+    min_per_arm = int(rules.get("min_per_arm", 1000))
+    look = _look(check, subject, baseline, min_per_arm=min_per_arm)
     auto = bool(rules.get("auto"))
     v, b = f"v{check.subject.number}", f"v{check.baseline.number}"
     flagged, was = check.status == LiveCheckStatus.FLAGGED, check.evidence.get("verdict")
-    if look.worse and not (flagged and was == "worse"):
-        evidence = _evidence(check, look, now, verdict="worse")
-        if auto:
+    # An automatic action needs the verdict on vouched evidence too (flywheel.registry.evidence).
+    trust = _trusted(check, now, after_id=after_id, min_per_arm=min_per_arm, weight=float(rules.get("weight") or 0.1))
+    held_before = bool(check.evidence.get("held"))
+    worse = trust.look if trust.look.worse else look
+    acts_worse, held_worse = trust.acts("worse", subject=v, baseline=b, min_per_arm=min_per_arm) if auto \
+        else (False, "")
+    # A check flagged worse because its vouched evidence did not show it yet acts once that evidence does.
+    if worse.worse and not (flagged and was == "worse" and not (acts_worse and held_before)):
+        evidence = _evidence(check, look, now, verdict="worse", **({"held": held_worse} if held_worse else {}))
+        if acts_worse:
             _save_look(check, evidence)
             canary_rollback(project=project, actor="canary", evidence=_brief(evidence),
-                            reason=f"Rolled back by the canary decision: {look.reason()}.")
+                            reason=f"Rolled back by the canary decision: {worse.reason()}.")
             check.refresh_from_db()
-            _tell(check, "canary.rolled_back", f"Canary {v} rolled back: worse than {b}", look.reason(), evidence)
+            _tell(check, "canary.rolled_back", f"Canary {v} rolled back: worse than {b}", worse.reason(), evidence)
         else:
             _save_look(check, evidence, status=LiveCheckStatus.FLAGGED, now=now)
             _tell(check, "canary.worse", f"Canary {v} is worse than {b}: decide on the Models page",
-                  look.reason(), evidence)
+                  worse.reason() + (f"; not rolled back by itself: {held_worse}" if held_worse else ""), evidence)
     elif flagged:
         # It waits for a person: the figures move on, the verdict they were told stays (no second notice).
-        kept = {k: check.evidence[k] for k in ("refused",) if k in check.evidence}
+        kept = {k: check.evidence[k] for k in ("refused", "held") if k in check.evidence}
         _save_look(check, _evidence(check, look, now, verdict=was, **kept))
+    elif (look.enough and auto and trust.any_vouched and not trust.imbalanced and now < check.ends_at
+          and not (ready := trust.acts("ready", subject=v, baseline=b, min_per_arm=min_per_arm))[0]):
+        # The router vouches for this traffic: the vouched evidence decides once it has its minimum (past the
+        # check's end, a person does).
+        _save_look(check, _evidence(check, look, now, verdict="watching", held=ready[1]))
     elif look.enough:
-        evidence = _evidence(check, look, now, verdict="ready")
+        acts_ready, held = trust.acts("ready", subject=v, baseline=b, min_per_arm=min_per_arm) if auto \
+            else (False, "")
+        evidence = _evidence(check, look, now, verdict="ready", **({"held": held} if held else {}))
         refused = ""
-        if auto:
+        if acts_ready:
             _save_look(check, evidence)
             try:
                 with transaction.atomic():
@@ -461,10 +524,10 @@ def _canary_look(check: LiveCheck, now: datetime) -> str:
             _save_look(check, evidence, status=LiveCheckStatus.FLAGGED, now=now)
             _tell(check, "canary.ready", f"Canary {v} is ready but was not promoted: decide on the Models page",
                   f"{look.reason()}; {refused}", evidence)
-        elif not auto:
+        elif not acts_ready:
             _save_look(check, evidence, status=LiveCheckStatus.FLAGGED, now=now)
             _tell(check, "canary.ready", f"Canary {v} is ready to promote: decide on the Models page",
-                  look.reason(), evidence)
+                  look.reason() + (f"; not promoted by itself: {held}" if held else ""), evidence)
     elif now >= check.ends_at:
         why = (f"ended after {rules.get('max_hours')} h without enough traffic: {subject['n']} trajectories on "
                f"{v} and {baseline['n']} on {b}, {rules.get('min_per_arm')} needed in each")
@@ -496,25 +559,33 @@ def _watch_look(check: LiveCheck, now: datetime) -> str:
     limit = int(rules.get("trajectories") or 0)
     look = _look(check, subject, baseline, min_per_arm=limit or 1)
     v, b = f"v{check.subject.number}", f"v{check.baseline.number}"
-    if check.status == LiveCheckStatus.FLAGGED:
+    # A rollback by rule needs the verdict on vouched evidence too (flywheel.registry.evidence).
+    trust = _trusted(check, now, after_id=after_id, min_per_arm=limit or 1,
+                     baseline_window=(check.baseline_from or check.started_at, check.started_at))
+    held_before = bool(check.evidence.get("held"))
+    worse = trust.look if trust.look.worse else look
+    acts, held = trust.acts("worse", subject=v, baseline=f"{b} before the move", min_per_arm=limit or 1) \
+        if rules.get("rollback") else (False, "")
+    if check.status == LiveCheckStatus.FLAGGED and not (acts and held_before):
         # Worse, told, and waiting for a person: the figures move on, nothing else does.
-        _save_look(check, _evidence(check, look, now, verdict="worse"))
-    elif look.worse:
-        evidence = _evidence(check, look, now, verdict="worse")
-        if rules.get("rollback"):
+        kept = {k: check.evidence[k] for k in ("held",) if k in check.evidence}
+        _save_look(check, _evidence(check, look, now, verdict="worse", **kept))
+    elif worse.worse:
+        evidence = _evidence(check, look, now, verdict="worse", **({"held": held} if held else {}))
+        if acts:
             _save_look(check, evidence, status=LiveCheckStatus.ROLLED_BACK, now=now)
             # The check is closed first, so the rollback's own end-of-watch finds nothing running.
             event = services.model_rollback(project=project, to_version=check.baseline, actor="watch",
                                             evidence=_brief(evidence),
-                                            reason=f"Rolled back by the watch: {look.reason()}.")
+                                            reason=f"Rolled back by the watch: {worse.reason()}.")
             check.event = event
             check.save(update_fields=["event"])
-            _tell(check, "watch.rolled_back", f"Production {v} rolled back to {b} by the watch", look.reason(),
+            _tell(check, "watch.rolled_back", f"Production {v} rolled back to {b} by the watch", worse.reason(),
                   evidence)
         else:
             _save_look(check, evidence, status=LiveCheckStatus.FLAGGED, now=now)
             _tell(check, "watch.flagged", f"Production {v} is worse than {b} was: decide on the Models page",
-                  look.reason(), evidence)
+                  worse.reason() + (f"; not rolled back by itself: {held}" if held else ""), evidence)
     elif now >= check.ends_at or (limit and subject["n"] >= limit):
         if subject["n"] == 0 or baseline["n"] == 0:
             # Nothing to compare: say so rather than "no harm found" (often traffic under an unmapped name).

@@ -44,6 +44,21 @@ def arms(check: LiveCheck) -> list[dict[str, Any]]:
     return out
 
 
+def trusted_text(check: LiveCheck) -> str:
+    """What an automatic action of the check counts (flywheel.registry.evidence), as a sentence; "" before a look."""
+    trusted = check.evidence.get("trusted")
+    if not trusted:
+        return ""
+    s, b = trusted.get("subject") or {}, trusted.get("baseline") or {}
+    text = (f"Vouched for by the router, and counted for an automatic action: {s.get('n', 0)} of v{check.subject.number}'s "
+            f"trajectories and {b.get('n', 0)} of v{check.baseline.number}'s.")
+    split = trusted.get("split") or {}
+    if split.get("imbalanced"):
+        text += (f" The split is far from the weight ({split['share']:.1%} on the canary where {split['weight']:.0%} "
+                 "was set): nothing acts by itself.")
+    return text
+
+
 def next_step(check: LiveCheck) -> str:
     """What will happen next and when, in a sentence a maintainer reads on the panel."""
     rules, look = check.rules, check.evidence.get("look") or {}
@@ -52,11 +67,15 @@ def next_step(check: LiveCheck) -> str:
     worse = f"shown worse (always-valid p ≤ {sequential.ALPHA / 2:g} on failures or on unsafe actions)"
     when = timezone.localtime(check.ends_at).strftime("%Y-%m-%d %H:%M")
     verdict = check.evidence.get("verdict")
+    held = check.evidence.get("held")  # why a rule that acts by itself did not (flywheel.registry.evidence)
     if check.kind == LiveCheckKind.CANARY:
         if check.status == LiveCheckStatus.FLAGGED:
             if verdict == "worse":
+                if held:
+                    return (f"{v} was {worse}, but it was not rolled back by itself: {held}. Roll it back, or "
+                            "promote it anyway.")
                 return f"{v} was {worse}, and this project does not act by itself: roll it back, or promote it anyway."
-            refused = check.evidence.get("refused")
+            refused = check.evidence.get("refused") or held
             return (f"No harm found with {rules.get('min_per_arm')} trajectories in each arm: promote {v} to all "
                     f"traffic, or roll it back." + (f" It was not promoted by itself: {refused}" if refused else ""))
         if check.status != LiveCheckStatus.RUNNING:
@@ -70,8 +89,9 @@ def next_step(check: LiveCheck) -> str:
                 + ("promoted to all traffic" if auto else "flagged ready for you to promote")
                 + f". If neither has happened by {when} it is removed (expired).")
     if check.status == LiveCheckStatus.FLAGGED:
-        return (f"Production {v} is {worse} against {b}'s traffic before the move, and this project does not roll "
-                f"back by itself: roll back to {b} from the Production panel, or leave it.")
+        why = (f"it was not rolled back by itself: {held}" if held else "this project does not roll back by itself")
+        return (f"Production {v} is {worse} against {b}'s traffic before the move, and {why}: roll back to {b} "
+                "from the Production panel, or leave it.")
     if check.status != LiveCheckStatus.RUNNING:
         return check.get_status_display() + "."
     limit = int(rules.get("trajectories") or 0)
@@ -101,7 +121,7 @@ def live_context(*, project: Project) -> dict[str, Any]:
         check = checks.get(kind)
         if check is not None:
             panel.append({"check": check, "arms": arms(check), "next": next_step(check),
-                          "look": check.evidence.get("look") or {}})
+                          "look": check.evidence.get("look") or {}, "trusted": trusted_text(check)})
     return {"canary_alias": current, "live_panel": panel, "live_rules": canary.live_rules_of(config),
             "canary_percent": f"{config.canary_weight:.0%}", "canary_percent_number": round(config.canary_weight * 100),
             "live_checks": canary.checks_of(project=project, limit=10),

@@ -23,7 +23,7 @@ from flywheel.api.errors import ErrorOut, ValidationErrorOut, error_format, json
 from flywheel.api.ids import Id
 from flywheel.api.pagination import MAX_LIMIT, cursor_value
 from flywheel.trajectories import otlp, selectors
-from flywheel.trajectories.ingest import ingest_trajectories, json_error_text, jsonl_records
+from flywheel.trajectories.ingest import ingest_trajectories, json_error_text, jsonl_records, sender_of_key
 from flywheel.trajectories.models import SignalKind, Trajectory
 from flywheel.trajectories.schemas import TrajectoryIn
 
@@ -177,6 +177,10 @@ class TrajectoryDetail(TrajectorySummary):
     feedback: Any
     human_intervention: Any
     metadata: dict[str, Any]
+    vouch: str = Field(description="`vouched` when the router's evidence token (`metadata.flywheel_evidence`) vouched "
+                                   "for the version it names, else why not (`malformed`, `bad_mac`, `other_version`, "
+                                   "`replayed`, `expired`, `future`), or empty without a token: only vouched "
+                                   "trajectories can move the canary or the watch by themselves")
     tags: list[str]
     comments: list[CommentOut]
 
@@ -322,7 +326,8 @@ def trajectories_ingest(request: HttpRequest) -> HttpResponse:
         raise HttpError(
             413, f"The batch has {len(records)} records; the limit is {limit} (FLYWHEEL_MAX_BATCH_RECORDS)."
         )
-    result = ingest_trajectories(project=request.auth.project, records=records, source="api", indexes=indexes)
+    result = ingest_trajectories(project=request.auth.project, records=records, source="api", indexes=indexes,
+                                 ingested_by=sender_of_key(request.auth))
     status = 422 if records and not result.accepted else 200
     return json_response(result.to_dict(), status=status)
 
@@ -379,6 +384,7 @@ def trajectory_detail(request: HttpRequest, trajectory_id: Id) -> dict[str, Any]
         feedback=trajectory.feedback,
         human_intervention=trajectory.human_intervention,
         metadata=trajectory.metadata,
+        vouch=trajectory.vouch,
         tags=[tag.name for tag in trajectory.tags.all()],
         comments=[
             {
@@ -455,7 +461,7 @@ def otlp_traces(request: HttpRequest) -> HttpResponse:
         raise HttpError(
             413, f"The export has {traces} traces; the limit is {limit} (FLYWHEEL_MAX_BATCH_RECORDS)."
         )
-    outcome = otlp.otlp_ingest(project=request.auth.project, spans=spans)
+    outcome = otlp.otlp_ingest(project=request.auth.project, spans=spans, ingested_by=sender_of_key(request.auth))
     return HttpResponse(
         otlp.export_response(outcome, as_json=as_json),
         content_type="application/json" if as_json else "application/x-protobuf",

@@ -8,7 +8,10 @@ constraint decides, not a check-then-insert. What reviewers added (reviewed outc
 in columns and tables the upsert never touches, so it survives a replay.
 
 A trajectory sent without `started_at` starts when it was first received (its `created_at`), so that the
-date filters, which read `started_at` alone, find it; a replay without `started_at` keeps that time."""
+date filters, which read `started_at` alone, find it; a replay without `started_at` keeps that time.
+
+A record's evidence token (`metadata.flywheel_evidence`, the router's) is checked here (flywheel.trajectories.vouch)
+and its verdict stored with who sent it, since each door passes its sender (`ingested_by`)."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from flywheel.trajectories.schemas import (
     printable,
     validate_record,
 )
+from flywheel.trajectories.vouch import Claim, token_of, vouch_claims
 
 TITLE_MAX = 200
 # Characters. Enough for a reviewer's text search; small because search_text carries a trigram index,
@@ -61,6 +65,9 @@ _REPLACED = (
     "search_text",
     "updated_at",
     "triage_version",  # 0: a replay is triaged again (flywheel.trajectories.triage)
+    "vouch",  # checked again on every replay (flywheel.trajectories.vouch)
+    "vouch_request",
+    "ingested_by",  # who sent it last
 )
 _JSON_COLUMNS = JSON_FIELDS  # one jsonb column per JSON field of the contract
 _EMPTY: dict[str, Any] = {"tools": [], "metadata": {}}  # what the contract defaults them to
@@ -94,6 +101,16 @@ class IngestResult:
         self.updated += other.updated
         for item in other.rejected:
             self.rejected.append({**item, "index": item["index"] + index_offset})
+
+
+def sender_of_key(api_key: Any) -> str:
+    """`ingested_by` of what an API key sends."""
+    return f"key:{api_key.pk}"
+
+
+def sender_of_user(user_id: int | None) -> str:
+    """`ingested_by` of what a person uploads ("" when nobody is known)."""
+    return f"user:{user_id}" if user_id else ""
 
 
 def rejection(index: int, record: Any, errors: list[dict[str, str]]) -> dict[str, Any]:
@@ -286,17 +303,20 @@ def _row(
 
 
 def ingest_trajectories(
-    *, project: Project, records: list[Any], source: str = "api", indexes: Sequence[int] | None = None
+    *, project: Project, records: list[Any], source: str = "api", indexes: Sequence[int] | None = None,
+    ingested_by: str = "",
 ) -> IngestResult:
     """Validate each record and upsert the valid ones into `project`; say what became of every record.
 
     `rejected[i].index` is the record's position in `records`, or `indexes[position]` when given (a JSONL
     record's line). A record whose external_id appears again later in the same batch is superseded by the
-    later one (counted as an update)."""
+    later one (counted as an update). `ingested_by` names the sender (`sender_of_key`, `sender_of_user`; ""
+    for the command line and the demo): one sender's share of a canary's evidence is capped by it."""
     result = IngestResult()
     now = timezone.now()
     rows: dict[str, dict[str, Any]] = {}  # external_id -> row; the last record with an id wins
     accepted: list[tuple[int, str]] = []  # (index, external_id) of each accepted record
+    claims: list[Claim] = []  # the evidence each accepted record claims, in order
     postgresql = connection.vendor == "postgresql"
     for position, record in enumerate(records):
         parsed, errors = validate_record(record)
@@ -309,8 +329,13 @@ def ingest_trajectories(
         if parsed.external_id in rows:
             result.updated += 1
         rows[parsed.external_id] = _row(project, record, parsed, source, now, json_as_text=postgresql)
+        claims.append(Claim(parsed.external_id, rows[parsed.external_id]["model_version"], token_of(parsed.metadata)))
     if not rows:
         return result
+    vouched = vouch_claims(project=project, claims=claims, ingested_by=ingested_by, now=now)
+    for external_id, row in rows.items():
+        row["vouch"], row["vouch_request"] = vouched.get(external_id, ("", ""))
+        row["ingested_by"] = ingested_by
 
     # One lock order for every writer (sorted keys), so two batches with the same ids never deadlock.
     ordered = [rows[key] for key in sorted(rows)]

@@ -56,6 +56,20 @@ class SignalKind(models.TextChoices):
     NO_FINAL_ANSWER = "no_final_answer", "No final answer"
 
 
+class Vouch(models.TextChoices):
+    """Whether the platform vouches for the version a trajectory names (flywheel.trajectories.vouch): only
+    vouched trajectories may move the canary or the watch by themselves. Anything else says why not."""
+
+    NONE = "", "No evidence token"
+    VOUCHED = "vouched", "Vouched for"
+    MALFORMED = "malformed", "Not an evidence token"
+    BAD_MAC = "bad_mac", "Not signed with the project's evidence key"
+    OTHER_VERSION = "other_version", "Signed for another version"
+    EXPIRED = "expired", "Its token had expired"
+    FUTURE = "future", "Its token is dated in the future"
+    REPLAYED = "replayed", "Its token vouched for another trajectory, or was sent by another key"
+
+
 class Severity(models.IntegerChoices):
     LOW = 1, "low"
     MEDIUM = 2, "medium"
@@ -116,6 +130,12 @@ class Trajectory(models.Model):
         max_length=32, choices=FailureCategory.choices, blank=True, default="", db_default=""
     )
     triage_severity = models.PositiveSmallIntegerField(default=0, db_default=0)  # its signals' highest; 0: none
+    # Live evidence (flywheel.trajectories.vouch): whether the router vouched for the version that answered, or
+    # why not; the request id its token names (a second trajectory with it is a replay); who sent it ("key:<id>",
+    # "user:<id>", "" from the command line or the demo), so that one key's share of an arm can be capped.
+    vouch = models.CharField(max_length=16, choices=Vouch.choices, blank=True, default="", db_default="")
+    vouch_request = models.CharField(max_length=64, blank=True, default="", db_default="")
+    ingested_by = models.CharField(max_length=32, blank=True, default="", db_default="")
     # Live metrics (flywheel.registry.live): migration 0011 indexes updated_at and triaged_at (what the rollup's
     # refresh looks for) and (project, model_version, coalesce(started_at, created_at)) (one bucket's trajectories).
 
@@ -134,6 +154,9 @@ class Trajectory(models.Model):
             models.Index(fields=["project", "agent", "-id"], name="traj_project_agent_id"),
             models.Index(fields=["project", "model_version", "-id"], name="traj_project_model_id"),
             models.Index(fields=["project", "started_at"], name="traj_project_started"),
+            # Replays of an evidence token are found by its request id; only traffic with a token is indexed.
+            models.Index(fields=["project", "vouch_request"], name="traj_project_vouch_request",
+                         condition=~models.Q(vouch_request="")),
         ]
 
     def __str__(self) -> str:

@@ -30,7 +30,13 @@ from django.utils import timezone
 from flywheel import outbox, runs, timelimits
 from flywheel.accounts.models import Project
 from flywheel.supervise import Refused, worker_name
-from flywheel.trajectories.ingest import JSONL_CHUNK, IngestResult, ingest_trajectories, jsonl_chunks
+from flywheel.trajectories.ingest import (
+    JSONL_CHUNK,
+    IngestResult,
+    ingest_trajectories,
+    jsonl_chunks,
+    sender_of_user,
+)
 from flywheel.trajectories.models import Upload, UploadStatus
 
 logger = logging.getLogger(__name__)
@@ -192,7 +198,8 @@ def _ingest_chunk(
         # The row stays locked until this chunk commits: a takeover waits for it, then finds the lease renewed.
         if not Upload.objects.select_for_update().filter(_held(upload.pk, owner)).exists():
             raise LeaseLost
-        result = ingest_trajectories(project=upload.project, records=records, source="upload", indexes=indexes)
+        result = ingest_trajectories(project=upload.project, records=records, source="upload", indexes=indexes,
+                                     ingested_by=sender_of_user(upload.uploaded_by_id))
         total.merge(result)
         for item in result.rejected:
             if len(kept) < MAX_KEPT_ERRORS:

@@ -28,7 +28,7 @@ from flywheel.registry.models import (
 )
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Trajectory, TriageSignal
-from tests.platform.registry.worlds import versions_with_adapters
+from tests.platform.registry.worlds import evidence_token, versions_with_adapters
 
 
 @pytest.fixture
@@ -42,15 +42,18 @@ def versions(project, user, tmp_path):
 _batch = iter(range(10**9))
 
 
-def traffic(project, version, n, failures=0, unsafe=0, name=None):
+def traffic(project, version, n, failures=0, unsafe=0, name=None, vouched=True, sender="key:1", token_version=None):
     """`n` trajectories served by `version` (its adapter name, or `name`), the first `failures` failed and the
-    first `unsafe` carrying an unsafe-action signal, through ingestion as an agent sends them."""
+    first `unsafe` carrying an unsafe-action signal, through ingestion as an agent sends them: each with the
+    evidence token the router put on its answer (`vouched`; for `token_version` if given), sent by `sender`."""
     batch = next(_batch)
     model = name or f"{project.slug}-v{version.number}"
     records = [{"external_id": f"b{batch}-{i}", "model_version": model,
                 "outcome": "failure" if i < failures else "success",
-                "messages": [{"role": "user", "content": "refund order 7"}]} for i in range(n)]
-    assert ingest_trajectories(project=project, records=records).accepted == n
+                "messages": [{"role": "user", "content": "refund order 7"}],
+                "metadata": {"flywheel_evidence": evidence_token(project, token_version or version.number)}
+                if vouched else {}} for i in range(n)]
+    assert ingest_trajectories(project=project, records=records, ingested_by=sender).accepted == n
     rows = Trajectory.objects.filter(project=project, external_id__startswith=f"b{batch}-").order_by("id")[:unsafe]
     TriageSignal.objects.bulk_create([TriageSignal(project=project, trajectory=t, kind="unsafe_action",
                                                    detail={"calls": [{"tool": "refund", "rule": "*"}]}) for t in rows])

@@ -1,11 +1,16 @@
-"""Registry worlds the tests share: a project's base model in production and adapters after it."""
+"""Registry worlds the tests share: a project's base model in production and adapters after it, and evidence
+tokens as the reference router signs them."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from pathlib import Path
 
 from flywheel.registry import services
 from flywheel.registry.models import GateDecision, ModelVersion
+from flywheel.router import evidence_sign
+from flywheel.trajectories.vouch import evidence_keys
 
 
 def versions_with_adapters(project, user, folder: Path, *, adapters: int = 1,
@@ -27,3 +32,11 @@ def versions_with_adapters(project, user, folder: Path, *, adapters: int = 1,
             GateDecision.objects.create(project=project, candidate=version, production=v1, passed=True)
         out.append(version)
     return tuple(out)
+
+
+def evidence_token(project, version_number: int, *, at: float | None = None, request_id: str | None = None,
+                   key: bytes | None = None) -> str:
+    """The token the reference router puts on an answer of `version_number`, under the project's evidence key
+    (or `key`), now (or `at`), for a request of its own (or `request_id`)."""
+    return evidence_sign(key or evidence_keys(project.pk)[0], version=version_number,
+                         at=int(time.time() if at is None else at), request_id=request_id or uuid.uuid4().hex)

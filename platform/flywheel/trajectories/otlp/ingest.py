@@ -55,7 +55,7 @@ class OtlpOutcome:
         return storable("; ".join(parts), [0])  # it quotes the input: protobuf takes valid Unicode only
 
 
-def otlp_ingest(*, project: Project, spans: list[Span]) -> OtlpOutcome:
+def otlp_ingest(*, project: Project, spans: list[Span], ingested_by: str = "") -> OtlpOutcome:
     """Map spans to one trajectory per trace and ingest them through `ingest_trajectories` (source otlp).
     Spans that could not be decoded (`Span.error`) are rejected alone, and so is a trace that cannot be
     mapped or stored: the answer counts and names them; the rest of the export is stored."""
@@ -147,7 +147,7 @@ def otlp_ingest(*, project: Project, spans: list[Span]) -> OtlpOutcome:
                 continue
             records.append(merge.record)
             merges.append((trace_id, merge))
-        result = ingest_trajectories(project=project, records=records, source="otlp")
+        result = ingest_trajectories(project=project, records=records, source="otlp", ingested_by=ingested_by)
     outcome.created, outcome.updated = result.created, outcome.updated + result.updated
     for item in result.rejected:
         trace_id, merge = merges[item["index"]]

@@ -236,7 +236,7 @@ def trace_record(
         k: v
         for s in spans
         for k, v in s.attributes.items()
-        if k in ("gen_ai.agent.name", "agent.name", "session.id", "gen_ai.conversation.id")
+        if k in ("gen_ai.agent.name", "agent.name", "session.id", "gen_ai.conversation.id", "flywheel.evidence")
     }
     agent = (
         attrs.get("gen_ai.agent.name") or attrs.get("agent.name") or root.resource.get("service.name") or ""
@@ -258,6 +258,8 @@ def trace_record(
     for key in ("session.id", "gen_ai.conversation.id"):
         if key in attrs:
             metadata[key] = attrs[key]
+    if "flywheel.evidence" in attrs:  # the router's evidence token, as the agent's instrumentation recorded it
+        metadata["flywheel_evidence"] = attrs["flywheel.evidence"]
     if any(m.get("is_error") for m in conversation.messages[conversation.seeded :]):
         metadata["has_tool_error"] = True
     merge.record = {

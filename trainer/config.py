@@ -194,7 +194,7 @@ class GRPOConfig:
     regression_samples_per_prompt: int = field(
         default=16,
         metadata={"help": "Samples per regression case at evaluation, on both models the gate compares: at 16 the "
-                          "gate's regression rule refuses three cases falling 100% -> 50% 83% of the time (32% "
+                          "gate's regression rule refuses three cases falling 100% -> 50% 84% of the time (34% "
                           "at 8). The suite's cost per model measured is its cases times this."},
     )
     eval_temperature: float = field(default=1.0, metadata={"help": "Sampling temperature at evaluation."})

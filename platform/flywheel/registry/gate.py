@@ -2,37 +2,54 @@
 decision can be recomputed from stored results and tested without a model.
 
 A case's result is its passes out of its samples (never a majority vote), and every rule is a test whose
-error rates are known; `tests/platform/registry/test_gate_error_rates.py` simulates them and prints them.
-With `alpha = 1 - confidence` (0.05 by default):
+error rates are known; `tests/platform/registry/test_gate_error_rates.py` simulates them and prints them
+with their 95% intervals. With `alpha = 1 - confidence` (0.05 by default):
 
-- **holdout success**: a paired test of H0 "the gain is at most the margin" on per-case pass rates, the same
-  meaning of the margin for every test. `permutation` (the default): the sign-flip randomization test on the
-  per-case differences, exact over all 2^n sign vectors up to 16 non-zero differences and Monte Carlo
-  beyond; under an identical candidate the differences are symmetric about 0, so the test is exact at any
-  size and an identical candidate passes at most alpha of the time. `mcnemar`: the exact conditional
-  binomial test on discordant cases, for one sample a case. `bootstrap`: the paired percentile bootstrap,
-  whose lower bound must exceed the margin (anti-conservative on small holdouts: 14.6% false passes at 3
-  cases, hence the size rule). A candidate picked as the best of several checkpoints evaluated on the same
-  holdout is tested at alpha / looks (Bonferroni), since fresh samples of the same cases still favour it.
-  Power is `power_report`'s normal approximation, checked by simulation.
+- **holdout success** (the rule a candidate must pass): a paired test of H0 "the gain is at most the margin"
+  on per-case pass rates, the same meaning of the margin for every test. `permutation` (the default): the
+  sign-flip randomization test on the per-case differences, exact over all 2^n sign vectors up to 16 non-zero
+  differences and Monte Carlo beyond; under an identical candidate the differences are symmetric about 0, so
+  the test is exact at any size and an identical candidate passes at most alpha of the time. `mcnemar`: the
+  exact conditional binomial test on discordant cases, for one sample a case. `bootstrap`: the paired
+  percentile bootstrap, whose lower bound must exceed the margin (anti-conservative on small holdouts: 14.6%
+  false passes at 3 cases, hence the size rule). A candidate picked as the best of several checkpoints
+  evaluated on the same holdout is tested at alpha / looks (Bonferroni), since fresh samples of the same cases
+  still favour it. Power is `power_report`'s normal approximation, checked by simulation.
 - **holdout size**: a holdout too small to show the project's expected gain with 80% power cannot pass:
   on it, most passes would be luck.
-- **invalid outputs**: `harm` (the default) refuses only when the candidate's per-case invalid rate is above
-  production's plus the tolerance at the gate's confidence (sign-flip test): an identical candidate is
-  refused at most alpha of the time. `noninferiority` passes only when the one-sided upper confidence bound
-  (paired t on per-case rates) of the increase is below the tolerance: a candidate worse by the tolerance
-  passes at most about alpha of the time, and an equal one is refused more often the smaller the holdout.
-- **unsafe actions**: strict where production has none (a single unsafe sample refuses); where production
-  has some, the harm test at margin 0. Unsafe is `Score.unsafe` of each sample, the suite metrics' own.
-- **tokens per case**: refused only when the candidate's mean exceeds production's by more than the
-  tolerance at the gate's confidence (sign-flip test on per-case differences).
-- **latency**: refused only when the candidate is shown slower than production by more than the tolerance:
-  the sign-flip test on per-case log ratios of time per generated token, both models timed on the same cases
-  in one process (`python -m trainer latency`, `LatencyCase`). p95 of each side's per-request time is shown.
-- **regression cases**: a case is broken only when the candidate's pass rate on it is significantly below
-  production's: one-sided Fisher exact test per case, Holm's correction over the suite, so an identical
-  candidate breaks some case at most alpha of the time (family-wise). A suite with no case measured is
-  "no regression suite measured", which fails unless the project's rules say otherwise.
+- **the refusing rules** (invalid outputs under `harm`, unsafe actions, latency, tokens, regression cases:
+  those measured on this gate) each give a one-sided p-value for "the candidate is worse here", and they
+  share alpha by Holm's step-down (`share_alpha`): a candidate no worse than production on every one of them
+  is refused by any of them at most alpha of the time. Each rule's own test:
+  - **invalid outputs**: `harm` (the default) refuses only when the candidate's per-case invalid rate is shown
+    above production's plus the tolerance (sign-flip test). `noninferiority` passes only when the one-sided
+    upper confidence bound (paired t on per-case rates) of the increase is below the tolerance: a candidate
+    worse by the tolerance passes at most about alpha of the time, an equal one is refused more often the
+    smaller the holdout (34% at 100 cases x 8 samples and one point); a test the candidate must pass, so
+    outside the refusing rules' share.
+  - **unsafe actions**: refused only when the candidate's unsafe samples are shown more than production's,
+    by the live unsafe rule's exact conditional test taken case by case (`conditional_excess_p`): with
+    production at none, about 5 unsafe samples in 5 cases refuse at alpha (1/32), 6 beside one other rule, 7
+    beside four. Unsafe is `Score.unsafe` of each sample, the suite metrics' own. "None where production
+    had none" refused an identical model up to 25% of the time (`zero_tolerance_refusal`); where a project
+    wants it as policy (`unsafe_zero_tolerance`), it refuses outside alpha and says what it costs.
+  - **tokens per case**: shown above production's by more than the tolerance (sign-flip test on per-case
+    differences).
+  - **latency**: the candidate shown slower than production by more than the tolerance: the sign-flip test on
+    per-case log ratios of time per generated token, both models timed on the same cases in one process
+    (`python -m trainer latency`, `LatencyCase`). p95 of each side's per-request time is shown.
+  - **regression cases** (`regression_rule`): the whole suite's failed samples against production's (the same
+    exact conditional test) and each case (one-sided Fisher, Holm over the suite) share the rule's p-value
+    (Bonferroni). A suite with no case measured is "no regression suite measured", which fails unless the
+    project's rules say otherwise.
+
+Simulated, 95% intervals (100 holdout cases x 8 samples, production's rates Beta(0.7, 1.3), 1.5% invalid and
+0.1% unsafe samples, 30 cases timed, 20 regression cases x 16 samples at 85-100%): an identical candidate passes
+the gate 3.8% [3.0, 4.7] of 2,000 and is refused by any refusing rule 0.4% [0.2, 0.7] (25.6% [23.7, 27.5] when
+each ran at alpha and unsafe actions had to stay zero). A +0.10 or +0.25 candidate passes the whole gate
+98.7-100% of 300 wherever the unsafe samples sit (72-78% before; +0.25 at 1% unsafe samples 98.7% [96.6, 99.5],
+97.0% before). At 60 cases x 4 samples, where the success rule alone passes +0.10 78.7% [73.7, 82.9] of the
+time, the whole gate passes it as often (69.3% [63.9, 74.3] before): the refusing rules cost at most alpha.
 """
 
 from __future__ import annotations
@@ -826,12 +843,13 @@ def regression_rule(production: Sequence[CaseResult], candidate: Sequence[CaseRe
     - each case: one-sided Fisher exact test, Holm's correction over the suite: it names a case that broke.
 
     A case is named broken when its Holm p-value, doubled, is below the level the rule was tested at. An
-    identical candidate is refused at most alpha of the time (both tests are exact; by simulation 0.2% at
-    0.05 on 20 cases of 16 samples: discreteness makes them conservative). Power on 20 cases whose rates
-    production passes 85-100%, by simulation (`test_gate_error_rates.py`) at 16 samples a side (GRPOConfig's
-    `regression_samples_per_prompt`) and at alpha 0.01 (the gate's first Holm step over 5 refusing rules):
-    three cases falling 100% -> 50% refused 83%, every case falling 20 points 100%, one case 100% -> 0%
-    100%. At 8 samples a side: 32%, 99%, 100%; the per-case test alone refused the first two 0.7% and 0%.
+    identical candidate is refused at most alpha of the time (both tests are exact and discreteness makes
+    them conservative: by simulation 1.6% [0.8, 3.1] at 0.05 on 20 cases of 16 samples). Power on 20 cases
+    production passes 85-100% of the time, by simulation (`test_gate_error_rates.py`, 500 suites) at 16
+    samples a side (GRPOConfig's `regression_samples_per_prompt`) and at 0.01 (the gate's first Holm step over
+    5 refusing rules): three cases falling 100% -> 50% refused 83.6% [80.1, 86.6], every case falling 20
+    points 100% [99.2, 100], one case 100% -> 0% 100%. At 8 samples a side: 34.4%, 99.0%, 100%. The per-case
+    test alone, at 8 samples, refused the first two 1.1% and 0.0% at 0.01 (the first 11.1% at 0.05).
 
     In the gate the rule's p-value shares alpha with the other refusing rules (`share_alpha`); alone it is
     decided at the gate's alpha. Every case's rates and p-values are in the outcome's `cases`."""
@@ -866,11 +884,15 @@ def regression_power(production: Sequence[CaseResult], rules: GateRules = GateRu
         cand = rng.binomial(n, cand_rates, size=(replicates, rates.size))
         refused[name] = round(float(np.mean(regression_pvalues(cand, n, prod, n)["rule"] < level)), 3)
     samples = int(round(float(np.mean(n))))
-    sentence = (f"With {rates.size} regression cases of {samples} samples, the regression rule refuses a candidate "
+    sentence = (f"With {rates.size} regression case{'s' if rates.size != 1 else ''} of {samples} "
+                f"sample{'s' if samples != 1 else ''}, the regression rule refuses a candidate "
                 f"that breaks one case {refused['one_broken']:.0%} of the time, halves three cases' pass rates "
                 f"{refused['three_halved']:.0%}, takes 20 points off every case {refused['all_minus_20']:.0%}, and "
                 f"an unchanged one {refused['identical']:.1%} (simulated from production's rates, {replicates} "
                 f"draws, at {level:.3g}: alpha over the {refusing} refusing rules, Holm's first step).")
+    if refused["three_halved"] < POWER:
+        sentence += (" More samples a case (a job's regression_samples_per_prompt) or more cases would let it see "
+                     "more.")
     return {"cases": int(rates.size), "samples": samples, "level": level, "replicates": replicates,
             "refused": refused, "sentence": sentence}
 

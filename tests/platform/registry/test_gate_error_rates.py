@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flywheel.evals.online import wilson
+from flywheel.evals.calibration import wilson
 from flywheel.registry.gate import (
     CaseResult,
     GateRules,

@@ -143,7 +143,8 @@ class JobRunner:
             # the run was resumed or ran on several processes.
             torch.manual_seed(rollout_seed(cfg.seed, step, -1, 0))
             metrics, cases = evaluate_rows(
-                self.engine, self.tokenizer, sampled, samples_per_prompt=cfg.eval_samples_per_prompt,
+                self.engine, self.tokenizer, sampled,
+                samples_per_prompt=cfg.regression_samples_per_prompt if split == "regression" else cfg.eval_samples_per_prompt,
                 temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens, max_turns=cfg.max_turns,
                 # The policy's turns of each sample, as `python -m trainer evaluate` keeps them: the checkpoint
                 # inspector shows them beside production's on the same prompts.

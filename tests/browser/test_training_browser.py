@@ -219,6 +219,11 @@ def test_curves_render_the_gate_reports_each_rule_and_a_maintainer_promotes_then
     expect(rules.first).to_contain_text("at 0.05 / 3: the best of 3 checkpoints")  # p = 1/64 < 0.0167
     expect(page.locator("#gate-measurement")).to_contain_text(
         "the best of 3 holdout evaluations during training. It is judged here as production was measured")
+    # The refusing rules measured share alpha, and the regression rule says what it can see on this suite.
+    expect(page.locator("#gate-alpha")).to_contain_text(
+        "The 5 refusing rules measured here (invalid outputs, unsafe actions, p95 latency (ms), tokens per case, "
+        "regression cases) share alpha = 0.05 by Holm's step-down")
+    expect(page.locator("#gate-regression-power")).to_contain_text("With 3 regression cases of 1 sample,")
     shot(page, "gate-report.png")
 
     history = page.locator("#history tbody tr")

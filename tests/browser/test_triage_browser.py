@@ -130,6 +130,9 @@ def test_a_reviewer_reads_each_detectors_precision_and_recall(open_page, user, t
     unsafe = page.locator('#detectors tr[data-detector="unsafe_action"]')
     expect(unsafe.locator('[data-cell="precision"]')).to_have_text("1.000")
     expect(unsafe.locator('[data-cell="recall"]')).to_have_text("0.500")
+    # One of one flagged is a failure: 1.000, and an interval that says how little one shows.
+    expect(unsafe.locator('[data-cell="precision-ci"]')).to_have_text("[0.21, 1.00]")
+    expect(unsafe.locator('[data-cell="recall-ci"]')).to_have_text("[0.09, 0.91]")
     flagged = page.locator('#detectors tr[data-detector="any"]')
     expect(flagged.locator('[data-cell="on-failures"]')).to_have_text("2")
     expect(flagged.locator('[data-cell="on-successes"]')).to_have_text("0")
@@ -137,6 +140,7 @@ def test_a_reviewer_reads_each_detectors_precision_and_recall(open_page, user, t
     page.click("#detector-labels button")
     expect(page.locator("#detector-labels select[name=labels]")).to_have_value("outcome")
     expect(page.locator("#detectors-too-few")).to_be_visible()
+    expect(page.locator("#detectors-meaning")).to_contain_text("holds by construction")
     _shot(page, "triage-detector-calibration.png")
     assert not page.log.page_errors and not page.log.console_errors
 

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 
 # The smallest job that goes through every stage (tests/platform/training/test_training.py's).
 SMALL = {"num_prompts_per_step": 2, "num_generations_per_prompt": 4, "max_new_tokens": 40, "max_steps": 2,
-         "eval_interval": 1, "eval_samples_per_prompt": 2, "learning_rate": 1e-3, "r": 4, "alpha": 8,
-         "num_threads": 1}
+         "eval_interval": 1, "eval_samples_per_prompt": 2, "regression_samples_per_prompt": 3, "learning_rate": 1e-3,
+         "r": 4, "alpha": 8, "num_threads": 1}
 
 
 def _rows(tasks, prefix):

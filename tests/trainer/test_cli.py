@@ -13,8 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = {"num_prompts_per_step": 2, "num_generations_per_prompt": 4, "max_new_tokens": 40, "max_steps": 2,
-         "eval_interval": 1, "eval_samples_per_prompt": 2, "learning_rate": 1e-3, "r": 4, "alpha": 8,
-         "num_threads": 1}
+         "eval_interval": 1, "eval_samples_per_prompt": 2, "regression_samples_per_prompt": 3, "learning_rate": 1e-3,
+         "r": 4, "alpha": 8, "num_threads": 1}
 
 
 def run_cli(*args: str, timeout: int = 240) -> tuple[int, list[dict], str]:
@@ -51,7 +51,7 @@ def test_train_events_checkpoints_and_resume(tiny_model, job_dir):
     assert {"success_rate", "invalid_output_rate", "unsafe_action_rate", "mean_reward"} <= set(holdout)
     done = events[-1]
     assert Path(done["adapter"], "adapter_model.safetensors").exists()
-    assert done["regression"]["n"] == 3 * SMALL["eval_samples_per_prompt"]
+    assert done["regression"]["n"] == 3 * SMALL["regression_samples_per_prompt"]
     assert done["mlflow_run_id"] and done["mlflow_error"] is None
     assert (job_dir / "mlflow.db").exists() and (job_dir / "checkpoints" / "step-000002").exists()
 

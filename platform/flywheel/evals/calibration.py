@@ -20,14 +20,23 @@ and the API start one and then read its row (`VerifierCalibration`): progress, t
 
 Triage's detectors are calibrated the same way (`detector_calibrate`): a detector "says failure" on a
 trajectory when it left a signal there; its precision is the share of the labeled trajectories it flagged
-that reviewers call failures, its recall the share of the failures it flagged. Read from the stored signals,
-so the figures are those of the triage the queue shows (a re-run brings them up to the current policy).
+that reviewers call failures, its recall the share of the failures it flagged, each with its 95% Wilson
+interval. Read from the stored signals, so the figures are those of the triage the queue shows (a re-run
+brings them up to the current policy).
+
+Which labels make such a figure mean something: labels the detectors never saw, written by a person. An
+outcome a tool_call verifier recorded (the workplace demo's plays) is the same check the call-reading
+detectors run, so their agreement with it holds by construction; a detector revised after looking at its
+precision on a set is measured in-sample there. `detector_reference` measures the detectors against a set
+labeled by hand before they ran on it (`tests/platform/trajectories/data/triage_reference.jsonl`): per
+signal, against the person's judgement that the signal applies, and "any signal" against the outcome.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -53,6 +62,19 @@ logger = logging.getLogger(__name__)
 MIN_LABELED = 50  # under this the page warns: too few labels to trust the figures
 MAX_TRAJECTORIES = 2000
 PROGRESS_EVERY = 25  # trajectories scored between two writes of a calibration's progress (its heartbeat)
+Z95 = 1.959963984540054
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:
+    """The Wilson score interval of a proportion (95% by default): it covers the true rate about 95% of the
+    time even for small n and rates near 0 or 1, where the normal interval does not
+    (tests/platform/evals/test_online.py simulates its coverage). None for n = 0."""
+    if n == 0:
+        return None
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass
@@ -352,10 +374,19 @@ class DetectorRow:
         """Of the labeled failures, the share it flagged; None without failures."""
         return self.on_failures / self.failures if self.failures else None
 
+    @property
+    def precision_interval(self) -> tuple[float, float] | None:
+        """The 95% Wilson interval of the precision: on a handful of flagged trajectories it is wide."""
+        return wilson(self.on_failures, self.flagged)
+
+    @property
+    def recall_interval(self) -> tuple[float, float] | None:
+        return wilson(self.on_failures, self.failures)
+
 
 @dataclass
 class DetectorCalibration:
-    labels: str  # a key of DETECTOR_LABELS
+    labels: str  # a key of DETECTOR_LABELS, or "reference" (`detector_reference`)
     n: int = 0  # labeled trajectories (success or failure)
     failures: int = 0
     untriaged: int = 0  # of the labeled, not triaged yet: counted as flagged by nothing
@@ -408,3 +439,57 @@ def detector_calibrate(*, project: Project, agent: str = "", labels: str = "revi
                                    totals["any_successes"], result.failures))
     return result
 
+
+
+REFERENCE_OUTCOMES = (Outcome.SUCCESS, Outcome.FAILURE)
+
+
+def _reference_judgement(record: Any, number: int) -> tuple[str, set[str], dict[str, Any]]:
+    """(outcome, signals, trajectory) of one labeled record; ValueError naming the record and field."""
+    kinds = set(SignalKind.values)
+    name = record.get("id", f"#{number}") if isinstance(record, dict) else f"#{number}"
+    judgement = record.get("judgement") if isinstance(record, dict) else None
+    trajectory = record.get("trajectory") if isinstance(record, dict) else None
+    if not isinstance(judgement, dict):
+        raise ValueError(f"reference record {name}: judgement must be an object")
+    if judgement.get("outcome") not in REFERENCE_OUTCOMES:
+        raise ValueError(f"reference record {name}: judgement.outcome must be success or failure")
+    signals = judgement.get("signals")
+    if not isinstance(signals, list) or not set(signals) <= kinds:
+        raise ValueError(f"reference record {name}: judgement.signals must be a list of {', '.join(sorted(kinds))}")
+    if not isinstance(trajectory, dict) or not isinstance(trajectory.get("messages"), list):
+        raise ValueError(f"reference record {name}: trajectory.messages must be a list")
+    return judgement["outcome"], set(signals), trajectory
+
+
+def detector_reference(records: list[dict[str, Any]], *, unsafe_rules: list[dict[str, Any]] | None = None
+                       ) -> DetectorCalibration:
+    """Each detector against a person's judgement on a labeled set (records of {id, judgement: {outcome,
+    signals}, trajectory: {messages, tools?, feedback?, human_intervention?}}), the detectors run on it here
+    under `unsafe_rules` (the default policy's when None). Per signal kind, "positive" is the person's
+    judgement that the signal applies: `on_failures` counts the trajectories the detector flagged where it
+    applies, `on_successes` those it flagged where it does not, `failures` those where it applies. The "any
+    signal" row is against the outcome, as the queue uses it."""
+    from flywheel.trajectories.triage import detect
+    from flywheel.trajectories.triage_policy import DEFAULT_UNSAFE_RULES, rules_spec
+
+    spec = rules_spec(DEFAULT_UNSAFE_RULES if unsafe_rules is None else unsafe_rules)
+    judged = [_reference_judgement(record, number) for number, record in enumerate(records, 1)]
+    hits = {kind: [0, 0, 0] for kind in SignalKind.values}  # flagged where it applies, where not, applies
+    any_hits = [0, 0]
+    for outcome, signals, trajectory in judged:
+        found = {signal.kind for signal in detect(
+            messages=trajectory["messages"], tools=trajectory.get("tools"), unsafe_spec=spec,
+            feedback=trajectory.get("feedback"), human_intervention=trajectory.get("human_intervention"))}
+        for kind, counts in hits.items():
+            counts[0] += kind in found and kind in signals
+            counts[1] += kind in found and kind not in signals
+            counts[2] += kind in signals
+        if found:
+            any_hits[outcome != Outcome.FAILURE] += 1
+    failures = sum(outcome == Outcome.FAILURE for outcome, _, _ in judged)
+    result = DetectorCalibration(labels="reference", n=len(judged), failures=failures)
+    for kind, text in SignalKind.choices:
+        result.rows.append(DetectorRow(kind, text, *hits[kind]))
+    result.rows.append(DetectorRow(ANY_SIGNAL, "Any signal (flagged by triage)", any_hits[0], any_hits[1], failures))
+    return result

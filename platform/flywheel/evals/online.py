@@ -48,6 +48,7 @@ from flywheel import outbound, sealed, timelimits
 from flywheel.accounts.models import Project
 from flywheel.evals import calibration, promotion
 from flywheel.evals import rows as row_shape
+from flywheel.evals.calibration import wilson
 from flywheel.evals.kinds import train_side
 from flywheel.evals.models import EnvType, OnlineEvalSettings, OnlineScore
 from flywheel.registry.live import names_of
@@ -63,7 +64,6 @@ BATCH = 2000  # trajectory ids considered per task run; the next sweep takes the
 JUDGE = "llm_judge"
 JUDGE_TIMEOUT_S = 30.0
 MAX_PER_HOUR = 100_000
-Z95 = 1.959963984540054
 
 
 # --- settings ----------------------------------------------------------------------------------------------
@@ -393,18 +393,6 @@ def online_eval_sweep() -> int:
 def low_score() -> Q:
     """The review queue's condition for a trajectory with a score below its project's threshold."""
     return Q(Exists(OnlineScore.objects.filter(trajectory_id=OuterRef("pk"), below_threshold=True)))
-
-
-def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:
-    """The Wilson score interval of a proportion (95% by default): it covers the true rate about 95% of the
-    time even for small n and rates near 0 or 1, where the normal interval does not
-    (tests/platform/evals/test_online.py simulates its coverage). None for n = 0."""
-    if n == 0:
-        return None
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _summary(n: int, trajectories: int, reward: float | None, passed: int, below: int) -> dict[str, Any]:

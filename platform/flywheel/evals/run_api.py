@@ -30,7 +30,8 @@ class RunIn(Schema):
     model_version: VersionNumber = Field(description="The model version's number (v3 is 3)")
     suite: Id = Field(description="The eval suite's id")
     suite_version: VersionNumber = Field(description="Its version's number (`GET /api/v1/eval-suites/{id}/versions`)")
-    samples: int = 4
+    samples: int | None = Field(None, description="Samples a case; by default a training job's: GRPOConfig's "
+                                "eval_samples_per_prompt (4), regression_samples_per_prompt (16) on a regression suite")
 
 
 class RunState(Schema):

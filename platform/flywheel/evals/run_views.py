@@ -15,6 +15,7 @@ from flywheel.evals.models import EvalSuiteVersion
 from flywheel.evals.run_models import EvalRun
 from flywheel.registry.models import ModelVersion
 from flywheel.supervise import Refused
+from trainer.config import GRPOConfig
 
 
 def _list_context(request: HttpRequest, project: Project, **extra) -> dict:
@@ -25,6 +26,7 @@ def _list_context(request: HttpRequest, project: Project, **extra) -> dict:
         "suite_versions": EvalSuiteVersion.objects.filter(suite__project=project).select_related("suite")
         .order_by("suite__name", "-number")[:200],
         "can_run": request.membership.grants(Role.REVIEWER),
+        "sampling": GRPOConfig(),  # what a blank "samples" takes: a training job's evaluation settings
         **extra,
     }
 
@@ -51,9 +53,10 @@ def run_start(request: HttpRequest, project: Project) -> HttpResponse:
         model_version = _pick(ModelVersion, request.POST.get("model_version", ""), "model_version", project=project)
         suite_version = _pick(EvalSuiteVersion, request.POST.get("suite_version", ""), "suite_version",
                               suite__project=project)
-        samples = request.POST.get("samples", "4")
+        samples = request.POST.get("samples", "").strip()  # blank: what a training job samples on that suite
         run = runs.eval_run_create(project=project, model_version=model_version, suite_version=suite_version,
-                                   user=request.user, samples=int(samples) if samples.isdigit() else 0)
+                                   user=request.user,
+                                   samples=None if not samples else int(samples) if samples.isdigit() else 0)
     except ValidationError as exc:
         return render(request, "evals/runs.html", _list_context(request, project, errors=exc.message_dict),
                       status=422)

@@ -76,11 +76,15 @@ def eval_run_create(*, project, model_version, suite_version, user=None, samples
                     purpose: str = "measure", options: dict[str, Any] | None = None) -> EvalRun:
     """Queue a measurement of `model_version` on `suite_version` for a GPU worker (`purpose`: what is done
     with it when it succeeds, see `_on_success`). Unset sampling settings are GRPOConfig's, as a training job's
-    evaluation takes them (`samples`: its eval_samples_per_prompt)."""
+    evaluation takes them (`samples`: its regression_samples_per_prompt on a regression suite, else its
+    eval_samples_per_prompt)."""
+    from flywheel.evals.models import SuiteKind
     from trainer.config import GRPOConfig
 
     if samples is None:
-        samples = GRPOConfig().eval_samples_per_prompt
+        config = GRPOConfig()
+        regression = suite_version.suite.kind == SuiteKind.REGRESSION
+        samples = config.regression_samples_per_prompt if regression else config.eval_samples_per_prompt
     if model_version.project_id != project.pk or suite_version.suite.project_id != project.pk:
         raise ValidationError({"model_version": "The version and the suite must be this project's."})
     if not 1 <= int(samples) <= 64:

@@ -290,6 +290,9 @@ class GateRulesIn(ObjectIn):
     invalid_tolerance: float | None = Field(None, ge=0, lt=1, description="Above 0 for a non-inferiority test")
     expected_gain: float | None = Field(None, gt=0, le=1, description="The gain the holdout must be able to show")
     require_regression: StrictBool | None = Field(None, description="A job with no regression case measured cannot pass")
+    unsafe_zero_tolerance: StrictBool | None = Field(
+        None, description="Policy: where production made no unsafe sample, any candidate unsafe sample refuses "
+                          "(refuses an identical model up to 25% of the time)")
 
 
 class GateSettingsIn(ObjectIn):

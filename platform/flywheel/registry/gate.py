@@ -2,37 +2,54 @@
 decision can be recomputed from stored results and tested without a model.
 
 A case's result is its passes out of its samples (never a majority vote), and every rule is a test whose
-error rates are known; `tests/platform/registry/test_gate_error_rates.py` simulates them and prints them.
-With `alpha = 1 - confidence` (0.05 by default):
+error rates are known; `tests/platform/registry/test_gate_error_rates.py` simulates them and prints them
+with their 95% intervals. With `alpha = 1 - confidence` (0.05 by default):
 
-- **holdout success**: a paired test of H0 "the gain is at most the margin" on per-case pass rates, the same
-  meaning of the margin for every test. `permutation` (the default): the sign-flip randomization test on the
-  per-case differences, exact over all 2^n sign vectors up to 16 non-zero differences and Monte Carlo
-  beyond; under an identical candidate the differences are symmetric about 0, so the test is exact at any
-  size and an identical candidate passes at most alpha of the time. `mcnemar`: the exact conditional
-  binomial test on discordant cases, for one sample a case. `bootstrap`: the paired percentile bootstrap,
-  whose lower bound must exceed the margin (anti-conservative on small holdouts: 14.6% false passes at 3
-  cases, hence the size rule). A candidate picked as the best of several checkpoints evaluated on the same
-  holdout is tested at alpha / looks (Bonferroni), since fresh samples of the same cases still favour it.
-  Power is `power_report`'s normal approximation, checked by simulation.
+- **holdout success** (the rule a candidate must pass): a paired test of H0 "the gain is at most the margin"
+  on per-case pass rates, the same meaning of the margin for every test. `permutation` (the default): the
+  sign-flip randomization test on the per-case differences, exact over all 2^n sign vectors up to 16 non-zero
+  differences and Monte Carlo beyond; under an identical candidate the differences are symmetric about 0, so
+  the test is exact at any size and an identical candidate passes at most alpha of the time. `mcnemar`: the
+  exact conditional binomial test on discordant cases, for one sample a case. `bootstrap`: the paired
+  percentile bootstrap, whose lower bound must exceed the margin (anti-conservative on small holdouts: 14.6%
+  false passes at 3 cases, hence the size rule). A candidate picked as the best of several checkpoints
+  evaluated on the same holdout is tested at alpha / looks (Bonferroni), since fresh samples of the same cases
+  still favour it. Power is `power_report`'s normal approximation, checked by simulation.
 - **holdout size**: a holdout too small to show the project's expected gain with 80% power cannot pass:
   on it, most passes would be luck.
-- **invalid outputs**: `harm` (the default) refuses only when the candidate's per-case invalid rate is above
-  production's plus the tolerance at the gate's confidence (sign-flip test): an identical candidate is
-  refused at most alpha of the time. `noninferiority` passes only when the one-sided upper confidence bound
-  (paired t on per-case rates) of the increase is below the tolerance: a candidate worse by the tolerance
-  passes at most about alpha of the time, and an equal one is refused more often the smaller the holdout.
-- **unsafe actions**: strict where production has none (a single unsafe sample refuses); where production
-  has some, the harm test at margin 0. Unsafe is `Score.unsafe` of each sample, the suite metrics' own.
-- **tokens per case**: refused only when the candidate's mean exceeds production's by more than the
-  tolerance at the gate's confidence (sign-flip test on per-case differences).
-- **latency**: refused only when the candidate is shown slower than production by more than the tolerance:
-  the sign-flip test on per-case log ratios of time per generated token, both models timed on the same cases
-  in one process (`python -m trainer latency`, `LatencyCase`). p95 of each side's per-request time is shown.
-- **regression cases**: a case is broken only when the candidate's pass rate on it is significantly below
-  production's: one-sided Fisher exact test per case, Holm's correction over the suite, so an identical
-  candidate breaks some case at most alpha of the time (family-wise). A suite with no case measured is
-  "no regression suite measured", which fails unless the project's rules say otherwise.
+- **the refusing rules** (invalid outputs under `harm`, unsafe actions, latency, tokens, regression cases:
+  those measured on this gate) each give a one-sided p-value for "the candidate is worse here", and they
+  share alpha by Holm's step-down (`share_alpha`): a candidate no worse than production on every one of them
+  is refused by any of them at most alpha of the time. Each rule's own test:
+  - **invalid outputs**: `harm` (the default) refuses only when the candidate's per-case invalid rate is shown
+    above production's plus the tolerance (sign-flip test). `noninferiority` passes only when the one-sided
+    upper confidence bound (paired t on per-case rates) of the increase is below the tolerance: a candidate
+    worse by the tolerance passes at most about alpha of the time, an equal one is refused more often the
+    smaller the holdout (34% at 100 cases x 8 samples and one point); a test the candidate must pass, so
+    outside the refusing rules' share.
+  - **unsafe actions**: refused only when the candidate's unsafe samples are shown more than production's,
+    by the live unsafe rule's exact conditional test taken case by case (`conditional_excess_p`): with
+    production at none, about 5 unsafe samples in 5 cases refuse at alpha (1/32), 6 beside one other rule, 7
+    beside four. Unsafe is `Score.unsafe` of each sample, the suite metrics' own. "None where production
+    had none" refused an identical model up to 25% of the time (`zero_tolerance_refusal`); where a project
+    wants it as policy (`unsafe_zero_tolerance`), it refuses outside alpha and says what it costs.
+  - **tokens per case**: shown above production's by more than the tolerance (sign-flip test on per-case
+    differences).
+  - **latency**: the candidate shown slower than production by more than the tolerance: the sign-flip test on
+    per-case log ratios of time per generated token, both models timed on the same cases in one process
+    (`python -m trainer latency`, `LatencyCase`). p95 of each side's per-request time is shown.
+  - **regression cases** (`regression_rule`): the whole suite's failed samples against production's (the same
+    exact conditional test) and each case (one-sided Fisher, Holm over the suite) share the rule's p-value
+    (Bonferroni). A suite with no case measured is "no regression suite measured", which fails unless the
+    project's rules say otherwise.
+
+Simulated, 95% intervals (100 holdout cases x 8 samples, production's rates Beta(0.7, 1.3), 1.5% invalid and
+0.1% unsafe samples, 30 cases timed, 20 regression cases x 16 samples at 85-100%): an identical candidate passes
+the gate 3.8% [3.0, 4.7] of 2,000 and is refused by any refusing rule 0.4% [0.2, 0.7] (25.6% [23.7, 27.5] when
+each ran at alpha and unsafe actions had to stay zero). A +0.10 or +0.25 candidate passes the whole gate
+98.7-100% of 300 wherever the unsafe samples sit (72-78% before; +0.25 at 1% unsafe samples 98.7% [96.6, 99.5],
+97.0% before). At 60 cases x 4 samples, where the success rule alone passes +0.10 78.7% [73.7, 82.9] of the
+time, the whole gate passes it as often (69.3% [63.9, 74.3] before): the refusing rules cost at most alpha.
 """
 
 from __future__ import annotations
@@ -170,6 +187,10 @@ class GateRules:
     # The gain the project hopes to show: a holdout too small to show it with 80% power cannot pass.
     expected_gain: float = 0.25
     require_regression: bool = True  # a job with no regression case measured cannot pass
+    # Policy, not a test: where production made no unsafe sample, any candidate unsafe sample refuses. Off by
+    # default: an identical model is refused by it up to 25% of the time (`zero_tolerance_refusal`), and the
+    # report says so beside every refusal it makes.
+    unsafe_zero_tolerance: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -211,6 +232,11 @@ class RuleOutcome:
     passed: bool
     detail: str = ""
     cases: list[dict[str, Any]] = field(default_factory=list)  # per-case evidence (the regression rule)
+    # A refusing rule's one-sided p-value for "the candidate is worse here", before the rules share alpha
+    # (`share_alpha`); None for a rule that is not such a test (success, size, non-inferiority, not measured).
+    p: float | None = None
+    p_adjusted: float | None = None  # after Holm over the refusing rules
+    level: float | None = None  # the alpha Holm's step tested this rule at
 
 
 @dataclass
@@ -219,10 +245,17 @@ class GateReport:
     rules: list[RuleOutcome] = field(default_factory=list)
     cases: int = 0
     samples: int = 0
+    alpha: float | None = None  # what the refusing rules share
+
+    @property
+    def refusing(self) -> list[str]:
+        """The rules that shared alpha: the refusing tests measured on this gate."""
+        return [rule.name for rule in self.rules if rule.p is not None]
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "cases": self.cases, "samples": self.samples,
-                "rules": [asdict(rule) for rule in self.rules]}
+                "rules": [asdict(rule) for rule in self.rules], "refusing": self.refusing,
+                "alpha": None if self.alpha is None else round(self.alpha, 6)}
 
 
 # --- statistics -----------------------------------------------------------------------------------------------
@@ -304,17 +337,82 @@ def fisher_less(cand_passes: Sequence[float], cand_n: Sequence[int], prod_passes
     return hypergeom.cdf(cp, cn + pn, cp + pp, cn)
 
 
-def holm(pvalues: Sequence[float]) -> np.ndarray:
-    """Holm's step-down adjusted p-values: reject where adjusted < alpha, family-wise error at most alpha."""
+def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Holm's step-down adjusted p-values: reject where adjusted < alpha, family-wise error at most alpha.
+    Along the last axis: a (replicates, cases) array is adjusted row by row."""
     p = np.asarray(pvalues, dtype=float)
-    m = p.size
+    m = p.shape[-1] if p.ndim else 0
     if m == 0:
         return p
-    order = np.argsort(p, kind="stable")
-    adjusted = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
-    out = np.empty(m)
-    out[order] = adjusted
+    order = np.argsort(p, axis=-1, kind="stable")
+    ranked = np.take_along_axis(p, order, axis=-1)
+    adjusted = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * ranked), axis=-1)
+    out = np.empty_like(adjusted)
+    np.put_along_axis(out, order, adjusted, axis=-1)
     return out
+
+
+def conditional_excess_p(cand_events: Sequence | np.ndarray, cand_n: Sequence[int] | np.ndarray,
+                         prod_events: Sequence | np.ndarray, prod_n: Sequence[int] | np.ndarray) -> np.ndarray:
+    """One-sided p-value of the exact conditional test for "the candidate has more events than production"
+    (unsafe samples, failed samples), stratified by case: the live unsafe rule's test (`sequential.py`), taken
+    case by case and at one look.
+
+    Given a case's events on both sides, t = x + y, an identical candidate's share of them is what drawing
+    its n samples from the case's n + m without replacement gives: x is hypergeometric. The statistic is the
+    candidate's events summed over the cases, X = sum x; its exact law under H0 is the convolution of the
+    cases' hypergeometric laws, and p = P(X >= observed). Conditioning on each case's total removes the
+    cases' own rates, so the test is exact (conservative by discreteness) however rates differ between
+    cases; with one case it is Fisher's exact test, over cases the exact form of Mantel-Haenszel's. The live
+    rule conditions on the events of both arms the same way; it is looked at on every sweep and pays for that
+    with a mixture (always-valid), the gate looks once and takes the tail itself.
+
+    Arrays of (cases,) or (replicates, cases) events with (cases,) samples; answers (replicates,) p-values."""
+    from scipy.special import gammaln
+
+    x = np.atleast_2d(np.rint(np.asarray(cand_events, dtype=float))).astype(np.int64)
+    y = np.atleast_2d(np.rint(np.asarray(prod_events, dtype=float))).astype(np.int64)
+    n = np.broadcast_to(np.asarray(cand_n, dtype=np.int64), x.shape[-1:])
+    m = np.broadcast_to(np.asarray(prod_n, dtype=np.int64), x.shape[-1:])
+    replicates = x.shape[0]
+    t = x + y
+    # X's law over its reachable range only: each case adds min(t, n) at most, and most cases of a holdout
+    # see no unsafe sample at all (their law is a point mass at 0, nothing to convolve).
+    reach = np.minimum(t, n).max(axis=0)
+    live = np.flatnonzero(reach)
+    dist = np.zeros((replicates, int(reach.sum()) + 1))
+    dist[:, 0] = 1.0
+    if live.size:
+        # Every case's hypergeometric law at once, from log-binomials: P(k) = C(t, k) C(N - t, n - k) / C(N, n).
+        k = np.arange(int(reach.max()) + 1)[None, None, :]
+        tt, nn, mm = t[:, live, None], n[None, live, None], m[None, live, None]
+        possible = (k <= tt) & (k <= nn) & (nn - k <= nn + mm - tt)
+        kk = np.where(possible, k, 0)
+
+        def log_choose(a, b):
+            return gammaln(a + 1) - gammaln(b + 1) - gammaln(a - b + 1)
+
+        log_pmf = (log_choose(tt, np.minimum(kk, tt)) + log_choose(nn + mm - tt, np.clip(nn - kk, 0, nn + mm - tt))
+                   - log_choose(nn + mm, nn))
+        pmfs = np.where(possible, np.exp(log_pmf), 0.0)
+    top = 0
+    for j, case in enumerate(live):
+        width = int(reach[case]) + 1
+        if replicates == 1:  # one suite: numpy's convolution, without a Python loop over the values
+            law = np.convolve(dist[0, :top + 1], pmfs[0, j, :width])
+            dist[0, :law.size] = law
+        else:
+            step = np.zeros((replicates, top + width))
+            for value in range(width):
+                weight = pmfs[:, j, value:value + 1]
+                if weight.any():
+                    step[:, value:value + top + 1] += dist[:, :top + 1] * weight
+            dist[:, :top + width] = step
+        top += width - 1
+    # Upper tails summed from the far end: a small p keeps its digits.
+    tails = np.cumsum(dist[:, ::-1], axis=1)[:, ::-1]
+    observed = x.sum(axis=1)
+    return np.minimum(1.0, tails[np.arange(replicates), observed])
 
 
 def reliable_pass(passes: int, n: int, *, min_rate: float = 0.8, confidence: float = 0.95) -> tuple[bool, float]:
@@ -532,11 +630,9 @@ def _rate_harm(name: str, pairs, attr: str, tolerance: float, rules: GateRules) 
     cand = float(np.mean([getattr(c, attr) for _, c in pairs]))
     diffs = [getattr(c, attr) - getattr(p, attr) - tolerance for p, c in pairs]
     pvalue = sign_flip_pvalue(diffs, resamples=rules.bootstrap_resamples, seed=rules.seed)
-    passed = pvalue >= rules.alpha
     above = f"production's + {tolerance:.4g}" if tolerance else "production's"
-    return RuleOutcome(name, round(prod, 4), round(cand, 4), passed,
-                       f"refused only when shown above {above}: sign-flip p = {pvalue:.4f} "
-                       f"(refused below {rules.alpha:.2f})")
+    return RuleOutcome(name, round(prod, 4), round(cand, 4), True,
+                       f"refused only when shown above {above}: sign-flip p = {pvalue:.4f}", p=pvalue)
 
 
 def _invalid_rule(pairs, rules: GateRules) -> RuleOutcome:
@@ -548,28 +644,48 @@ def _invalid_rule(pairs, rules: GateRules) -> RuleOutcome:
     passed = upper < rules.invalid_tolerance + ROUNDING
     return RuleOutcome("invalid outputs", round(prod, 4), round(cand, 4), passed,
                        f"non-inferiority: the {rules.confidence:.0%} upper bound of the increase is {upper:+.4f} "
-                       f"(needs below {rules.invalid_tolerance:.4g})")
+                       f"(needs below {rules.invalid_tolerance:.4g}); a test the candidate must pass, outside "
+                       "the refusing rules' shared alpha")
+
+
+def zero_tolerance_refusal(rate: float, samples: int) -> float:
+    """How often "none where production had none" refuses an identical model whose every sample is unsafe
+    with probability `rate`, independently, on `samples` samples a side: production clean and the candidate
+    not, q (1 - q) with q = (1 - rate)^samples. At most 0.25, reached where production is clean half the
+    time (0.09% a sample on 800 samples); concentrated in a few cases, unsafe samples refuse a little less."""
+    q = (1.0 - rate) ** samples
+    return q * (1.0 - q)
 
 
 def _unsafe_rule(pairs, rules: GateRules) -> RuleOutcome:
     prod_samples = sum(p.unsafe for p, _ in pairs)
     cand_samples = sum(c.unsafe for _, c in pairs)
+    prod_rate = round(float(np.mean([p.unsafe_rate for p, _ in pairs])), 4)
+    cand_rate = round(float(np.mean([c.unsafe_rate for _, c in pairs])), 4)
+    pvalue = float(conditional_excess_p([c.unsafe for _, c in pairs], [c.n for _, c in pairs],
+                                        [p.unsafe for p, _ in pairs], [p.n for p, _ in pairs])[0])
+    detail = (f"{prod_samples} production and {cand_samples} candidate unsafe samples; refused only when shown "
+              f"higher: exact conditional test per case, p = {pvalue:.4f}")
+    passed = True
+    if rules.unsafe_zero_tolerance:
+        samples = sum(c.n for _, c in pairs)
+        pooled = (prod_samples + cand_samples) / (2 * samples)
+        policy = (f"zero tolerance is on (a project's policy, not a test: it refuses an identical model up to 25% "
+                  f"of the time, {zero_tolerance_refusal(pooled, samples):.0%} at the rate both show here)")
+        if prod_samples == 0 and cand_samples > 0:
+            passed = False
+            detail = f"refused by policy: production has no unsafe sample and the candidate has; {policy}; " + detail
+        else:
+            detail += f"; {policy}"
     actions: dict[str, list[int]] = {}
     for p, c in pairs:
         for side, result in ((0, p), (1, c)):
             for action, count in result.unsafe_actions:
                 actions.setdefault(action, [0, 0])[side] += count
     carried = "; ".join(f"{a}: {pc} production, {cc} candidate samples" for a, (pc, cc) in sorted(actions.items()))
-    if prod_samples == 0:
-        outcome = RuleOutcome("unsafe actions", 0.0, round(float(np.mean([c.unsafe_rate for _, c in pairs])), 4),
-                              cand_samples == 0,
-                              f"must stay zero: production has none; the candidate has {cand_samples} unsafe samples")
-    else:
-        outcome = _rate_harm("unsafe actions", pairs, "unsafe_rate", 0.0, rules)
-        outcome.detail = f"{prod_samples} production and {cand_samples} candidate unsafe samples; " + outcome.detail
     if carried:
-        outcome.detail += f" ({carried})"
-    return outcome
+        detail += f" ({carried})"
+    return RuleOutcome("unsafe actions", prod_rate, cand_rate, passed, detail, p=pvalue)
 
 
 def _tokens_rule(pairs, rules: GateRules) -> RuleOutcome:
@@ -582,23 +698,50 @@ def _tokens_rule(pairs, rules: GateRules) -> RuleOutcome:
     # The test is on tokens scaled by production's mean: a difference of a few tokens is a small number.
     diffs = [(c - scale * p) / max(prod, 1.0) for p, c in measured]
     pvalue = sign_flip_pvalue(diffs, resamples=rules.bootstrap_resamples, seed=rules.seed)
-    return RuleOutcome("tokens per case", round(prod, 2), round(cand, 2), pvalue >= rules.alpha,
+    return RuleOutcome("tokens per case", round(prod, 2), round(cand, 2), True,
                        f"refused only when shown above production's + {rules.tokens_tolerance:.0%}: "
-                       f"sign-flip p = {pvalue:.4f} (refused below {rules.alpha:.2f})")
+                       f"sign-flip p = {pvalue:.4f}", p=pvalue)
 
 
-def latency_rule(cases: Sequence[LatencyCase], rules: GateRules = GateRules(), *,
-                 not_measured: str = "") -> RuleOutcome:
+def share_alpha(outcomes: Sequence[RuleOutcome], alpha: float) -> None:
+    """The refusing rules (those with a p-value) share `alpha` by Holm's step-down: each is refused where its
+    adjusted p-value is below alpha, so a candidate no worse than production on every one of them is refused
+    by any of them at most alpha of the time, whichever are measured. A rule already refused for a reason that
+    is not a test (a policy) stays refused. Each rule's detail says its adjusted p-value and the level Holm's
+    step tested it at; its cases (the regression rule's) are broken only at that level."""
+    family = [o for o in outcomes if o.p is not None]
+    if not family:
+        return
+    adjusted = holm([o.p for o in family])
+    # Holm's step for each rule: the k-th smallest p is compared with alpha / (m - k + 1).
+    rank = np.argsort(np.argsort([o.p for o in family], kind="stable"), kind="stable")
+    where = f"Holm over the {len(family)} refusing rules" if len(family) > 1 else "alone"
+    for outcome, adj, k in zip(family, adjusted, rank, strict=True):
+        outcome.p_adjusted = round(float(adj), 6)
+        outcome.level = round(alpha / (len(family) - int(k)), 6)
+        refused = bool(adj < alpha)
+        outcome.passed = outcome.passed and not refused
+        outcome.detail += f"; adjusted p = {adj:.4f} ({where}; refused below {alpha:.2f})"
+        for case in outcome.cases:  # the regression rule's: a case is named broken at the rule's own level
+            case["broken"] = refused and 2 * case["p_holm"] < outcome.level
+        broken = [case["case_id"] for case in outcome.cases if case["broken"]]
+        if broken:
+            outcome.detail += (f"; {len(broken)} of {len(outcome.cases)} cases broken: " + ", ".join(broken[:20])
+                               + (" …" if len(broken) > 20 else ""))
+
+
+def latency_outcome(cases: Sequence[LatencyCase], rules: GateRules = GateRules(), *,
+                    not_measured: str = "") -> RuleOutcome:
     """Refused only when the candidate is shown slower than production by more than `latency_tolerance`.
 
     The statistic is paired: each case was timed on both models in one process, interleaved (A, B, B, A), so
     what a case costs (its prompt, its answer's length) and the machine's drift cancel in the per-case
     ratio, and only the models' difference and timing noise remain. H0 is "the candidate takes at most
     (1 + tolerance) times production's time": the one-sided sign-flip test on
-    d = log(candidate / production) - log(1 + tolerance), refused when p < alpha. Under an identical
-    candidate each case's log ratio is symmetric about 0 (the two sides are exchangeable), so d is symmetric
-    about -log(1 + tolerance) and the test refuses at most alpha of the time at any number of cases; at a
-    true slowdown of exactly the tolerance too. Logs, because timing noise is multiplicative.
+    d = log(candidate / production) - log(1 + tolerance). Under an identical candidate each case's log ratio
+    is symmetric about 0 (the two sides are exchangeable), so d is symmetric about -log(1 + tolerance) and the
+    test refuses at most its alpha of the time at any number of cases; at a true slowdown of exactly the
+    tolerance too. Logs, because timing noise is multiplicative.
 
     The ratio is of time per generated token (per request where a side's tokens are unknown): the serving
     cost a model itself sets (architecture, adapter, merge). Per request, a candidate that merely answers
@@ -607,8 +750,9 @@ def latency_rule(cases: Sequence[LatencyCase], rules: GateRules = GateRules(), *
     The price: the prompt's prefill is spread over fewer tokens in a shorter answer, so a candidate that
     answers much shorter looks a little slower per token, the cautious side for a harm test.
 
-    The rule's figures are p95 of each side's time per request (ms), what a person reads as latency.
-    """
+    The rule's figures are p95 of each side's time per request (ms), what a person reads as latency. The
+    outcome carries the p-value undecided: the gate decides it with the other refusing rules (`share_alpha`),
+    `latency_rule` alone."""
     name = "p95 latency (ms)"
     if not cases:
         detail = f"not measured: {not_measured}; not checked" if not_measured else "not measured on both: not checked"
@@ -623,48 +767,137 @@ def latency_rule(cases: Sequence[LatencyCase], rules: GateRules = GateRules(), *
     shift = math.log1p(rules.latency_tolerance)
     pvalue = sign_flip_pvalue([r - shift for r in ratios], resamples=rules.bootstrap_resamples, seed=rules.seed)
     per = "token" if all(c.production_tokens and c.candidate_tokens for c in cases) else "request"
-    return RuleOutcome(name, round(prod, 2), round(cand, 2), pvalue >= rules.alpha,
+    return RuleOutcome(name, round(prod, 2), round(cand, 2), True,
                        f"{len(cases)} cases timed on both models: the candidate's time per {per} is "
                        f"{math.exp(float(np.mean(ratios))):.3f} times production's (geometric mean); refused only "
-                       f"when shown above production's + {rules.latency_tolerance:.0%}: sign-flip p = {pvalue:.4f} "
-                       f"(refused below {rules.alpha:.2f})")
+                       f"when shown above production's + {rules.latency_tolerance:.0%}: sign-flip p = {pvalue:.4f}",
+                       p=pvalue)
+
+
+def latency_rule(cases: Sequence[LatencyCase], rules: GateRules = GateRules(), *,
+                 not_measured: str = "") -> RuleOutcome:
+    """`latency_outcome` decided on its own, at the gate's alpha (a rule alone: refused when p < alpha)."""
+    outcome = latency_outcome(cases, rules, not_measured=not_measured)
+    share_alpha([outcome], rules.alpha)
+    return outcome
 
 
 def _latency_rule(pairs, rules: GateRules, latency: Sequence[LatencyCase] | None, not_measured: str) -> RuleOutcome:
     if not latency:  # per-case results that carry a time on both sides (an eval run's, say)
         latency = [LatencyCase(p.case_id, p.latency_ms, c.latency_ms, p.tokens or None, c.tokens or None)
                    for p, c in pairs if p.latency_ms and c.latency_ms]
-    return latency_rule(latency, rules, not_measured=not_measured)
+    return latency_outcome(latency, rules, not_measured=not_measured)
 
 
-def regression_rule(production: Sequence[CaseResult], candidate: Sequence[CaseResult],
-                    rules: GateRules = GateRules()) -> RuleOutcome:
-    """Broken cases: the candidate's pass rate significantly below production's (one-sided Fisher exact per
-    case, Holm-adjusted over the suite at the gate's confidence). Every case's rates and p-values are in
-    the outcome's `cases`."""
+def regression_pvalues(cand_passes: Sequence | np.ndarray, cand_n: Sequence[int] | np.ndarray,
+                       prod_passes: Sequence | np.ndarray, prod_n: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
+    """The regression rule's statistics, for (cases,) or (replicates, cases) pass counts with (cases,) samples:
+    `raw` per case (one-sided Fisher), `holm` per case (Holm over the suite), `suite` (the candidate's failed
+    samples over the whole suite against production's, `conditional_excess_p`) and `rule`, the rule's own
+    p-value: the two tests of "no case is worse" share it, Bonferroni, p = 2 min(suite, smallest Holm)."""
+    cand = np.atleast_2d(np.asarray(cand_passes, dtype=float))
+    prod = np.atleast_2d(np.asarray(prod_passes, dtype=float))
+    cn, pn = np.asarray(cand_n, dtype=int), np.asarray(prod_n, dtype=int)
+    raw = fisher_less(cand, cn, prod, pn)
+    per_case = holm(raw)
+    suite = conditional_excess_p(cn - cand, cn, pn - prod, pn)
+    rule = np.minimum(1.0, 2 * np.minimum(suite, per_case.min(axis=-1)))
+    return {"raw": raw, "holm": per_case, "suite": suite, "rule": rule}
+
+
+def regression_outcome(production: Sequence[CaseResult], candidate: Sequence[CaseResult],
+                       rules: GateRules = GateRules()) -> RuleOutcome:
+    """The regression rule's evidence with its p-value undecided (see `regression_rule`)."""
     pairs = _paired(production, candidate)
     if not pairs:
         return RuleOutcome("regression cases", 0, 0, not rules.require_regression,
                            "no regression suite measured"
                            + (": the project's rules require one" if rules.require_regression else ""))
-    raw = fisher_less([c.passes for _, c in pairs], [c.n for _, c in pairs],
-                      [p.passes for p, _ in pairs], [p.n for p, _ in pairs])
-    adjusted = holm(raw)
+    stats = regression_pvalues([c.passes for _, c in pairs], [c.n for _, c in pairs],
+                               [p.passes for p, _ in pairs], [p.n for p, _ in pairs])
     cases = [{"case_id": p.case_id, "production": round(p.success, 4), "candidate": round(c.success, 4),
               "production_passes": round(p.passes), "candidate_passes": round(c.passes),
               "production_samples": p.n, "candidate_samples": c.n, "p": round(float(pr), 6),
-              "p_holm": round(float(pa), 6), "broken": bool(pa < rules.alpha)}
-             for (p, c), pr, pa in zip(pairs, raw, adjusted, strict=True)]
-    broken = [row["case_id"] for row in cases if row["broken"]]
-    prod_rate = float(np.mean([p.success for p, _ in pairs]))
-    cand_rate = float(np.mean([c.success for _, c in pairs]))
-    if broken:
-        detail = (f"{len(broken)} of {len(pairs)} cases significantly below production's rate (Fisher, Holm at "
-                  f"{rules.alpha:.2f}): " + ", ".join(broken[:20]) + (" …" if len(broken) > 20 else ""))
-    else:
-        detail = (f"none of the {len(pairs)} cases is significantly below production's rate "
-                  f"(one-sided Fisher per case, Holm at {rules.alpha:.2f})")
-    return RuleOutcome("regression cases", round(prod_rate, 4), round(cand_rate, 4), not broken, detail, cases)
+              "p_holm": round(float(pa), 6), "broken": False}
+             for (p, c), pr, pa in zip(pairs, stats["raw"][0], stats["holm"][0], strict=True)]
+    prod_fail = sum(p.n - p.passes for p, _ in pairs)
+    cand_fail = sum(c.n - c.passes for _, c in pairs)
+    detail = (f"{len(pairs)} cases; failed samples: production {round(prod_fail)} of {sum(p.n for p, _ in pairs)}, "
+              f"candidate {round(cand_fail)} of {sum(c.n for _, c in pairs)}; the whole suite (exact conditional "
+              f"test per case, summed): p = {stats['suite'][0]:.4f}; the likeliest broken case (one-sided Fisher, "
+              f"Holm over the suite): p = {min(row['p_holm'] for row in cases):.4f}; the rule's p (both, "
+              f"Bonferroni) = {stats['rule'][0]:.4f}")
+    return RuleOutcome("regression cases", round(float(np.mean([p.success for p, _ in pairs])), 4),
+                       round(float(np.mean([c.success for _, c in pairs])), 4), True, detail, cases,
+                       p=float(stats["rule"][0]))
+
+
+def regression_rule(production: Sequence[CaseResult], candidate: Sequence[CaseResult],
+                    rules: GateRules = GateRules()) -> RuleOutcome:
+    """Is the candidate worse than production on the regression suite? Two one-sided tests of "no case is
+    worse" share the rule's alpha (Bonferroni, half each):
+
+    - the whole suite: the candidate's failed samples summed over the cases against production's, exact
+      conditional on each case's failures on both sides (`conditional_excess_p`): it sees a loss spread
+      over many cases or sitting in a few, which no case shows alone;
+    - each case: one-sided Fisher exact test, Holm's correction over the suite: it names a case that broke.
+
+    A case is named broken when its Holm p-value, doubled, is below the level the rule was tested at. An
+    identical candidate is refused at most alpha of the time (both tests are exact and discreteness makes
+    them conservative: by simulation 1.6% [0.8, 3.1] at 0.05 on 20 cases of 16 samples). Power on 20 cases
+    production passes 85-100% of the time, by simulation (`test_gate_error_rates.py`, 500 suites) at 16
+    samples a side (GRPOConfig's `regression_samples_per_prompt`) and at 0.01 (the gate's first Holm step over
+    5 refusing rules): three cases falling 100% -> 50% refused 83.6% [80.1, 86.6], every case falling 20
+    points 100% [99.2, 100], one case 100% -> 0% 100%. At 8 samples a side: 34.4%, 99.0%, 100%. The per-case
+    test alone, at 8 samples, refused the first two 1.1% and 0.0% at 0.01 (the first 11.1% at 0.05).
+
+    In the gate the rule's p-value shares alpha with the other refusing rules (`share_alpha`); alone it is
+    decided at the gate's alpha. Every case's rates and p-values are in the outcome's `cases`."""
+    outcome = regression_outcome(production, candidate, rules)
+    share_alpha([outcome], rules.alpha)
+    return outcome
+
+
+def regression_power(production: Sequence[CaseResult], rules: GateRules = GateRules(), *, refusing: int = 1,
+                     replicates: int | None = None) -> dict[str, Any]:
+    """What the regression rule can see on this suite, by simulation from production's per-case rates (its
+    passes over its samples, the candidate sampled as often): the share of candidates refused when one case
+    breaks (production's most reliable case falls to 0), when three cases fall to half their rate, when every
+    case falls 20 points, and when nothing changes. At alpha / `refusing`: the level the gate's first Holm
+    step tests a rule at, so a lower bound of the rule's power inside the gate. `replicates`: 400 draws up to 100
+    cases; beyond, fewer (the exact test's cost grows with the square of the cases: 300 cases take seconds)."""
+    results = list(production)
+    if not results:
+        return {"cases": 0, "sentence": ""}
+    if replicates is None:
+        replicates = 400 if len(results) <= 100 else max(60, 40_000 // len(results))
+    rates = np.asarray([r.success for r in results])
+    n = np.asarray([r.n for r in results])
+    level = rules.alpha / max(1, refusing)
+    rng = np.random.default_rng(rules.seed)
+    order = np.argsort(-rates, kind="stable")
+    one, three = rates.copy(), rates.copy()
+    one[order[:1]] = 0.0
+    three[order[:3]] /= 2
+    scenarios = {"identical": rates, "one_broken": one, "three_halved": three,
+                 "all_minus_20": np.clip(rates - 0.2, 0.0, 1.0)}
+    refused = {}
+    for name, cand_rates in scenarios.items():
+        prod = rng.binomial(n, rates, size=(replicates, rates.size))
+        cand = rng.binomial(n, cand_rates, size=(replicates, rates.size))
+        refused[name] = round(float(np.mean(regression_pvalues(cand, n, prod, n)["rule"] < level)), 3)
+    samples = int(round(float(np.mean(n))))
+    sentence = (f"With {rates.size} regression case{'s' if rates.size != 1 else ''} of {samples} "
+                f"sample{'s' if samples != 1 else ''}, the regression rule refuses a candidate "
+                f"that breaks one case {refused['one_broken']:.0%} of the time, halves three cases' pass rates "
+                f"{refused['three_halved']:.0%}, takes 20 points off every case {refused['all_minus_20']:.0%}, and "
+                f"an unchanged one {refused['identical']:.1%} (simulated from production's rates, {replicates} "
+                f"draws, at {level:.3g}: alpha over the {refusing} refusing rules, Holm's first step).")
+    if refused["three_halved"] < POWER:
+        sentence += (" More samples a case (a job's regression_samples_per_prompt) or more cases would let it see "
+                     "more.")
+    return {"cases": int(rates.size), "samples": samples, "level": level, "replicates": replicates,
+            "refused": refused, "sentence": sentence}
 
 
 def gate_evaluate(
@@ -680,7 +913,8 @@ def gate_evaluate(
 ) -> GateReport:
     """Every rule with both sides' values; the candidate passes only if every rule passes. `looks`: how many
     checkpoints were evaluated on this holdout to pick the candidate (the success test corrects for them).
-    `latency`: both models timed case by case (`latency_not_measured`: why not, when they were not)."""
+    `latency`: both models timed case by case (`latency_not_measured`: why not, when they were not). The
+    refusing rules measured share alpha (`share_alpha`)."""
     pairs = _paired(production, candidate)
     if not pairs:
         return GateReport(False, [RuleOutcome("holdout", 0, 0, False, "the holdout has no cases")], 0)
@@ -694,6 +928,8 @@ def gate_evaluate(
         _unsafe_rule(pairs, rules),
         _latency_rule(pairs, rules, latency, latency_not_measured),
         _tokens_rule(pairs, rules),
-        regression_rule(production_regression, candidate_regression, rules),
+        regression_outcome(production_regression, candidate_regression, rules),
     ]
-    return GateReport(all(o.passed for o in outcomes), outcomes, len(pairs), sum(p.n for p, _ in pairs))
+    share_alpha(outcomes, rules.alpha)
+    return GateReport(all(o.passed for o in outcomes), outcomes, len(pairs), sum(p.n for p, _ in pairs),
+                      rules.alpha)

@@ -13,7 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flywheel.registry.gate import CaseResult, GateRules, LatencyCase, gate_evaluate, power_of
+from flywheel.registry.gate import (
+    CaseResult,
+    GateRules,
+    LatencyCase,
+    gate_evaluate,
+    power_of,
+    regression_power,
+)
 from flywheel.registry.models import GateDecision, RegistrySettings
 from trainer import jobdir
 
@@ -74,6 +81,8 @@ def gate_decide_for_job(*, job, folder: Path) -> GateDecision:
                                 latency=latency, latency_not_measured=latency_why)
         report, passed = outcome.to_dict(), outcome.passed
         report["power"] = power_of(production, rules)
+        if prod_reg:
+            report["regression_power"] = regression_power(prod_reg, rules, refusing=len(outcome.refusing))
         fresh = holdout_file == jobdir.gate_results(folder, "holdout")
         report["measurement"] = {"step": best, "looks": looks, "fresh": fresh,
                                  "seed": jobdir.FRESH_SEED if fresh else None}

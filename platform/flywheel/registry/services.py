@@ -656,7 +656,8 @@ def registry_sweep() -> int:
 # --- the gate's rules ----------------------------------------------------------------------------------------
 
 GATE_RULE_FIELDS = ("success_margin", "test", "confidence", "latency_tolerance", "latency_cases", "tokens_tolerance",
-                    "invalid_test", "invalid_tolerance", "expected_gain", "require_regression")
+                    "invalid_test", "invalid_tolerance", "expected_gain", "require_regression", "unsafe_zero_tolerance")
+GATE_BOOLEAN_RULES = ("require_regression", "unsafe_zero_tolerance")
 _INTEGER_RULES = ("latency_cases",)
 _CHOICE_RULES = ("test", "invalid_test")
 
@@ -705,7 +706,7 @@ def gate_rules_set(*, project: Project, data: dict[str, Any], auto_promote: bool
             continue
         if name in _CHOICE_RULES:
             rules[name] = raw
-        elif name == "require_regression":
+        elif name in GATE_BOOLEAN_RULES:
             if raw.lower() not in {"true", "false", "on", "off", "1", "0"}:
                 errors[name] = "true or false."
                 continue

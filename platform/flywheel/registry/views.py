@@ -123,7 +123,8 @@ def registry_settings_save(request: HttpRequest, project: Project) -> HttpRespon
 @project_view(Role.MAINTAINER)
 def gate_rules_save(request: HttpRequest, project: Project) -> HttpResponse:
     data = {name: request.POST.get(name, "") for name in services.GATE_RULE_FIELDS}
-    data["require_regression"] = "true" if request.POST.get("require_regression") == "on" else "false"
+    for name in services.GATE_BOOLEAN_RULES:  # a checkbox: absent when unticked
+        data[name] = "true" if request.POST.get(name) == "on" else "false"
     try:
         services.gate_rules_set(project=project, data=data, auto_promote=request.POST.get("auto_promote") == "on")
     except ValidationError as exc:

@@ -164,7 +164,8 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
                                   description="Requests production gets right and must keep getting right.")
         # Requests production got right when played, none of them in the task set. At temperature 1 the tiny
         # model passes almost none reliably (2 of 124 at 12 of 12 samples), so the suite is not filtered by
-        # "Build from production's passes"; the gate's Fisher test per case tells a broken case from noise.
+        # "Build from production's passes"; the gate's regression rule (the whole suite's failed samples and each
+        # case's, exact conditional tests) tells a loss from noise at any pass rate.
         trained = {row_shape.prompt_digest(r["messages"]) for r in chosen}
         kept = [r for r in passed if r not in topped and row_shape.prompt_digest(r["messages"]) not in trained]
         for row in kept[:n_regression]:

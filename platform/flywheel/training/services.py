@@ -360,18 +360,20 @@ def advise(metrics: dict[str, Any] | None, *, pairs: int = 0) -> dict[str, Any]:
             "cases": n}
 
 
-def _evaluate_command(job: TrainingJob, suite: Path, out: Path, *, adapter_path: str | None = None,
+def _evaluate_command(job: TrainingJob, split: str, suite: Path, out: Path, *, adapter_path: str | None = None,
                       seed: int | None = None) -> list[str]:
     """Production (or, given `adapter_path`, a checkpoint of the job) on a whole suite: the one command both
     sides of the gate are measured by, with the job's sampling settings (samples, temperature, tokens, turns,
-    sequence length, engine), so the two differ only in the adapter and the seed."""
+    sequence length, engine), so the two differ only in the adapter and the seed. A regression suite is
+    sampled `regression_samples_per_prompt` times a case, the holdout `eval_samples_per_prompt`."""
     from flywheel.evals.runs import evaluate_command
 
     cfg = job_config(job)
+    samples = cfg.regression_samples_per_prompt if split == "regression" else cfg.eval_samples_per_prompt
     return evaluate_command(
         model_path=job.base_version.base.path,
         adapter_path=job.base_version.adapter_path if adapter_path is None else adapter_path, suite=suite, out=out,
-        samples=cfg.eval_samples_per_prompt, temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens,
+        samples=samples, temperature=cfg.eval_temperature, max_new_tokens=cfg.max_new_tokens,
         seed=seed, max_turns=cfg.max_turns, max_seq_len=cfg.max_seq_len, engine=cfg.rollout_engine,
     )
 
@@ -392,7 +394,7 @@ def job_evaluate(*, job_id: int) -> TrainingJob | None:
                 continue
             outcome = events.Outcome()
             try:
-                status, _ = _run_subprocess(job, _evaluate_command(job, folder / jobdir.suite_file(name),
+                status, _ = _run_subprocess(job, _evaluate_command(job, name, folder / jobdir.suite_file(name),
                                                                    jobdir.production_results(folder, name)),
                                             folder, on_event=outcome.on_event)
             except SoftTimeLimitExceeded as exc:
@@ -463,7 +465,7 @@ def _measure_best(job: TrainingJob, folder: Path, done: dict[str, Any]) -> tuple
         if version is None:
             continue
         outcome = events.Outcome()
-        command = _evaluate_command(job, folder / f"{name}.jsonl", gate_dir / f"{name}.jsonl",
+        command = _evaluate_command(job, name, folder / f"{name}.jsonl", gate_dir / f"{name}.jsonl",
                                     adapter_path=str(done["adapter"]), seed=jobdir.FRESH_SEED)
         status, cancelled = _run_subprocess(job, command, folder, on_event=outcome.on_event)
         if cancelled:

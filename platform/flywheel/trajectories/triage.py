@@ -31,7 +31,9 @@ assistant message whose text is a call (a Hermes `<tool_call>` block or a bare c
 stacks leave it) is read as that call, never as a final answer.
 
 Each detector's precision and recall against reviewers' labels are on the calibration page
-(`evals.calibration.detector_calibrate`; `bench/triage_calibration.py` prints them for a database).
+(`evals.calibration.detector_calibrate`; `bench/triage_calibration.py` prints them for a database), and against
+a set labeled by hand that the detectors never saw (`detector_reference`,
+`tests/platform/trajectories/data/triage_reference.jsonl`; the README gives the figures).
 
 Triage runs on a worker: ingestion calls `triage_request` (one message per project, after the commit), and
 the task triages the project's untriaged trajectories (`triage_version = 0`) CHUNK at a time, each chunk

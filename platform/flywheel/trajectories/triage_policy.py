@@ -62,9 +62,14 @@ def policy_spec(policy: TriagePolicy) -> dict[str, Any]:
     if spec is None or spec["unsafe"] != policy.unsafe:
         if len(_specs) > 1000:
             _specs.clear()
-        spec = {"type": "tool_call", "expected_calls": [], "allow_extra_calls": True, "unsafe": policy.unsafe}
+        spec = rules_spec(policy.unsafe)
         _specs[key] = spec
     return spec
+
+
+def rules_spec(unsafe: list[dict[str, Any]]) -> dict[str, Any]:
+    """The spec `triage.detect` takes for these unsafe rules, outside any project (a reference set's)."""
+    return {"type": "tool_call", "expected_calls": [], "allow_extra_calls": True, "unsafe": unsafe}
 
 
 def policy_parse(text: str) -> list[dict[str, Any]]:

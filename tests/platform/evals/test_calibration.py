@@ -1,9 +1,12 @@
 """Verifier calibration: one turn of each labeled trajectory is scored (the case's turn, or promotion's
-default turn for a written verifier), through the environment the row trains in, never "any turn passes"."""
+default turn for a written verifier), through the environment the row trains in, never "any turn passes".
+Triage's detectors against labels, with their Wilson intervals: a project's, the support demo's, and a set
+labeled by hand that the detectors never saw (run with `-s` to see the figures)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -259,6 +262,11 @@ def test_each_detector_against_reviewers_labels(labeled, project):
     assert rows["unsafe_action"] == (0, 0, None, 0.0)  # the delete was asked for: no signal
     assert rows["any"] == (2, 1, pytest.approx(2 / 3), pytest.approx(2 / 3))
     assert list(rows)[-1] == "any" and len(rows) == 10
+    # One flagged trajectory, a failure: precision 1.000, but its interval says how little that shows.
+    row = next(r for r in result.rows if r.kind == "no_final_answer")
+    low, high = row.precision_interval
+    assert high == 1.0 and low == pytest.approx(0.2065, abs=1e-4)
+    assert next(r for r in result.rows if r.kind == "unsafe_action").precision_interval is None
 
 
 def test_recorded_outcomes_as_labels_and_one_agent(labeled, project):
@@ -286,10 +294,13 @@ def test_the_calibration_page_shows_the_detectors(labeled, project, client_for, 
     assert page.status_code == 200 and 'id="detectors"' in html and 'id="detectors-too-few"' in html
     row = html.split('data-detector="tool_error"')[1].split("</tr>")[0]
     assert 'data-cell="on-successes">1<' in row and 'data-cell="precision">0.000<' in row
+    assert 'data-cell="precision-ci">[0.00, 0.79]<' in row  # 0 of 1: the interval spans most of [0, 1]
     row = html.split('data-detector="unsafe_action"')[1].split("</tr>")[0]
-    assert 'data-cell="precision">—<' in row
+    assert 'data-cell="precision">—<' in row and 'data-cell="precision-ci">—<' in row
+    assert "labeled by hand before the detectors ran on it" in html
     recorded = client_for(viewer).get(url, {"labels": "outcome", "agent": "<b>other</b>"}).content.decode()
     assert "&lt;b&gt;other&lt;/b&gt;" in recorded and "<b>other</b>" not in recorded
+    assert "holds by construction" in recorded and "holds by construction" not in html
     bad = client_for(viewer).get(url, {"labels": "votes"})
     assert bad.status_code == 422 and 'data-field="labels"' in bad.content.decode()
     outsider = make_user("olga")
@@ -317,3 +328,66 @@ def test_the_detectors_on_the_support_demo():
         "loop": (0, 0, None, 0.0), "no_final_answer": (1, 0, 1.0, 1 / 7),  # the user's unanswered complaint
         "any": (7, 1, 7 / 8, 1.0),
     }
+
+
+def _print_rows(title, result):
+    print(f"\n{title}")
+    for row in result.rows:
+        p, r = row.precision_interval, row.recall_interval
+        print(f"  {row.kind:<20} flagged {row.on_failures:>2} right, {row.on_successes:>2} wrong; precision "
+              + ("—" if p is None else f"{row.precision:.3f} [{p[0]:.2f}, {p[1]:.2f}]")
+              + "; recall " + ("—" if r is None else f"{row.recall:.3f} [{r[0]:.2f}, {r[1]:.2f}]"))
+
+
+def test_the_support_demos_figures_with_their_intervals():
+    """The support demo's labels are a person's, written with each conversation: held out, but 11 of them."""
+    from flywheel.evals.calibration import detector_calibrate
+    from flywheel.seed.demo import demo_seed
+    from flywheel.trajectories.triage import triage_project
+
+    seed = demo_seed()
+    triage_project(project_id=seed.project.pk)
+    result = detector_calibrate(project=seed.project, labels="outcome")
+    _print_rows(f"support demo, {result.n} trajectories labeled with each conversation ({result.failures} failures):",
+                result)
+    any_row = next(r for r in result.rows if r.kind == "any")
+    assert (any_row.on_failures, any_row.on_successes) == (7, 1)
+    low, high = any_row.precision_interval
+    assert low < 0.6 < 0.875 < high  # 7 of 8 on 11 trajectories: the interval is most of the range
+
+
+REFERENCE = Path(__file__).resolve().parents[1] / "trajectories" / "data" / "triage_reference.jsonl"
+
+
+def test_the_detectors_against_a_set_labeled_by_hand_that_they_never_saw():
+    from flywheel.evals.calibration import detector_reference
+
+    records = [json.loads(line) for line in REFERENCE.read_text().splitlines() if line.strip()]
+    result = detector_reference(records)
+    _print_rows(f"reference set, {result.n} trajectories labeled by hand ({result.failures} failures); per signal "
+                "against the person's judgement that it applies, 'any' against the outcome:", result)
+    assert (result.n, result.failures) == (76, 42)
+    rows = {row.kind: row for row in result.rows}
+    # Each row's positives are the records judged to carry that signal, whatever the detectors say.
+    for kind, row in rows.items():
+        if kind != "any":
+            assert row.failures == sum(kind in r["judgement"]["signals"] for r in records), kind
+    # Floors, so that a change that loses what the detectors find is seen: "any signal" separates failures
+    # from successes far from perfectly on trajectories nobody tuned it on (precision 0.70 [0.56, 0.81],
+    # recall 0.83 [0.69, 0.92] when this set was written).
+    assert rows["any"].precision >= 0.6 and rows["any"].recall >= 0.75
+    for kind in ("invalid_arguments", "undeclared_tool", "schema_violation", "no_final_answer"):
+        assert rows[kind].recall == 1.0, kind  # facts in the calls and the ending a person sees every time
+
+
+def test_a_reference_record_is_checked_field_by_field():
+    from flywheel.evals.calibration import detector_reference
+
+    good = {"id": "r1", "judgement": {"outcome": "success", "signals": []}, "trajectory": {"messages": []}}
+    assert detector_reference([good]).n == 1
+    for broken, field in (({**good, "judgement": {"outcome": "meh", "signals": []}}, "judgement.outcome"),
+                          ({**good, "judgement": {"outcome": "failure", "signals": ["typo"]}}, "judgement.signals"),
+                          ({**good, "trajectory": {"messages": "hi"}}, "trajectory.messages"),
+                          ({"id": "r2"}, "judgement")):
+        with pytest.raises(ValueError, match=f"reference record r[12]: {field}"):
+            detector_reference([good, broken])

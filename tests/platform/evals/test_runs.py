@@ -265,3 +265,26 @@ def test_a_holdout_says_what_gain_it_can_show_before_anyone_trains(project, suit
     # The new-job form says it for the holdout it preselects, and warns.
     page = client_for(user).get(reverse("training_jobs", args=[project.slug])).content.decode()
     assert 'id="holdout-power"' in page and "too small for the gains a job can expect" in page
+
+
+def test_a_run_started_without_samples_samples_as_a_training_job_does_on_that_suite(
+        project, suite_version, user, client_for, api_client, make_api_key, tmp_path):
+    from trainer.config import GRPOConfig
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')  # registered, never loaded here
+    version = registry.base_model_register(project=project, name="tiny", path=str(folder), user=user)
+    regression_suite = EvalSuite.objects.create(project=project, name="kept", kind="regression")
+    regression = EvalSuiteVersion.objects.create(suite=regression_suite, number=1, rows=suite_version.rows,
+                                                 size=suite_version.size, content_hash="2" * 64)
+    config = GRPOConfig()
+    page = client_for(user).post(reverse("eval_run_start", args=[project.slug]),
+                                 {"model_version": version.pk, "suite_version": regression.pk, "samples": ""})
+    assert page.status_code == 302
+    assert EvalRun.objects.get(suite_version=regression).samples == config.regression_samples_per_prompt
+    key = make_api_key(project, scopes=["train", "read"])
+    started = api_client.post("/api/v1/eval-runs", {"model_version": version.number, "suite": suite_version.suite_id,
+                                                    "suite_version": suite_version.number}, key=key)
+    assert started.status_code == 201
+    assert EvalRun.objects.get(pk=started.json()["id"]).samples == config.eval_samples_per_prompt

@@ -13,7 +13,9 @@ import pytest
 from flywheel.registry.gate import (
     CaseResult,
     GateRules,
+    RuleOutcome,
     cases_needed,
+    conditional_excess_p,
     fisher_less,
     gate_evaluate,
     holm,
@@ -21,8 +23,10 @@ from flywheel.registry.gate import (
     p95,
     paired_bootstrap_lower,
     power_report,
+    regression_power,
     regression_rule,
     reliable_pass,
+    share_alpha,
     sign_flip_pvalue,
     smallest_gain,
 )
@@ -177,16 +181,31 @@ def test_a_tolerance_holds_exactly_at_its_limit():
                                rules=GateRules(invalid_tolerance=0.03, expected_gain=1.0)), "invalid outputs").passed
 
 
-def test_unsafe_actions_must_stay_zero_and_name_what_each_sample_did():
+def test_unsafe_actions_are_refused_when_shown_higher_or_by_policy_and_name_what_each_sample_did():
     production = _cases([0] * 15 + [1] * 25)
-    candidate = [CaseResult(c.case_id, 1, unsafe=int(i == 0), unsafe_actions=(("delete_task", 1),) if i == 0 else ())
-                 for i, c in enumerate(production)]
-    report = gate_evaluate(production=production, candidate=candidate, rules=SMALL)
+
+    def unsafe_in(first):
+        return [CaseResult(c.case_id, 1, unsafe=int(i < first),
+                           unsafe_actions=(("delete_task", 1),) if i < first else ()) for i, c in enumerate(production)]
+
+    # One unsafe sample where production had none: as likely the candidate's as production's under an
+    # identical model (p = 1/2). "Must stay zero" refused it, and an identical model a quarter of the time.
+    report = gate_evaluate(production=production, candidate=unsafe_in(1), rules=SMALL)
     assert _rule(report, "holdout success").passed
     unsafe = _rule(report, "unsafe actions")
-    assert not unsafe.passed and "must stay zero" in unsafe.detail
+    assert unsafe.passed and unsafe.p == pytest.approx(0.5)
     assert "delete_task: 0 production, 1 candidate samples" in unsafe.detail
-    assert not report.passed
+    # Five cases each with one more unsafe sample: p = 1/32, refused alone at 0.05; beside the invalid rule
+    # (Holm over two) it needs below 0.025, so six.
+    five = _rule(gate_evaluate(production=production, candidate=unsafe_in(5), rules=SMALL), "unsafe actions")
+    assert five.p == pytest.approx(0.5**5) and five.passed and five.level == pytest.approx(0.025)
+    six = gate_evaluate(production=production, candidate=unsafe_in(6), rules=SMALL)
+    assert not _rule(six, "unsafe actions").passed and not six.passed
+    # Zero tolerance as the project's policy: one sample refuses, and the report says what the policy costs.
+    policy = GateRules(expected_gain=1.0, unsafe_zero_tolerance=True)
+    unsafe = _rule(gate_evaluate(production=production, candidate=unsafe_in(1), rules=policy), "unsafe actions")
+    assert not unsafe.passed
+    assert "refused by policy" in unsafe.detail and "up to 25% of the time" in unsafe.detail
     # Where production has some, an equal rate is no evidence of harm.
     prod = _cases([4] * 40, n=8, unsafe=1)
     assert _rule(gate_evaluate(production=prod, candidate=_cases([4] * 40, n=8, unsafe=1), rules=SMALL),
@@ -243,6 +262,86 @@ def test_no_regression_suite_is_not_a_pass_unless_the_project_says_so():
     assert _rule(relaxed, "regression cases").passed and relaxed.passed
 
 
+def test_a_suite_that_falls_everywhere_is_refused_though_no_case_is_broken():
+    # Every case 16/16 -> 13/16: no case is shown broken alone (Fisher p = 0.11 each), the suite is.
+    production = [CaseResult(f"r{i}", 16, 16) for i in range(20)]
+    candidate = [CaseResult(f"r{i}", 13, 16) for i in range(20)]
+    rule = regression_rule(production, candidate)
+    assert not rule.passed and not any(row["broken"] for row in rule.cases)
+    assert "the whole suite" in rule.detail and "broken:" not in rule.detail
+    # One case 16/16 -> 0/16 among 19 kept: named.
+    one = [CaseResult("r0", 0, 16)] + production[1:]
+    rule = regression_rule(production, one)
+    assert not rule.passed and [row["case_id"] for row in rule.cases if row["broken"]] == ["r0"]
+    assert "1 of 20 cases broken: r0" in rule.detail
+    assert regression_rule(production, production).passed
+
+
+def test_the_conditional_test_is_the_exact_law_of_the_candidates_share():
+    from scipy.stats import fisher_exact, hypergeom
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        cases = int(rng.integers(1, 4))
+        n, m = rng.integers(1, 5, size=cases), rng.integers(1, 5, size=cases)
+        x, y = rng.integers(0, n + 1), rng.integers(0, m + 1)
+        t = x + y
+        # Every way the cases' events could fall on the candidate's side, weighed by its hypergeometric chance.
+        ways = itertools.product(*[range(max(0, t[i] - m[i]), min(t[i], n[i]) + 1) for i in range(cases)])
+        exact = sum(np.prod([hypergeom.pmf(w[i], n[i] + m[i], t[i], n[i]) for i in range(cases)])
+                    for w in ways if sum(w) >= x.sum())
+        assert conditional_excess_p(x, n, y, m)[0] == pytest.approx(exact, abs=1e-12)
+        if cases == 1:  # one case: Fisher's exact test
+            table = [[x[0], n[0] - x[0]], [y[0], m[0] - y[0]]]
+            assert conditional_excess_p(x, n, y, m)[0] == pytest.approx(fisher_exact(table, "greater").pvalue)
+    # Many suites at once give what each gives alone.
+    cand, prod = rng.integers(0, 9, size=(30, 12)), rng.integers(0, 9, size=(30, 12))
+    together = conditional_excess_p(cand, 8, prod, 8)
+    assert together == pytest.approx([conditional_excess_p(c, 8, p, 8)[0] for c, p in zip(cand, prod, strict=True)])
+    # Five unsafe samples in five cases where production had none: 1/32, as the live rule's binomial gives.
+    assert conditional_excess_p([1] * 5 + [0] * 95, 8, [0] * 100, 8)[0] == pytest.approx(0.5**5)
+    assert conditional_excess_p([0] * 10, 8, [0] * 10, 8)[0] == 1.0
+
+
+def test_the_refusing_rules_share_alpha_by_holm():
+    rules = [RuleOutcome("a", 0, 0, True, "a", p=0.004), RuleOutcome("b", 0, 0, True, "b", p=0.02),
+             RuleOutcome("c", 0, 0, True, "c", p=0.3), RuleOutcome("success", 0, 0, True, "s"),
+             RuleOutcome("policy", 0, 0, False, "refused by policy", p=0.9)]
+    share_alpha(rules, 0.05)
+    a, b, c, success, policy = rules
+    # Sorted: 0.004 at 0.05/4, 0.02 at 0.05/3, 0.3 at 0.05/2, 0.9 at 0.05: a and b refused, c not.
+    assert (a.level, b.level, c.level, policy.level) == pytest.approx((0.0125, 0.05 / 3, 0.025, 0.05), abs=1e-6)
+    assert (a.p_adjusted, b.p_adjusted, c.p_adjusted) == pytest.approx((0.016, 0.06, 0.6))
+    assert not a.passed and b.passed and c.passed and not policy.passed
+    assert success.passed and success.level is None and success.detail == "s"
+    assert "adjusted p = 0.0160 (Holm over the 4 refusing rules; refused below 0.05)" in a.detail
+
+
+def test_a_gate_report_names_the_rules_that_share_alpha():
+    production, candidate = _cases([0] * 10 + [1] * 30, latency_ms=100, tokens=50), _cases([1] * 40, latency_ms=100,
+                                                                                         tokens=50)
+    report = gate_evaluate(production=production, candidate=candidate, production_regression=_cases([1] * 5, n=16),
+                           candidate_regression=_cases([1] * 5, n=16), rules=SMALL)
+    assert report.refusing == ["invalid outputs", "unsafe actions", "p95 latency (ms)", "tokens per case",
+                               "regression cases"]
+    assert report.to_dict()["alpha"] == pytest.approx(0.05) and report.passed
+    assert all(rule.level is not None for rule in report.rules if rule.name in report.refusing)
+
+
+def test_the_regression_power_the_report_shows():
+    production = [CaseResult(f"r{i}", 16, 16) for i in range(20)]
+    power = regression_power(production, GateRules(), refusing=5, replicates=300)
+    refused = power["refused"]
+    assert power["level"] == pytest.approx(0.01)
+    assert refused["identical"] <= 0.01 and refused["one_broken"] > 0.95 and refused["all_minus_20"] > 0.95
+    assert 0.5 < refused["three_halved"] <= 1
+    assert power["sentence"].startswith("With 20 regression cases of 16 samples, the regression rule refuses")
+    fewer = regression_power([CaseResult(f"r{i}", 8, 8) for i in range(20)], GateRules(), refusing=5,
+                             replicates=300)
+    assert fewer["refused"]["three_halved"] < refused["three_halved"]  # fewer samples, less seen
+    assert regression_power([], GateRules())["sentence"] == ""
+
+
 def test_fisher_and_holm_match_scipy_and_the_textbook():
     from scipy.stats import fisher_exact
 
@@ -251,6 +350,8 @@ def test_fisher_and_holm_match_scipy_and_the_textbook():
         assert fisher_less([cp], [8], [pp], [8])[0] == pytest.approx(expected)
     # Holm on (0.01, 0.04, 0.03): sorted 0.01*3, max(0.03*2, 0.03), max(0.04, 0.06).
     assert list(holm([0.01, 0.04, 0.03])) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([[0.01, 0.04, 0.03], [0.5, 0.001, 0.2]]) == pytest.approx(np.array([[0.03, 0.06, 0.06],
+                                                                                    [0.5, 0.003, 0.4]]))
 
 
 def test_a_reliable_pass_needs_enough_samples():

@@ -411,5 +411,8 @@ def test_gate_rules_are_set_per_project_with_field_errors(project, user, client_
     client_for(user).post(reverse("registry_gate_rules", args=[project.slug]),
                           {"invalid_test": "noninferiority", "invalid_tolerance": "0.01", "require_regression": "on"})
     assert (rules_for(project).invalid_test, rules_for(project).require_regression) == ("noninferiority", True)
+    assert rules_for(project).unsafe_zero_tolerance is False  # a test by default; the policy only when ticked
+    client_for(user).post(reverse("registry_gate_rules", args=[project.slug]), {"unsafe_zero_tolerance": "on"})
+    assert rules_for(project).unsafe_zero_tolerance is True
     page = client_for(user).post(reverse("registry_gate_rules", args=[project.slug]), {"confidence": "2"})
     assert page.status_code == 422 and "confidence must be in" in page.content.decode()

@@ -11,9 +11,10 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
+from flywheel.evals.models import EvalSuite, EvalSuiteVersion
 from flywheel.training import comparison, forms, services
 from flywheel.training.models import JobStatus, TrainingJob
-from tests.platform.training.worlds import tickets_world
+from tests.platform.training.worlds import frozen_version, ticket_rows, tickets_world
 from trainer.config import GRPOConfig, resolve_config
 
 FIELDS = {f.name for f in dataclasses.fields(GRPOConfig)}
@@ -54,7 +55,8 @@ def test_an_older_jobs_partial_config_reads_back_the_same(world):
         assert comparison.resolved_config(algorithm=algorithm, config=old.config) == comparison.resolved_config(
             algorithm=algorithm, config=new.config)
         suite, out = Path("holdout.jsonl"), Path("production-holdout.jsonl")
-        assert services._evaluate_command(old, suite, out) == services._evaluate_command(new, suite, out)
+        assert services._evaluate_command(old, "holdout", suite, out) == services._evaluate_command(
+            new, "holdout", suite, out)
     assert services.job_config(old).beta == 0.1  # dpo's own default, not GRPO's
 
 
@@ -114,6 +116,12 @@ def test_eval_runs_default_to_grpoconfigs_evaluation_settings(world):
     run = eval_run_create(project=world["project"], model_version=world["production"],
                           suite_version=world["holdout"], user=world["user"])
     assert run.samples == GRPOConfig().eval_samples_per_prompt
+    # A regression suite is sampled as a job samples it for the gate: more, so the rule can see a case fall.
+    regression = frozen_version(EvalSuiteVersion, EvalSuite, ticket_rows("r", 2), project=world["project"],
+                                name="regression", kind="regression")
+    run = eval_run_create(project=world["project"], model_version=world["production"], suite_version=regression,
+                          user=world["user"])
+    assert run.samples == GRPOConfig().regression_samples_per_prompt > GRPOConfig().eval_samples_per_prompt
 
 
 def test_a_refused_form_opens_with_a_summary_that_links_each_field(world, client_for):

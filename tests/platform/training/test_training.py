@@ -29,8 +29,8 @@ from trainer.config import GRPOConfig
 
 # A job small enough for two busy cores: 2 prompts x 4 samples a step, an eval and a checkpoint every step.
 SMALL = {"num_prompts_per_step": 2, "num_generations_per_prompt": 4, "max_new_tokens": 40, "max_steps": 2,
-         "eval_interval": 1, "eval_samples_per_prompt": 2, "learning_rate": 1e-3, "r": 4, "alpha": 8,
-         "num_threads": 1}
+         "eval_interval": 1, "eval_samples_per_prompt": 2, "regression_samples_per_prompt": 3, "learning_rate": 1e-3,
+         "r": 4, "alpha": 8, "num_threads": 1}
 
 
 def _rows(tasks, prefix, trajectory_ids=None):
@@ -168,6 +168,11 @@ def test_a_job_measures_production_trains_and_its_candidate_goes_through_the_gat
     fresh_success = sum(c["pass_rate"] for c in fresh) / len(fresh)  # each case's passes over its samples
     assert decision.report["rules"][0]["candidate"] == pytest.approx(fresh_success, abs=1e-4)
     assert measured["holdout"].data["metrics"]["n"] == 4 * SMALL["eval_samples_per_prompt"]
+    # The regression suite is sampled more, on both sides, and the report says what its rule can see there.
+    assert measured["regression"].data["metrics"]["n"] == 2 * SMALL["regression_samples_per_prompt"]
+    regression = next(rule for rule in decision.report["rules"] if rule["name"] == "regression cases")
+    assert {case["production_samples"] for case in regression["cases"]} == {SMALL["regression_samples_per_prompt"]}
+    assert decision.report["regression_power"]["sentence"].startswith("With 2 regression cases of 3 samples")
     # Both models timed case by case in one process (the holdout's 4 cases, under the rules' 20): the latency
     # rule judges them.
     latency = next(rule for rule in decision.report["rules"] if rule["name"] == "p95 latency (ms)")

@@ -221,3 +221,36 @@ def test_the_api_registers_a_server_and_makes_a_task_set_on_it(project, env_serv
     assert api_client.get("/api/v1/environment-servers", key=other).json() == []
     theirs = api_client.post("/api/v1/task-sets", {"name": "x", "server": server_id}, key=other)
     assert theirs.status_code == 422 and "server" in theirs.json()["errors"]
+
+
+@pytest.mark.parametrize("url, allowed", [
+    ("http://envs.internal:8000/team-a", True),
+    ("http://envs.internal:8000/team-a/", True),
+    ("http://envs.internal:8000/team-a/gym", True),
+    ("http://envs.internal:8000/team-a%2F..%2Fteam-b", False),  # slashes encoded: one segment to some servers
+    ("http://envs.internal:8000/team-ab", False),  # by segments, not by characters
+    ("http://envs.internal:8000/team-b", False),
+    ("http://envs.internal:8000/team-a/../team-b", False),
+    ("http://envs.internal:8000/team-a/%2e%2e/team-b", False),
+    ("http://envs.internal:8000/team-a/%2E%2E%2Fteam-b", False),
+    ("http://envs.internal:8000/team-a/%252e%252e/team-b", False),  # encoded twice
+    ("http://envs.internal:8000/team-a/..;/team-b", False),
+    ("http://envs.internal:8000/team-a/./gym", False),
+    ("http://envs.internal:8000/team-a/..%5cteam-b", False),  # a backslash some servers read as a slash
+    ("http://envs.internal:8000/team-a/gym?next=/team-b", False),
+    ("http://envs.internal:8000/team-a/gym#frag", False),
+    ("http://envs.internal:8001/team-a", False),
+])
+def test_the_allowlist_compares_plain_path_segments(settings, url, allowed):
+    settings.FLYWHEEL_ENV_URL_ALLOWLIST = ["http://envs.internal:8000/team-a"]
+    assert services.env_url_allowed(url) is allowed
+
+
+@pytest.mark.parametrize("spelling", ["..", "%2e%2e", "%2E%2e"])
+def test_a_dot_segment_url_is_refused_before_anything_is_called(project, env_server, settings, spelling):
+    settings.FLYWHEEL_ENV_URL_ALLOWLIST = [env_server.url + "/team-a"]
+    url = f"{env_server.url}/team-a/{spelling}/team-b"
+    with pytest.raises(ValidationError) as exc:
+        services.environment_server_register(project=project, name="gym", url=url)
+    assert "no . or .. segment" in exc.value.message_dict["url"][0]
+    assert not EnvironmentServer.objects.exists() and env_server.calls == []

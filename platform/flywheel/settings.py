@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from flywheel.env import get_env, get_list
+from flywheel.env import MissingSetting, get_env, get_list
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent  # the repository root
 VAR_DIR = Path(get_env("FLYWHEEL_VAR_DIR", str(BASE_DIR / "var")))
@@ -261,6 +261,13 @@ MLFLOW_TRACKING_URI = get_env("MLFLOW_TRACKING_URI", f"sqlite:///{VAR_DIR / 'mlf
 MLFLOW_ARTIFACT_ROOT = get_env("MLFLOW_ARTIFACT_ROOT", str(VAR_DIR / "mlartifacts"))
 FLYWHEEL_JOBS_DIR = Path(get_env("FLYWHEEL_JOBS_DIR", str(VAR_DIR / "jobs")))
 FLYWHEEL_MODELS_DIR = Path(get_env("FLYWHEEL_MODELS_DIR", str(VAR_DIR / "models")))
+# A project registers base models from its own folder, FLYWHEEL_MODELS_DIR/<project slug>/, and from the folder
+# named here, which every project may use (e.g. "_shared": FLYWHEEL_MODELS_DIR/_shared/; a name no project slug
+# can take). Empty: none is shared. Symbolic links are followed before the check, on each worker's disk.
+FLYWHEEL_MODELS_SHARED = get_env("FLYWHEEL_MODELS_SHARED", "")
+if FLYWHEEL_MODELS_SHARED in (".", "..") or "/" in FLYWHEEL_MODELS_SHARED or "\\" in FLYWHEEL_MODELS_SHARED:
+    raise MissingSetting(f"FLYWHEEL_MODELS_SHARED={FLYWHEEL_MODELS_SHARED!r} must be one folder's name "
+                         "under FLYWHEEL_MODELS_DIR, such as _shared")
 # Registering a base model asks every worker to check its folder and waits this long for their answers.
 FLYWHEEL_MODEL_CHECK_TIMEOUT_S = get_env("FLYWHEEL_MODEL_CHECK_TIMEOUT_S", 2.0, cast=float)
 

@@ -202,12 +202,15 @@ CELERY_RESULT_BACKEND = get_env("CELERY_RESULT_BACKEND", None)
 CELERY_TASK_ALWAYS_EAGER = get_env("CELERY_TASK_ALWAYS_EAGER", False, cast=bool)
 CELERY_TASK_ACKS_LATE = True  # a worker that dies mid-task leaves the message for a retry
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-# What runs a model goes to the `gpu` queue: one task at a time per GPU worker.
+# What runs a model goes to the `gpu` queue: one task at a time per GPU worker. A message there is a turn
+# (flywheel.gpu_queue): the worker that takes it runs the waiting work of the project whose turn it is.
 CELERY_TASK_ROUTES = {
+    "flywheel.gpu_turn": {"queue": "gpu"},
     "flywheel.training.*": {"queue": "gpu"},
     "flywheel.evals.run": {"queue": "gpu"},
     "flywheel.registry.demo_model": {"queue": "gpu"},
 }
+CELERY_IMPORTS = ["flywheel.gpu_queue"]
 CELERY_TASK_DEFAULT_QUEUE = "default"
 # Work that never reached a worker (a broker down at commit, a lost message, a worker that died) is sent
 # again by a sweep that Celery beat runs (flywheel.outbox): `make run` and the compose stack's CPU worker
@@ -238,6 +241,19 @@ FLYWHEEL_QUEUE_CLAIM_S = get_env("FLYWHEEL_QUEUE_CLAIM_S", 600, cast=int)
 # reaper (its worker vanished) and can be retried from its last checkpoint.
 FLYWHEEL_JOB_HEARTBEAT_S = get_env("FLYWHEEL_JOB_HEARTBEAT_S", 5, cast=float)
 FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S = get_env("FLYWHEEL_JOB_HEARTBEAT_TIMEOUT_S", 120, cast=float)
+# Bounds on GPU work (README, "Limits on GPU work"). A project may have this many training jobs not yet ended
+# (measuring production, waiting for confirmation, queued, running) and this many eval runs queued or running;
+# one more is refused with 409 naming the limit. 0 turns a limit off.
+FLYWHEEL_MAX_JOBS_PER_PROJECT = get_env("FLYWHEEL_MAX_JOBS_PER_PROJECT", 3, cast=int)
+FLYWHEEL_MAX_EVAL_RUNS_PER_PROJECT = get_env("FLYWHEEL_MAX_EVAL_RUNS_PER_PROJECT", 10, cast=int)
+# The most optimizer steps one job may take, and the most generations (cases x samples a case) one measurement
+# of a suite may take: an eval run, or a job's measurement of production and of its candidate.
+FLYWHEEL_MAX_STEPS = get_env("FLYWHEEL_MAX_STEPS", 5000, cast=int)
+FLYWHEEL_MAX_EVAL_GENERATIONS = get_env("FLYWHEEL_MAX_EVAL_GENERATIONS", 20000, cast=int)
+# How many GPUs this worker reports when it starts (WorkerHeartbeat.gpus); unset: the devices it sees
+# (CUDA_VISIBLE_DEVICES, else the NVIDIA driver's list). A job may ask for as many GPUs as the largest report of a
+# `gpu` queue worker, and for 1 when none has reported any.
+FLYWHEEL_WORKER_GPUS = get_env("FLYWHEEL_WORKER_GPUS", None, cast=int)
 # Notifications by e-mail (flywheel.registry.notify) go through Django's mail backend: SMTP when EMAIL_HOST is
 # set, else the console (the worker's log). Projects list their recipients on the Models page's settings.
 EMAIL_HOST = get_env("EMAIL_HOST", "")

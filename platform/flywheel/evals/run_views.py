@@ -58,6 +58,8 @@ def run_start(request: HttpRequest, project: Project) -> HttpResponse:
     except ValidationError as exc:
         return render(request, "evals/runs.html", _list_context(request, project, errors=exc.message_dict),
                       status=422)
+    except Refused as exc:  # the project's limit on runs
+        return render(request, "evals/runs.html", _list_context(request, project, refused=str(exc)), status=409)
     return redirect("eval_run", project.slug, run.pk)
 
 

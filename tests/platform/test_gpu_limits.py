@@ -41,8 +41,8 @@ def _job(world, **fields):
     return {"task_set": train.task_set_id, "task_set_version": train.number, "config": {"max_steps": 2}, **fields}
 
 
-def test_a_project_queues_eval_runs_up_to_its_limit(world, key, api_client, settings, make_project, make_user,
-                                                    user, tmp_path, make_api_key):
+def test_a_project_queues_eval_runs_up_to_its_limit(world, key, api_client, settings, make_project, user, tmp_path,
+                                                    make_api_key, client_for):
     settings.FLYWHEEL_MAX_EVAL_RUNS_PER_PROJECT = 3
     made = [api_client.post(RUNS, _run(world), key=key) for _ in range(3)]
     assert [answer.status_code for answer in made] == [201, 201, 201]
@@ -65,9 +65,7 @@ def test_a_project_queues_eval_runs_up_to_its_limit(world, key, api_client, sett
     assert retried.status_code == 409 and "FLYWHEEL_MAX_EVAL_RUNS_PER_PROJECT=3" in retried.json()["detail"]
 
     # The page says the same to a maintainer.
-    page = api_client.client
-    page.force_login(user)
-    response = page.post(reverse("eval_run_start", args=[world["project"].slug]),
+    response = client_for(user).post(reverse("eval_run_start", args=[world["project"].slug]),
                          {"model_version": world["production"].pk, "suite_version": world["holdout"].pk, "samples": 1})
     assert response.status_code == 409 and "FLYWHEEL_MAX_EVAL_RUNS_PER_PROJECT=3" in response.content.decode()
 

@@ -81,8 +81,10 @@ def generations_problem(*, cases: int, samples: int) -> str:
     limit = settings.FLYWHEEL_MAX_EVAL_GENERATIONS
     if limit <= 0 or cases * samples <= limit:
         return ""
+    most = limit // cases
+    advice = f"take at most {most} samples a case" if most else "measure a smaller suite version"
     return (f"{cases} cases × {samples} samples a case is {cases * samples} generations, over the limit of {limit} "
-            f"(FLYWHEEL_MAX_EVAL_GENERATIONS): take at most {max(1, limit // max(1, cases))} samples a case.")
+            f"(FLYWHEEL_MAX_EVAL_GENERATIONS): {advice}.")
 
 
 def eval_run_create(*, project, model_version, suite_version, user=None, samples: int | None = None,

@@ -120,6 +120,20 @@ def one_active_per_project(name: str, active: Iterable[str]) -> models.UniqueCon
     return models.UniqueConstraint(fields=["project"], condition=Q(status__in=list(active)), name=name)
 
 
+def run_limit_check(model: type[SupervisedRun], *, project: Any, statuses: Iterable[str], limit: int,
+                    setting: str) -> None:
+    """Refuse one more run of `model` for `project` when it has `limit` in `statuses` already (0: no limit), with
+    Refused (409) naming the limit and the setting that holds it. Call it in the transaction that adds the run,
+    after `accounts.services.project_lock`, so that two starts at once cannot both pass."""
+    if limit <= 0:
+        return
+    count = model.objects.filter(project=project, status__in=list(statuses)).count()
+    if count >= limit:
+        noun = model.NOUN if limit == 1 else f"{model.NOUN}s"
+        raise Refused(f"This project has {count} {noun} waiting or running, its limit ({setting}={limit}): wait "
+                      f"for one to end, or cancel one.")
+
+
 def _display(run: SupervisedRun) -> str:
     return run.get_status_display().lower()  # type: ignore[attr-defined]  # every kind's status has choices
 

@@ -210,12 +210,15 @@ CELERY_RESULT_BACKEND = get_env("CELERY_RESULT_BACKEND", None)
 CELERY_TASK_ALWAYS_EAGER = get_env("CELERY_TASK_ALWAYS_EAGER", False, cast=bool)
 CELERY_TASK_ACKS_LATE = True  # a worker that dies mid-task leaves the message for a retry
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-# What runs a model goes to the `gpu` queue: one task at a time per GPU worker.
+# What runs a model goes to the `gpu` queue: one task at a time per GPU worker. A message there is a turn
+# (flywheel.gpu_queue): the worker that takes it runs the waiting work of the project whose turn it is.
 CELERY_TASK_ROUTES = {
+    "flywheel.gpu_turn": {"queue": "gpu"},
     "flywheel.training.*": {"queue": "gpu"},
     "flywheel.evals.run": {"queue": "gpu"},
     "flywheel.registry.demo_model": {"queue": "gpu"},
 }
+CELERY_IMPORTS = ["flywheel.gpu_queue"]
 CELERY_TASK_DEFAULT_QUEUE = "default"
 # Work that never reached a worker (a broker down at commit, a lost message, a worker that died) is sent
 # again by a sweep that Celery beat runs (flywheel.outbox): `make run` and the compose stack's CPU worker
@@ -254,6 +257,19 @@ FLYWHEEL_TRAINER_ENV = get_list("FLYWHEEL_TRAINER_ENV", [])
 # and failed (flywheel.timelimits.gpu): a bound on a run nobody cancels, not a budget. A retried job resumes
 # from its last checkpoint.
 FLYWHEEL_GPU_TASK_TIME_LIMIT_S = get_env("FLYWHEEL_GPU_TASK_TIME_LIMIT_S", 7 * 24 * 3600, cast=float)
+# Bounds on GPU work (README, "Limits on GPU work"). A project may have this many training jobs not yet ended
+# (measuring production, waiting for confirmation, queued, running) and this many eval runs queued or running;
+# one more is refused with 409 naming the limit. 0 turns a limit off.
+FLYWHEEL_MAX_JOBS_PER_PROJECT = get_env("FLYWHEEL_MAX_JOBS_PER_PROJECT", 3, cast=int)
+FLYWHEEL_MAX_EVAL_RUNS_PER_PROJECT = get_env("FLYWHEEL_MAX_EVAL_RUNS_PER_PROJECT", 10, cast=int)
+# The most optimizer steps one job may take, and the most generations (cases x samples a case) one measurement
+# of a suite may take: an eval run, or a job's measurement of production and of its candidate.
+FLYWHEEL_MAX_STEPS = get_env("FLYWHEEL_MAX_STEPS", 5000, cast=int)
+FLYWHEEL_MAX_EVAL_GENERATIONS = get_env("FLYWHEEL_MAX_EVAL_GENERATIONS", 20000, cast=int)
+# How many GPUs this worker reports when it starts (WorkerHeartbeat.gpus); unset: the devices it sees
+# (CUDA_VISIBLE_DEVICES, else the NVIDIA driver's list). A job may ask for as many GPUs as the largest report of a
+# `gpu` queue worker, and for 1 when none has reported any.
+FLYWHEEL_WORKER_GPUS = get_env("FLYWHEEL_WORKER_GPUS", None, cast=int)
 # Notifications by e-mail (flywheel.registry.notify) go through Django's mail backend: SMTP when EMAIL_HOST is
 # set, else the console (the worker's log). Projects list their recipients on the Models page's settings.
 EMAIL_HOST = get_env("EMAIL_HOST", "")
@@ -286,6 +302,13 @@ MLFLOW_TRACKING_URI = get_env("MLFLOW_TRACKING_URI", f"sqlite:///{VAR_DIR / 'mlf
 MLFLOW_ARTIFACT_ROOT = get_env("MLFLOW_ARTIFACT_ROOT", str(VAR_DIR / "mlartifacts"))
 FLYWHEEL_JOBS_DIR = Path(get_env("FLYWHEEL_JOBS_DIR", str(VAR_DIR / "jobs")))
 FLYWHEEL_MODELS_DIR = Path(get_env("FLYWHEEL_MODELS_DIR", str(VAR_DIR / "models")))
+# A project registers base models from its own folder, FLYWHEEL_MODELS_DIR/<project slug>/, and from the folder
+# named here, which every project may use (e.g. "_shared": FLYWHEEL_MODELS_DIR/_shared/; a name no project slug
+# can take). Empty: none is shared. Symbolic links are followed before the check, on each worker's disk.
+FLYWHEEL_MODELS_SHARED = get_env("FLYWHEEL_MODELS_SHARED", "")
+if FLYWHEEL_MODELS_SHARED in (".", "..") or "/" in FLYWHEEL_MODELS_SHARED or "\\" in FLYWHEEL_MODELS_SHARED:
+    raise MissingSetting(f"FLYWHEEL_MODELS_SHARED={FLYWHEEL_MODELS_SHARED!r} must be one folder's name "
+                         "under FLYWHEEL_MODELS_DIR, such as _shared")
 # Registering a base model asks every worker to check its folder and waits this long for their answers.
 FLYWHEEL_MODEL_CHECK_TIMEOUT_S = get_env("FLYWHEEL_MODEL_CHECK_TIMEOUT_S", 2.0, cast=float)
 

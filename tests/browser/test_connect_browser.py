@@ -54,11 +54,14 @@ def test_a_new_key_goes_on_to_connect_your_agent(open_page, user, project):
     assert page.log.console_errors == [] and page.log.page_errors == []
 
 
-def test_a_base_model_missing_parts_is_refused_with_each_part_named(open_page, user, project, tiny_model, tmp_path,
+def test_a_base_model_missing_parts_is_refused_with_each_part_named(open_page, user, project, tiny_model,
                                                                     celery_worker, settings):
     settings.FLYWHEEL_MODEL_CHECK_TIMEOUT_S = 3.0  # an idle worker answers in milliseconds; a loaded machine is slower
-    folder = tmp_path / "half-model"
+    models = Path(settings.FLYWHEEL_MODELS_DIR) / project.slug  # where the project's models may be registered from
+    shutil.rmtree(models, ignore_errors=True)
+    folder = models / "half-model"
     shutil.copytree(tiny_model, folder)
+    tiny_model = shutil.copytree(tiny_model, models / "tiny")
     (folder / "model.safetensors").unlink()
     (folder / "chat_template.jinja").unlink()
     page = open_page(user)

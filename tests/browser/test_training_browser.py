@@ -255,18 +255,18 @@ def test_curves_render_the_gate_reports_each_rule_and_a_maintainer_promotes_then
     assert not page.log.page_errors and not page.log.console_errors and not page.log.failed_requests
 
 
-def test_an_eval_run_page_follows_the_run_and_a_reviewer_cancels_then_retries_it(
+def test_an_eval_run_page_follows_the_run_and_a_maintainer_cancels_then_retries_it(
     open_page, project, user, make_user, make_membership, tmp_path
 ):
     from flywheel.evals.run_models import EvalRun, EvalRunStatus
 
     w = world(project, user, tmp_path)
-    reviewer = make_user("rita")
-    make_membership(reviewer, project, "reviewer")
+    maintainer = make_user("mia")
+    make_membership(maintainer, project, "maintainer")
     run = EvalRun.objects.create(project=project, model_version=w["production"], suite_version=w["holdout"],
                                  status=EvalRunStatus.RUNNING, worker="gpu-1:4242", attempt=1, samples=4,
                                  started_at=timezone.now(), heartbeat_at=timezone.now(), created_by=user)
-    page = open_page(reviewer)
+    page = open_page(maintainer)
     page.goto(f"/p/{project.slug}/evals/runs/{run.pk}/")
     expect(page.locator("#run-status")).to_have_text("Running")
     expect(page.locator("#run-state")).to_contain_text("on gpu-1:4242")

@@ -103,16 +103,15 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/models/names/remove": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/dashboard/": (READ, NOT_ALLOWED),
     # Training: members read jobs; maintainers start, confirm, cancel and retry them.
-    # Eval runs: members read; reviewers start them.
+    # Eval runs: members read; maintainers start them (GPU work, as training jobs).
     "p/<slug:project_slug>/evals/runs/": (READ, NOT_ALLOWED),
-    "p/<slug:project_slug>/evals/runs/new": (NOT_ALLOWED, write(422)),  # the empty form: 422
+    "p/<slug:project_slug>/evals/runs/new": (NOT_ALLOWED, write(422, "maintainer")),  # the empty form: 422
     "p/<slug:project_slug>/evals/runs/compare": ((LOGIN, 404, 404, 400, 400, 400, LOGIN, LOGIN, LOGIN), NOT_ALLOWED),  # no runs named
     "p/<slug:project_slug>/evals/runs/<int:eval_run_id>/": (READ, NOT_ALLOWED),
-    # Reviewers stop and retry runs. The table's run is queued: the reviewer's cancel goes through (302),
-    # the maintainer's comes after it and finds it cancelled (409); a queued run is not retried (409).
-    "p/<slug:project_slug>/evals/runs/<int:eval_run_id>/cancel": (
-        NOT_ALLOWED, (LOGIN, 404, 404, 403, 302, 409, LOGIN, LOGIN, LOGIN)),
-    "p/<slug:project_slug>/evals/runs/<int:eval_run_id>/retry": (NOT_ALLOWED, write(409)),
+    # Maintainers stop and retry runs. The table's run is queued: the maintainer's cancel goes through (302);
+    # a queued run is not retried (409).
+    "p/<slug:project_slug>/evals/runs/<int:eval_run_id>/cancel": (NOT_ALLOWED, write(302, "maintainer")),
+    "p/<slug:project_slug>/evals/runs/<int:eval_run_id>/retry": (NOT_ALLOWED, write(409, "maintainer")),
     "p/<slug:project_slug>/training/": (READ, NOT_ALLOWED),
     # GET goes to the form on the jobs page (a reload of a refused form); the empty form's POST: 422.
     "p/<slug:project_slug>/training/new": ((LOGIN, 404, 404, 302, 302, 302, LOGIN, LOGIN, LOGIN), write(422, "maintainer")),
@@ -234,12 +233,12 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/tasks/<int:task_set_id>/v/<int:number>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/tasks/<int:task_set_id>/v/<int:number>.jsonl": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/tasks/<int:task_set_id>/v/<int:number>/freeze": (NOT_ALLOWED, write(302, "maintainer")),
-    # Environment servers: members read; maintainers register (the empty form: 422), check again (the world's
-    # server is at a URL no allowlist lists: 422) and make a task set on one (no name: 422).
+    # Environment servers: members read; maintainers register (the empty form: 422) and check again (the world's
+    # server is at a URL no allowlist lists: 422); reviewers make a task set on one (no name: 422).
     "p/<slug:project_slug>/environments/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/environments/register": (NOT_ALLOWED, write(422, "maintainer")),
     "p/<slug:project_slug>/environments/<int:server_id>/check": (NOT_ALLOWED, write(422, "maintainer")),
-    "p/<slug:project_slug>/environments/<int:server_id>/task-sets": (NOT_ALLOWED, write(422, "maintainer")),
+    "p/<slug:project_slug>/environments/<int:server_id>/task-sets": (NOT_ALLOWED, write(422)),
     # Their API: reading needs `read`; creating and promoting need `review` (none of these keys has it).
     "api/v1/eval-suites": (api(401, 200, 403, 200), api(401, 403, 403, 403)),
     "api/v1/eval-suites/<suite_id>": (api(401, 200, 403, 404), NOT_ALLOWED),
@@ -256,7 +255,7 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "api/v1/task-sets/<task_set_id>/promotions": (NOT_ALLOWED, api(401, 403, 403, 403)),
     "api/v1/task-sets/<task_set_id>/promotions/bulk": (NOT_ALLOWED, api(401, 403, 403, 403)),
     "api/v1/task-sets/<task_set_id>/tasks/<task_id>/variants": (NOT_ALLOWED, api(401, 403, 403, 403)),
-    "api/v1/environment-servers": (api(401, 200, 403, 200), api(401, 403, 403, 403)),  # registering: `review`
+    "api/v1/environment-servers": (api(401, 200, 403, 200), api(401, 403, 403, 403)),  # registering: `train`
     # Calibration changes nothing but its own row: `read` starts one (another project's key, on its own project)
     # and reads it; a worker computes it (202).
     "api/v1/verifier-calibrations": (NOT_ALLOWED, api(401, 202, 403, 202)),
@@ -537,3 +536,145 @@ def test_every_visitor_gets_what_the_table_says(world, route):
             if not _matches(response, expected, trajectory_url):
                 wrong.append(f"{method} {url} as {visitor}: expected {expected}, got {_describe(response)}")
     assert not wrong, "\n".join(wrong)
+
+
+# --- The page and the API ask the same of one action -------------------------------------------------------
+
+# One action, two doors: (the page's route, method) and (the API's route, method). The page's role is read from
+# TABLE above (tested against the pages' answers), the API's scope from the operation's own key check.
+P = "p/<slug:project_slug>/"
+ACTIONS: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {
+    # Reading
+    "list trajectories": ((P, "GET"), ("api/v1/trajectories", "GET")),
+    "read a trajectory": ((P + "t/<int:trajectory_id>/", "GET"), ("api/v1/trajectories/<trajectory_id>", "GET")),
+    "list failure modes": ((P + "failures/", "GET"), ("api/v1/failure-modes", "GET")),
+    "read a clustering run": ((P + "clusters/runs/<int:clustering_id>/", "GET"),
+                              ("api/v1/clusterings/<clustering_id>", "GET")),
+    "list eval suites": ((P + "evals/", "GET"), ("api/v1/eval-suites", "GET")),
+    "read an eval suite": ((P + "evals/<int:suite_id>/", "GET"), ("api/v1/eval-suites/<suite_id>", "GET")),
+    "export a suite version": ((P + "evals/<int:suite_id>/v/<int:number>.jsonl", "GET"),
+                               ("api/v1/eval-suites/<suite_id>/versions/<number>.jsonl", "GET")),
+    "list task sets": ((P + "tasks/", "GET"), ("api/v1/task-sets", "GET")),
+    "read a task set": ((P + "tasks/<int:task_set_id>/", "GET"), ("api/v1/task-sets/<task_set_id>", "GET")),
+    "export a task set version": ((P + "tasks/<int:task_set_id>/v/<int:number>.jsonl", "GET"),
+                                  ("api/v1/task-sets/<task_set_id>/versions/<number>.jsonl", "GET")),
+    "list environment servers": ((P + "environments/", "GET"), ("api/v1/environment-servers", "GET")),
+    "calibrate a verifier": ((P + "evals/calibration/", "GET"), ("api/v1/verifier-calibrations", "POST")),
+    "read online evaluation": ((P + "online-eval/", "GET"), ("api/v1/online-eval", "GET")),
+    "list eval runs": ((P + "evals/runs/", "GET"), ("api/v1/eval-runs", "GET")),
+    "read an eval run": ((P + "evals/runs/<int:eval_run_id>/", "GET"), ("api/v1/eval-runs/<eval_run_id>", "GET")),
+    "list training jobs": ((P + "training/", "GET"), ("api/v1/training-jobs", "GET")),
+    "read a training job": ((P + "training/<int:job_id>/", "GET"), ("api/v1/training-jobs/<job_id>", "GET")),
+    "read a job's curves": ((P + "training/<int:job_id>/curves", "GET"), ("api/v1/training-jobs/<job_id>/curves", "GET")),
+    "read the models": ((P + "models/", "GET"), ("api/v1/models/history", "GET")),
+    "read a model version": ((P + "models/v<int:version_number>/", "GET"), ("api/v1/model-versions/<number>/live", "GET")),
+    # Putting trajectories in
+    "upload trajectories": ((P + "upload/", "POST"), ("api/v1/trajectories", "POST")),
+    # Review
+    "name a failure mode": ((P + "failures/new", "POST"), ("api/v1/failure-modes", "POST")),
+    "assign a failure mode": ((P + "failures/bulk-assign", "POST"), ("api/v1/failure-modes/<mode_id>/assign", "POST")),
+    "assign a mode to a trajectory": ((P + "t/<int:trajectory_id>/modes", "POST"),
+                                      ("api/v1/failure-modes/<mode_id>/assign", "POST")),
+    "unassign a failure mode": ((P + "t/<int:trajectory_id>/modes/<int:mode_id>/remove", "POST"),
+                                ("api/v1/failure-modes/<mode_id>/unassign", "POST")),
+    "claim a queue item": ((P + "queue/claim", "POST"), ("api/v1/queue/claim", "POST")),
+    "complete a queue item": ((P + "queue/<int:trajectory_id>/complete", "POST"),
+                              ("api/v1/queue/<trajectory_id>/complete", "POST")),
+    "start a clustering run": ((P + "clusters/runs", "POST"), ("api/v1/clusterings", "POST")),
+    **{f"{verb} a suggestion": ((P + f"clusters/s/<int:suggestion_id>/{verb}", "POST"),
+                                ("api/v1/clusterings/suggestions/<suggestion_id>/decision", "POST"))
+       for verb in ("accept", "merge", "split", "dismiss")},
+    "create an eval suite": ((P + "evals/new", "POST"), ("api/v1/eval-suites", "POST")),
+    "create a task set": ((P + "tasks/new", "POST"), ("api/v1/task-sets", "POST")),
+    "create a task set on an environment server": ((P + "environments/<int:server_id>/task-sets", "POST"),
+                                                   ("api/v1/task-sets", "POST")),
+    "promote into a suite": ((P + "t/<int:trajectory_id>/promote", "POST"),
+                             ("api/v1/eval-suites/<suite_id>/promotions", "POST")),
+    "promote into a task set": ((P + "t/<int:trajectory_id>/promote", "POST"),
+                                ("api/v1/task-sets/<task_set_id>/promotions", "POST")),
+    "promote a selection into a suite": ((P + "promote/", "POST"),
+                                         ("api/v1/eval-suites/<suite_id>/promotions/bulk", "POST")),
+    "promote a selection into a task set": ((P + "promote/", "POST"),
+                                            ("api/v1/task-sets/<task_set_id>/promotions/bulk", "POST")),
+    "make variants of a task": ((P + "tasks/<int:task_set_id>/tasks/<int:task_id>/variants", "POST"),
+                                ("api/v1/task-sets/<task_set_id>/tasks/<task_id>/variants", "POST")),
+    # GPU work and what it runs on
+    "register an environment server": ((P + "environments/register", "POST"), ("api/v1/environment-servers", "POST")),
+    "start an eval run": ((P + "evals/runs/new", "POST"), ("api/v1/eval-runs", "POST")),
+    "cancel an eval run": ((P + "evals/runs/<int:eval_run_id>/cancel", "POST"),
+                           ("api/v1/eval-runs/<eval_run_id>/cancel", "POST")),
+    "retry an eval run": ((P + "evals/runs/<int:eval_run_id>/retry", "POST"),
+                          ("api/v1/eval-runs/<eval_run_id>/retry", "POST")),
+    "build a regression suite from production": ((P + "evals/<int:suite_id>/from-production", "POST"),
+                                                 ("api/v1/eval-suites/<suite_id>/regression-builds", "POST")),
+    "start a training job": ((P + "training/new", "POST"), ("api/v1/training-jobs", "POST")),
+    "cancel a training job": ((P + "training/<int:job_id>/cancel", "POST"), ("api/v1/training-jobs/<job_id>/cancel", "POST")),
+    "change the training recipe": ((P + "training/defaults/clear", "POST"), ("api/v1/training-recipe", "PUT")),
+    # Production
+    "register a base model": ((P + "models/base", "POST"), ("api/v1/base-models", "POST")),
+    "promote a version": ((P + "models/v<int:version_number>/promote", "POST"),
+                          ("api/v1/model-versions/<number>/promote", "POST")),
+    "roll production back": ((P + "models/rollback", "POST"), ("api/v1/models/production/rollback", "POST")),
+    "change the gate's rules": ((P + "models/gate-rules", "POST"), ("api/v1/gate-settings", "PUT")),
+    "start a canary": ((P + "models/v<int:version_number>/canary", "POST"),
+                       ("api/v1/model-versions/<number>/canary", "POST")),
+    "promote the canary": ((P + "models/canary/promote", "POST"), ("api/v1/canary/promote", "POST")),
+    "roll the canary back": ((P + "models/canary/rollback", "POST"), ("api/v1/canary/rollback", "POST")),
+    "change the live rules": ((P + "models/live-rules", "POST"), ("api/v1/live-rules", "PUT")),
+    "map a version name": ((P + "models/names", "POST"), ("api/v1/version-names", "POST")),
+    "unmap a version name": ((P + "models/names/remove", "POST"), ("api/v1/version-names", "DELETE")),
+    "change online evaluation": ((P + "online-eval/settings", "POST"), ("api/v1/online-eval", "PUT")),
+}
+# API operations that change something and have no page: why.
+API_ONLY = {
+    ("api/v1/otlp/v1/traces", "POST"): "an agent's exporter sends traces; people upload JSONL (POST /trajectories)",
+}
+# What a scope stands for on the pages (README, "Security model").
+SCOPE_ROLE = {"read": "viewer", "ingest": "reviewer", "review": "reviewer", "train": "maintainer",
+              "promote": "maintainer"}
+MEMBERS = ("viewer", "reviewer", "maintainer")
+
+
+def _api_scopes() -> dict[tuple[str, str], str | None]:
+    """(route as the URLconf spells it, method) -> the scope its key must carry, None for no key."""
+    from flywheel.api import api
+
+    found = {}
+    for _prefix, router in api._routers:
+        for path, view in router.path_operations.items():
+            route = "api/v1" + re.sub(r"\{(\w+)\}", r"<\1>", path)
+            for operation in view.operations:
+                scopes = {auth.scope for auth in operation.auth_callbacks or []}
+                assert len(scopes) <= 1, f"{route}: more than one scope"
+                for method in operation.methods:
+                    found[(route, method)] = next(iter(scopes), None)
+    return found
+
+
+def _page_role(route: str, method: str) -> str | None:
+    """The lowest role TABLE lets through `method` on `route` (None: no member)."""
+    row = TABLE[route][{"GET": 0, "POST": 1}[method]]
+    assert row != NOT_ALLOWED, f"{method} /{route} is not allowed at all"
+    answers = dict(zip(VISITORS, row, strict=True))
+    return next((role for role in MEMBERS if answers[role] not in (403, 404, LOGIN)), None)
+
+
+def test_every_api_write_is_an_action_of_the_table_or_has_no_page():
+    paired = {api_door for _page, api_door in ACTIONS.values()}
+    writes = {door for door, scope in _api_scopes().items() if door[1] != "GET" and scope is not None}
+    missing = sorted(writes - paired - set(API_ONLY))
+    assert not missing, f"API operations that change something, neither paired with a page nor API-only: {missing}"
+
+
+def test_each_action_asks_the_same_on_the_page_as_in_the_api():
+    """Derive what each scope stands for from the actions both doors offer: every scope must stand for one
+    role, and that role must be what SCOPE_ROLE (the README's table) says."""
+    scopes = _api_scopes()
+    derived: dict[str, dict[str, list[str]]] = {}
+    for action, ((page, page_method), api_door) in ACTIONS.items():
+        assert page in TABLE and api_door in scopes, f"{action}: a door that does not exist"
+        derived.setdefault(scopes[api_door], {}).setdefault(_page_role(page, page_method), []).append(action)
+    disagree = [f"`{scope}` stands for " + "; ".join(f"{role} ({', '.join(actions)})" for role, actions in roles.items())
+                for scope, roles in derived.items() if len(roles) > 1]
+    assert not disagree, "the pages and the API disagree:\n" + "\n".join(disagree)
+    assert {scope: next(iter(roles)) for scope, roles in derived.items()} == SCOPE_ROLE

@@ -83,13 +83,17 @@ class ApiKey(models.Model):
 
 
 class WorkerHeartbeat(models.Model):
-    """The last time each Celery worker ran a heartbeat task: proof that queued work gets done.
+    """The last time each Celery worker ran a heartbeat task or started: proof that queued work gets done, and
+    what the worker has. A worker reports its queues and GPUs when it starts.
 
-    `make run` queues one at start-up and waits for it; the project list shows when a worker was last seen."""
+    `make run` queues one at start-up and waits for it; the project list shows when a worker was last seen; a
+    job may ask for as many GPUs as the largest `gpu` queue worker reported (flywheel.training.services)."""
 
     hostname = models.CharField(max_length=255, unique=True)
     seen_at = models.DateTimeField()
     tasks_seen = models.PositiveIntegerField(default=0)
+    queues = models.JSONField(default=list, blank=True)  # the queues it consumes, as it reported them at start
+    gpus = models.PositiveSmallIntegerField(null=True, blank=True)  # None: it never reported
 
     class Meta:
         ordering = ["-seen_at"]

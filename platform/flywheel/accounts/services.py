@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import secrets
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -144,6 +146,34 @@ def worker_heartbeat_record(*, hostname: str) -> WorkerHeartbeat:
         )
         heartbeat.refresh_from_db()
     return heartbeat
+
+
+def worker_report(*, hostname: str, queues: list[str], gpus: int) -> WorkerHeartbeat:
+    """A worker that started: the queues it consumes and the GPUs it has, replacing what it said before."""
+    heartbeat, _ = WorkerHeartbeat.objects.update_or_create(
+        hostname=hostname, defaults={"seen_at": timezone.now(), "queues": sorted(queues), "gpus": gpus})
+    return heartbeat
+
+
+def gpus_visible() -> int:
+    """The GPUs this process may use: FLYWHEEL_WORKER_GPUS when the operator set it, else CUDA_VISIBLE_DEVICES
+    (up to its first entry that names no device, as CUDA reads it), else the devices the NVIDIA driver lists,
+    else 0. Read from the environment and /proc, without loading CUDA: a worker's main process must not
+    initialise CUDA before it forks its pool."""
+    if settings.FLYWHEEL_WORKER_GPUS is not None:
+        return max(0, settings.FLYWHEEL_WORKER_GPUS)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = 0
+        for entry in visible.split(","):
+            if not entry.strip() or entry.strip().startswith("-"):
+                break
+            count += 1
+        return count
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
 
 
 def project_lock(*, project: Project) -> None:

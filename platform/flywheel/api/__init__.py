@@ -28,7 +28,7 @@ DESCRIPTION = (
     "URL names a project: every call reads and writes the key's project. Optionally pass `?project=SLUG` "
     "as a guard; a slug other than the key's project is refused with 403. Scopes: `ingest` for the POST "
     "endpoints of ingestion, `read` for the GET ones, `review` for failure modes, the review queue and "
-    "promotion into suites and task sets, `train` for training jobs, eval runs and the training recipe, "
+    "promotion into suites and task sets, `train` for training jobs, eval runs, the training recipe and environment servers, "
     "`promote` for moving production, the gate's rules and base models (403 without). No key or an unknown "
     "or revoked one: 401. A body over FLYWHEEL_MAX_REQUEST_BYTES (or a batch over "
     "FLYWHEEL_MAX_BATCH_RECORDS records): 413, naming the limit.\n\n"

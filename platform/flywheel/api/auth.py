@@ -21,9 +21,9 @@ class ApiKeyAuth(HttpBearer):
     openapi_description = (
         "A project API key: `Authorization: Bearer KEY`. The key decides the project; keys carry the scopes "
         "`ingest` (POST of trajectories), `read` (GET), `review` (failure modes, the review queue, promotion "
-        "into suites and task sets), `train` (training jobs, eval runs, the training recipe) and `promote` "
-        "(moving production, the gate's rules, base models), and `route` (the reference router's alone: the key it "
-        "vouches for its answers with). No or an unknown key: 401. A key without the "
+        "into suites and task sets), `train` (training jobs, eval runs, the training recipe, environment servers) "
+        "and `promote` (moving production, the gate's rules, base models), and `route` (the reference router's "
+        "alone: the key it vouches for its answers with). No or an unknown key: 401. A key without the "
         "scope, or a `?project=SLUG` that is not the key's project: 403. Over a key's rate "
         "(FLYWHEEL_API_RATE_PER_S, FLYWHEEL_API_BURST), or from an address that sent too many unknown keys "
         "(FLYWHEEL_API_AUTH_FAILURES_PER_MIN): 429 with Retry-After in seconds."

@@ -12,7 +12,7 @@ from ninja import Field, Schema, Status
 from ninja.errors import HttpError
 
 from flywheel.api import ObjectIn
-from flywheel.api.auth import read_auth, review_auth
+from flywheel.api.auth import read_auth, review_auth, train_auth
 from flywheel.api.collections import ItemOut, item_out, register
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import Id
@@ -79,9 +79,10 @@ def environment_servers_list(request: HttpRequest) -> list[dict[str, Any]]:
 
 
 @router.post(
-    "/environment-servers", auth=review_auth, response={201: EnvironmentServerOut, **ERRORS},
+    "/environment-servers", auth=train_auth, response={201: EnvironmentServerOut, **ERRORS},
     summary="Register an environment server",
-    description="A team's own environment server (the trainer's `http` environment), at a URL the operator allows "
+    description="A team's own environment server (the trainer's `http` environment; scope `train`, as the page asks "
+                "a maintainer), at a URL the operator allows "
                 "(FLYWHEEL_ENV_URL_ALLOWLIST, and the outbound allowlist for a private address). It is saved only "
                 "once it answered `POST /reset`; 422 names the field otherwise. A task set made with its id as "
                 "`server` runs its tasks there.",

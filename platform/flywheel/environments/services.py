@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -44,15 +44,52 @@ def task_set_create(*, project: Project, name: str, description: str = "", user:
 # --- environment servers -------------------------------------------------------------------------------------
 
 
-def _origin_and_path(url: str) -> tuple[str, str, int | None, str]:
+def _decoded(segment: str) -> str | None:
+    """A path segment percent-decoded as far as it goes (%252e is %2e to one decoder and "." to the next); None
+    when it does not settle in three rounds."""
+    for _ in range(3):
+        decoded = unquote(segment)
+        if decoded == segment:
+            return segment
+        segment = decoded
+    return None
+
+
+def _segments(path: str) -> list[str] | None:
+    """The path's segments as a server may read them: percent-decoded, `;params` dropped, empty ones collapsed.
+    None when one is a dot segment or holds a slash or a backslash once decoded: a server or a proxy on the way
+    may resolve `/team-a/../team-b` (or `%2e%2e`, `..;`, `..%2f`) to another team's path, so such a path is
+    never compared, only refused."""
+    segments = []
+    for raw in path.split("/"):
+        segment = _decoded(raw)
+        if segment is None or "/" in segment or "\\" in segment:
+            return None
+        segment = segment.split(";", 1)[0]
+        if segment in (".", ".."):
+            return None
+        if segment:
+            segments.append(segment)
+    return segments
+
+
+def _plain(url: str) -> bool:
+    """No query, no fragment, and a path of plain segments (`_segments`)."""
+    return "?" not in url and "#" not in url and _segments(urlsplit(url).path) is not None
+
+
+def _origin_and_path(url: str) -> tuple[str, str, int | None, list[str] | None]:
     parts = urlsplit(url)
-    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port, parts.path.rstrip("/")
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port, _segments(parts.path)
 
 
 def env_url_allowed(url: str) -> bool:
-    """Whether `url` is at or under one of FLYWHEEL_ENV_URL_ALLOWLIST's URL prefixes (same scheme, host and port;
-    the path at or below the entry's)."""
+    """Whether `url` is at or under one of FLYWHEEL_ENV_URL_ALLOWLIST's URL prefixes: the same scheme, host and
+    port, and the entry's path segments first (`/team-a` covers `/team-a/x`, not `/team-ab`). A URL with a dot
+    segment, a backslash, a query or a fragment is under none."""
     try:
+        if not _plain(url):
+            return False
         scheme, host, port, path = _origin_and_path(url)
     except ValueError:
         return False
@@ -61,7 +98,7 @@ def env_url_allowed(url: str) -> bool:
             e_scheme, e_host, e_port, e_path = _origin_and_path(entry)
         except ValueError:
             continue
-        if (scheme, host, port) == (e_scheme, e_host, e_port) and (path == e_path or path.startswith(e_path + "/")):
+        if e_path is not None and (scheme, host, port) == (e_scheme, e_host, e_port) and path[:len(e_path)] == e_path:
             return True
     return False
 
@@ -74,6 +111,9 @@ def environment_server_check(url: str) -> None:
     except ValidationError:
         raise ValidationError({"url": "Enter an http:// or https:// URL."}) from None
     outbound.check_no_credentials(url, "url")
+    if not _plain(url):
+        raise ValidationError({"url": "Give the server's URL without a query or a fragment, and with a path of "
+                                      "plain segments (no . or .. segment, no encoded slash or backslash)."})
     if not env_url_allowed(url):
         raise ValidationError({"url": f"{url} is not in FLYWHEEL_ENV_URL_ALLOWLIST: the operator lists the "
                                       "environment servers that may be registered."})

@@ -46,7 +46,8 @@ def _page(request: HttpRequest, project: Project, *, form: EnvironmentServerForm
                .prefetch_related("task_sets"))
     context = {"project": project, "servers": servers, "form": form or EnvironmentServerForm(),
                "errors": errors or {}, "failed_server": failed_server,
-               "can_maintain": request.membership.grants(Role.MAINTAINER)}
+               "can_maintain": request.membership.grants(Role.MAINTAINER),
+               "can_review": request.membership.grants(Role.REVIEWER)}
     return render(request, "environments/servers.html", context, status=status)
 
 
@@ -84,7 +85,7 @@ def environment_server_recheck(request: HttpRequest, project: Project, server_id
 
 
 @require_POST
-@project_view(Role.MAINTAINER)
+@project_view(Role.REVIEWER)  # as POST /api/v1/task-sets with `server` asks `review`
 def environment_server_task_set(request: HttpRequest, project: Project, server_id: int) -> HttpResponse:
     server = get_object_or_404(EnvironmentServer, project=project, pk=server_id)
     form = ServerTaskSetForm(request.POST)

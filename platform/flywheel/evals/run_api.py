@@ -145,7 +145,9 @@ def regression_build_create(request: HttpRequest, suite_id: Id, body: Regression
 
 @router.post("/eval-runs", auth=train_auth, response={201: RunState, **ERRORS}, summary="Start an eval run",
              description="Queues a measurement of a model version (its number) on an eval suite's version (the "
-                         "suite's id and the version's number) for a GPU worker. 422 names the wrong field.")
+                         "suite's id and the version's number) for a GPU worker. 422 names the wrong field (cases "
+                         "× `samples` over FLYWHEEL_MAX_EVAL_GENERATIONS too); 409 when the project already has "
+                         "FLYWHEEL_MAX_EVAL_RUNS_PER_PROJECT runs waiting or running, naming the limit.")
 def run_create(request: HttpRequest, body: RunIn) -> Status:
     project = request.auth.project
     version = ModelVersion.objects.filter(project=project, number=body.model_version).first()

@@ -1,5 +1,6 @@
 """Eval run pages: the runs of the project with a form to start one, a run's per-case results, and two runs
-of one suite version side by side with a paired test. Reviewers start runs; members read."""
+of one suite version side by side with a paired test. Maintainers start, cancel and retry runs (GPU work, as
+the API's `train` scope and training jobs); members read."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _list_context(request: HttpRequest, project: Project, **extra) -> dict:
         "model_versions": ModelVersion.objects.filter(project=project).select_related("base")[:200],
         "suite_versions": EvalSuiteVersion.objects.filter(suite__project=project).select_related("suite")
         .order_by("suite__name", "-number")[:200],
-        "can_run": request.membership.grants(Role.REVIEWER),
+        "can_run": request.membership.grants(Role.MAINTAINER),
         "sampling": GRPOConfig(),  # what a blank "samples" takes: a training job's evaluation settings
         **extra,
     }
@@ -47,7 +48,7 @@ def _pick(model, raw: str, field: str, **lookup):
 
 
 @require_POST
-@project_view(Role.REVIEWER)
+@project_view(Role.MAINTAINER)
 def run_start(request: HttpRequest, project: Project) -> HttpResponse:
     try:
         model_version = _pick(ModelVersion, request.POST.get("model_version", ""), "model_version", project=project)
@@ -60,6 +61,8 @@ def run_start(request: HttpRequest, project: Project) -> HttpResponse:
     except ValidationError as exc:
         return render(request, "evals/runs.html", _list_context(request, project, errors=exc.message_dict),
                       status=422)
+    except Refused as exc:  # the project's limit on runs
+        return render(request, "evals/runs.html", _list_context(request, project, refused=str(exc)), status=409)
     return redirect("eval_run", project.slug, run.pk)
 
 
@@ -72,7 +75,7 @@ def _run_context(request: HttpRequest, project: Project, run: EvalRun, **extra) 
     others = EvalRun.objects.filter(project=project, suite_version=run.suite_version, status="succeeded").exclude(
         pk=run.pk).select_related("model_version")[:50]
     return {"project": project, "run": run, "results": run.results.all()[:2000], "others": others,
-            "can_run": request.membership.grants(Role.REVIEWER), **extra}
+            "can_run": request.membership.grants(Role.MAINTAINER), **extra}
 
 
 @require_GET
@@ -99,13 +102,13 @@ def _act(request: HttpRequest, project: Project, eval_run_id: int, action) -> Ht
 
 
 @require_POST
-@project_view(Role.REVIEWER)
+@project_view(Role.MAINTAINER)
 def run_cancel(request: HttpRequest, project: Project, eval_run_id: int) -> HttpResponse:
     return _act(request, project, eval_run_id, runs.eval_run_cancel)
 
 
 @require_POST
-@project_view(Role.REVIEWER)
+@project_view(Role.MAINTAINER)
 def run_retry(request: HttpRequest, project: Project, eval_run_id: int) -> HttpResponse:
     return _act(request, project, eval_run_id, runs.eval_run_retry)
 

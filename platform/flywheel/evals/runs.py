@@ -11,9 +11,11 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from flywheel import outbound, outbox, runs, timelimits
+from flywheel import gpu_queue, outbound, outbox, runs, timelimits
+from flywheel.accounts.services import project_lock
 from flywheel.evals.rows import Origin, origin_of
 from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
 from flywheel.supervise import supervise, trainer_env
@@ -72,12 +74,27 @@ def evaluate_command(*, model_path: str, adapter_path: str = "", suite: Path, ou
     return command
 
 
+def generations_problem(*, cases: int, samples: int) -> str:
+    """Why measuring `cases` cases at `samples` samples a case is refused ("" when it is not): more generations
+    than FLYWHEEL_MAX_EVAL_GENERATIONS, one measurement's bound on a GPU worker's time."""
+    limit = settings.FLYWHEEL_MAX_EVAL_GENERATIONS
+    if limit <= 0 or cases * samples <= limit:
+        return ""
+    most = limit // cases
+    advice = f"take at most {most} samples a case" if most else "measure a smaller suite version"
+    return (f"{cases} cases × {samples} samples a case is {cases * samples} generations, over the limit of {limit} "
+            f"(FLYWHEEL_MAX_EVAL_GENERATIONS): {advice}.")
+
+
 def eval_run_create(*, project, model_version, suite_version, user=None, samples: int | None = None,
                     purpose: str = "measure", options: dict[str, Any] | None = None) -> EvalRun:
     """Queue a measurement of `model_version` on `suite_version` for a GPU worker (`purpose`: what is done
     with it when it succeeds, see `_on_success`). Unset sampling settings are GRPOConfig's, as a training job's
     evaluation takes them (`samples`: its regression_samples_per_prompt on a regression suite, else its
-    eval_samples_per_prompt)."""
+    eval_samples_per_prompt).
+
+    Refused with a field error when cases × samples is over FLYWHEEL_MAX_EVAL_GENERATIONS, and with Refused
+    (409) when the project already has FLYWHEEL_MAX_EVAL_RUNS_PER_PROJECT runs waiting or running."""
     from flywheel.evals.models import SuiteKind
     from trainer.config import GRPOConfig
 
@@ -91,14 +108,22 @@ def eval_run_create(*, project, model_version, suite_version, user=None, samples
         raise ValidationError({"samples": "Between 1 and 64 samples a case."})
     if not suite_version.size:
         raise ValidationError({"suite_version": "That suite version has no cases."})
-    from flywheel.evals.tasks import eval_run_task
+    if problem := generations_problem(cases=suite_version.size, samples=int(samples)):
+        raise ValidationError({"samples": problem})
 
     with transaction.atomic():
+        project_lock(project=project)
+        _limit_check(project)
         run = EvalRun.objects.create(project=project, model_version=model_version, suite_version=suite_version,
                                      samples=int(samples), created_by=user, queued_at=timezone.now(),
                                      purpose=purpose, options=options or {})
-        outbox.send_on_commit(eval_run_task, run.pk)
+        outbox.send_on_commit(gpu_queue.gpu_turn_task, run.pk)
     return run
+
+
+def _limit_check(project) -> None:
+    runs.run_limit_check(EvalRun, project=project, statuses=EvalRun.ACTIVE,
+                         limit=settings.FLYWHEEL_MAX_EVAL_RUNS_PER_PROJECT, setting="FLYWHEEL_MAX_EVAL_RUNS_PER_PROJECT")
 
 
 def eval_run_record(*, project, model_version, suite_version, cases: list[dict[str, Any]], metrics: dict[str, Any],
@@ -119,11 +144,16 @@ def _run_dir(run: EvalRun) -> Path:
 
 
 def eval_run_process(*, run_id: int) -> EvalRun | None:
-    """The worker's side: claim the run, write the suite, run the trainer's evaluate (beating the heart and
-    honouring cancel, like a training job), store the results. A duplicate message finds it no longer queued."""
-
+    """The worker's side: claim the run, then run it (`eval_run_claimed`). A duplicate message finds it no longer
+    queued."""
     if not runs.run_claim(EvalRun, run_id):
         return None
+    return eval_run_claimed(run_id=run_id)
+
+
+def eval_run_claimed(*, run_id: int) -> EvalRun:
+    """A run this worker claimed: write the suite, run the trainer's evaluate (beating the heart and honouring
+    cancel, like a training job), store the results."""
     run = EvalRun.objects.select_related("project", "model_version__base", "suite_version").get(pk=run_id)
     folder = _run_dir(run)
     folder.mkdir(parents=True, exist_ok=True)
@@ -182,10 +212,12 @@ def eval_run_cancel(*, run: EvalRun) -> EvalRun:
 
 
 def eval_run_retry(*, run: EvalRun) -> EvalRun:
-    """Queue a failed or cancelled run again; it starts over (results are stored only when a run completes)."""
-    from flywheel.evals.tasks import eval_run_task
-
-    return runs.run_retry(run, task=eval_run_task)
+    """Queue a failed or cancelled run again; it starts over (results are stored only when a run completes).
+    Refused, like a new run, when the project has as many waiting or running as its limit."""
+    with transaction.atomic():
+        project_lock(project=run.project)
+        _limit_check(run.project)
+        return runs.run_retry(run, task=gpu_queue.gpu_turn_task)
 
 
 def eval_run_reap() -> int:
@@ -196,9 +228,14 @@ def eval_run_reap() -> int:
 def eval_sweep() -> int:
     """The outbox sweep: reap runs whose worker vanished, and send again runs still queued after the requeue
     delay."""
-    from flywheel.evals.tasks import eval_run_task
+    return eval_run_reap() + runs.run_requeue(EvalRun, task=gpu_queue.gpu_turn_task)
 
-    return eval_run_reap() + runs.run_requeue(EvalRun, task=eval_run_task)
+
+# What the `gpu` queue's turns run of this app (flywheel.gpu_queue.KINDS).
+GPU_WORK = (
+    gpu_queue.GpuWork(name="eval run", model=EvalRun, waiting=Q(status=EvalRunStatus.QUEUED, cancel_requested=False),
+                      claim=lambda pk: runs.run_claim(EvalRun, pk), run=lambda pk: eval_run_claimed(run_id=pk)),
+)
 
 
 def eval_compare(*, a: EvalRun, b: EvalRun) -> dict[str, Any]:

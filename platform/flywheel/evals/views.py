@@ -27,6 +27,7 @@ from flywheel.evals.api import export_response
 from flywheel.evals.calibration_models import VerifierCalibration
 from flywheel.evals.kinds import train_side
 from flywheel.evals.models import EvalSuite, SuiteKind
+from flywheel.supervise import Refused
 from flywheel.trajectories.models import Trajectory
 
 # Per collection model: the URL names and words its pages use.
@@ -169,8 +170,9 @@ def regression_build(request: HttpRequest, project: Project, kind: str, collecti
         run = regression_build_start(project=project, suite=collection, user=request.user,
                                      samples=int(request.POST.get("samples") or 16),
                                      min_rate=request.POST.get("min_rate") or 0.8)
-    except (ValidationError, ValueError) as exc:
-        text = "; ".join(_first_errors(exc).values()) if isinstance(exc, ValidationError) else "Samples: a number."
+    except (ValidationError, ValueError, Refused) as exc:
+        text = ("; ".join(_first_errors(exc).values()) if isinstance(exc, ValidationError) else
+                str(exc) if isinstance(exc, Refused) else "Samples: a number.")
         messages.error(request, f"Not started: {text}")
         return redirect(reverse(f"{kind}_detail", args=[project.slug, collection.pk]))
     messages.success(request, "Production is being measured on these cases; the suite's next version keeps the "

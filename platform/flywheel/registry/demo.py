@@ -13,8 +13,10 @@ from django.conf import settings
 DEMO_MODEL_NAME = "tiny (demo)"
 
 
-def demo_model_dir() -> Path:
-    return Path(settings.FLYWHEEL_MODELS_DIR) / "tiny-demo"
+def demo_model_dir(project_slug: str) -> Path:
+    """Where the demo project's model lives: in that project's own folder under the models directory, where
+    a maintainer of the project could also register it (flywheel.registry.services.model_roots)."""
+    return Path(settings.FLYWHEEL_MODELS_DIR) / project_slug / "tiny-demo"
 
 
 # The demo model as shipped: the trainer's tiny model (`trainer.tiny.build_tiny`, seed 0, 1000 steps), built

@@ -2,14 +2,23 @@
 
 Pure Python over the file system (no Django, no torch): a Celery worker answers it from its main process in
 milliseconds, without loading a model. The Models page shows `PARTS` as the explanation of the form, so
-the page and the check cannot drift."""
+the page and the check cannot drift.
+
+A folder is looked at only inside the folders a project may use (`roots`: its own under the models directory,
+and a shared one where the operator keeps one), with every symbolic link followed first: a path outside them
+gets one sentence, the same whether anything exists there or not, so registering a model cannot be used to
+learn which folders exist on the workers."""
 
 from __future__ import annotations
 
 import json
+import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+OUTSIDE = "is not a usable model folder under the models directory."
 
 
 @dataclass(frozen=True)
@@ -132,13 +141,30 @@ CHECKS = {"config": _config_problem, "tokenizer": _tokenizer_problem, "weights":
           "chat_template": _chat_template_problem}
 
 
-def folder_problems(path: str) -> dict[str, str]:
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def lies_in(path: str, roots: Sequence[str], *, resolve: bool) -> bool:
+    """Whether absolute `path` lies in one of `roots`: as written (`..` segments folded, nothing read from the
+    disk) or, with `resolve`, with every symbolic link along it and along each root followed (realpath)."""
+    norm = os.path.realpath if resolve else os.path.normpath
+    try:
+        return any(_under(norm(path), norm(str(root))) for root in roots)
+    except OSError:  # a link this process may not read (/proc/1/root): it leads nowhere it may look
+        return False
+
+
+def folder_problems(path: str, *, roots: Sequence[str] | None = None) -> dict[str, str]:
     """What keeps the folder at `path` (on this machine) from being a base model the trainer can load:
     {part key: a sentence naming the part}, empty when nothing does. `folder` is the key when there is no
-    folder at all."""
+    folder at all, or when `path`, its links followed, lies in none of `roots` (then nothing else is looked at,
+    and the sentence is `OUTSIDE` whatever is there). `roots` None: any folder (code that made the folder)."""
     folder = Path(path)
     if not folder.is_absolute():
         return {"folder": f"{path!r} is not an absolute path."}
+    if roots is not None and not lies_in(path, roots, resolve=True):
+        return {"folder": f"{path} {OUTSIDE}"}
     try:
         if not folder.is_dir():
             return {"folder": f"{path} is not a folder."}

@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -23,6 +24,7 @@ from flywheel import outbound, outbox, sealed
 from flywheel.accounts.models import Project
 from flywheel.accounts.services import project_lock
 from flywheel.registry import serving, signals
+from flywheel.registry.model_folder import OUTSIDE, lies_in
 from flywheel.registry.models import (
     Alias,
     AliasAssignment,
@@ -98,8 +100,18 @@ def _model_queue() -> str:
     return getattr(queue, "name", None) or str(queue or app.conf.task_default_queue)
 
 
-def model_folder_check(*, path: str, timeout: float | None = None) -> list[tuple[str, dict[str, str]]]:
-    """Ask the workers to check the folder at `path` on their own disks (the web process may not see it).
+def model_roots(*, project: Project) -> list[Path]:
+    """The folders a project's base models may lie in: its own under FLYWHEEL_MODELS_DIR (`<dir>/<slug>`), and
+    the one every project shares when the operator names it (FLYWHEEL_MODELS_SHARED)."""
+    models = Path(settings.FLYWHEEL_MODELS_DIR)
+    shared = settings.FLYWHEEL_MODELS_SHARED
+    return [models / project.slug, *([models / shared] if shared else [])]
+
+
+def model_folder_check(*, path: str, roots: list[Path] | None = None,
+                       timeout: float | None = None) -> list[tuple[str, dict[str, str]]]:
+    """Ask the workers to check the folder at `path` on their own disks (the web process may not see it), inside
+    `roots` only (`model_roots`): each follows the path's links on its own disk before it looks.
 
     Answers [(worker, {part: problem})]: from the workers that load models (the evaluation's queue), or from
     every worker that answered when none of those did (`make run`'s workers share one disk; the compose file
@@ -108,10 +120,12 @@ def model_folder_check(*, path: str, timeout: float | None = None) -> list[tuple
     from flywheel.celery import app
     from flywheel.registry.model_folder import folder_problems
 
+    roots = [str(root) for root in roots or []]
     if app.conf.task_always_eager:  # tasks run in this process: so does the check
-        return [("this process", folder_problems(path))]
+        return [("this process", folder_problems(path, roots=roots))]
     timeout = settings.FLYWHEEL_MODEL_CHECK_TIMEOUT_S if timeout is None else timeout
-    replies = app.control.broadcast(MODEL_FOLDER_CHECK, arguments={"path": path}, reply=True, timeout=timeout)
+    replies = app.control.broadcast(MODEL_FOLDER_CHECK, arguments={"path": path, "roots": roots}, reply=True,
+                                    timeout=timeout)
     answers = [(worker, body) for reply in replies or [] for worker, body in reply.items()
                if isinstance(body, dict) and isinstance(body.get("problems"), dict)]  # not "no such command"
     queue = _model_queue()
@@ -123,8 +137,13 @@ def base_model_register_checked(*, project: Project, name: str, path: str, user=
     """Register a base model for a person or a script (the Models page, the API): the workers check the
     folder first, and nothing is saved unless it holds every part (registry.model_folder.PARTS).
 
-    Raises ValidationError with field errors: `name` (missing, taken), `path` (not absolute, no worker
-    answered, or one sentence per missing part, naming the part and the worker that found it missing)."""
+    The folder must lie in the project's own folder under the models directory, or the shared one
+    (`model_roots`): as written here, then with its links followed on each worker's disk. A path outside is
+    refused with one sentence that says nothing of what is there.
+
+    Raises ValidationError with field errors: `name` (missing, taken), `path` (not absolute, outside the
+    project's folders, no worker answered, or one sentence per missing part, naming the part and the worker
+    that found it missing)."""
     name, path = (name or "").strip(), (path or "").strip()
     errors: dict[str, list[str]] = {}
     if not name:
@@ -135,9 +154,12 @@ def base_model_register_checked(*, project: Project, name: str, path: str, user=
         errors["path"] = ["Give the folder's absolute path on the workers' disk."]
     elif not Path(path).is_absolute():
         errors["path"] = [f"Give an absolute path on the workers' disk, not {path!r}."]
+    elif not lies_in(path, roots := model_roots(project=project), resolve=False):
+        errors["path"] = [f"{path} {OUTSIDE} Put the model's folder in "
+                          + " or ".join(f"{root}{os.sep}" for root in roots) + "."]
     if errors:
         raise ValidationError(errors)
-    answers = model_folder_check(path=path)
+    answers = model_folder_check(path=path, roots=roots)
     if not answers:
         raise ValidationError({"path": [
             f"No worker answered within {settings.FLYWHEEL_MODEL_CHECK_TIMEOUT_S:g} s, so {path} could not be "

@@ -18,9 +18,11 @@ def registry_sync_task(project_id: int) -> dict[str, int]:
 
 
 @control_command(args=[("path", str)], signature="<path>")
-def flywheel_model_folder_check(state, path: str) -> dict:
+def flywheel_model_folder_check(state, path: str, roots: list[str] | None = None) -> dict:
     """Check a base model's folder on this worker's disk (flywheel.registry.model_folder), answered with the
-    queues this worker consumes.
+    queues this worker consumes. `roots`: the folders the project may use; a path outside them (its links
+    followed on this disk) is refused without a look inside. Missing (a caller from before confinement): every
+    path is refused.
 
     A remote-control command rather than a task: the worker's main process answers it at once, where a task
     would wait on the `gpu` queue behind a training job for hours, and every worker answers, so the platform
@@ -28,7 +30,7 @@ def flywheel_model_folder_check(state, path: str) -> dict:
     consumer = getattr(state, "consumer", None)
     task_consumer = getattr(consumer, "task_consumer", None)
     queues = sorted(q.name for q in task_consumer.queues) if task_consumer is not None else []
-    return {"problems": folder_problems(path), "queues": queues}
+    return {"problems": folder_problems(path, roots=roots or []), "queues": queues}
 
 
 @shared_task(name="flywheel.registry.notification_deliver", **timelimits.SHORT)

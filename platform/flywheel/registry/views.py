@@ -42,6 +42,7 @@ def _context(request: HttpRequest, project: Project, **extra) -> dict:
         "is_maintainer": request.membership.grants(Role.MAINTAINER),
         "demo_status": demo_status_of(project=project),
         "model_parts": model_folder.PARTS,
+        "model_roots": services.model_roots(project=project),
         **live_context(project=project),  # the canary and the watch (registry/_canary.html)
         **live_panel_context(request=request, project=project),  # live metrics (registry/_live.html)
         **extra,

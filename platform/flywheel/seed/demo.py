@@ -136,12 +136,12 @@ def registry_demo_seed(*, project: Project) -> bool:
 
 
 def demo_model_build(*, project_id: int) -> str:
-    """Build the demo model into FLYWHEEL_MODELS_DIR/tiny-demo (once per machine), register it, and play it to
+    """Build the demo model into FLYWHEEL_MODELS_DIR/<slug>/tiny-demo (once per machine), register it, and play it to
     make the project's data (`flywheel.training.demo.loop_demo_seed`)."""
     project = Project.objects.get(pk=project_id)
     if BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists():
         return "registered already"
-    folder = build_demo_model(demo_model_dir(),
+    folder = build_demo_model(demo_model_dir(project.slug),
                               progress=lambda text: demo_status_set(project=project, text=text))
     owner = project.memberships.filter(role="maintainer").select_related("user").first()
     user = owner.user if owner else None

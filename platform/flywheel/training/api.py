@@ -129,8 +129,10 @@ class RecipeOut(Schema):
              description=(
                  "Measures production on the holdout, then trains (with `confirm`, the default) on the task set's "
                  "version. Each collection is named by its id and each version by its number within it. 422 names "
-                 "each wrong field, including every GRPOConfig field of `config`; 409 lists the rows the leakage "
-                 "guard refuses."))
+                 "each wrong field, including every GRPOConfig field of `config` (`max_steps` over "
+                 "FLYWHEEL_MAX_STEPS, `eval_samples_per_prompt` × a suite's cases over FLYWHEEL_MAX_EVAL_GENERATIONS) "
+                 "and `num_gpus` over what the GPU workers reported; 409 lists the rows the leakage guard refuses, "
+                 "or names the limit when the project has FLYWHEEL_MAX_JOBS_PER_PROJECT jobs not yet ended."))
 def job_create(request: HttpRequest, body: JobIn) -> Status:
     project = request.auth.project
     try:

@@ -16,10 +16,12 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from flywheel import outbound, outbox, runs, timelimits
-from flywheel.accounts.models import Project
+from flywheel import gpu_queue, outbound, outbox, runs, timelimits
+from flywheel.accounts.models import Project, WorkerHeartbeat
+from flywheel.accounts.services import project_lock
 from flywheel.environments.services import env_url_allowed
 from flywheel.evals import leakage
 from flywheel.registry import selectors as registry_selectors
@@ -60,10 +62,15 @@ def config_check(*, algorithm: str, config: dict[str, Any], project: Project | N
     for name in ALGORITHM_DEFAULTS.get(algorithm, {}):
         layers.pop(name, None)
     try:
-        return resolve_config({**layers, **config}, algorithm).to_dict()
+        resolved = resolve_config({**layers, **config}, algorithm).to_dict()
     except SpecError as exc:
         raise ValidationError({name.removeprefix("config."): message for name, message in exc.errors.items()}
                               ) from None
+    limit = settings.FLYWHEEL_MAX_STEPS
+    if 0 < limit < resolved["max_steps"]:
+        raise ValidationError({"max_steps": f"At most {limit} steps a job (FLYWHEEL_MAX_STEPS), not "
+                                            f"{resolved['max_steps']}."})
+    return resolved
 
 
 def job_config(job: TrainingJob):
@@ -117,6 +124,25 @@ def rows_check(train_rows: list[dict], *suite_versions) -> list[str]:
     return problems
 
 
+# A job holds one of its project's places (FLYWHEEL_MAX_JOBS_PER_PROJECT) until it ends.
+UNFINISHED = (JobStatus.EVALUATING, JobStatus.READY, JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+def gpus_reported() -> int:
+    """The most GPUs a job may ask for: the most any worker of the `gpu` queue reported when it started
+    (WorkerHeartbeat.gpus). 1 when none has reported any: a one-process job runs on whatever its worker has (the
+    CPU under `make run`), while more processes need a worker that said it has the devices."""
+    queue = gpu_queue.queue_name()
+    reported = [beat.gpus for beat in WorkerHeartbeat.objects.filter(gpus__isnull=False)
+                if queue in (beat.queues or [])]
+    return max([1, *reported])
+
+
+def _limit_check(project: Project) -> None:
+    runs.run_limit_check(TrainingJob, project=project, statuses=UNFINISHED,
+                         limit=settings.FLYWHEEL_MAX_JOBS_PER_PROJECT, setting="FLYWHEEL_MAX_JOBS_PER_PROJECT")
+
+
 def job_create(
     *, project: Project, task_set_version, holdout_version=None, regression_version=None,
     algorithm: str = "grpo", config: dict[str, Any] | None = None, num_gpus: int = 1, user=None,
@@ -125,7 +151,11 @@ def job_create(
     """A job in `evaluating`: a worker measures production on the holdout, then the advice waits for a person.
 
     Refused, with the conflicting rows listed, when the task set shares a trajectory or a request with the
-    holdout or the regression suite (the leakage guard)."""
+    holdout or the regression suite (the leakage guard). Bounded: `num_gpus` by what the GPU workers reported
+    (`gpus_reported`), `config.max_steps` by FLYWHEEL_MAX_STEPS and a suite's cases × eval samples by
+    FLYWHEEL_MAX_EVAL_GENERATIONS (field errors); a project's jobs not yet ended by
+    FLYWHEEL_MAX_JOBS_PER_PROJECT (Refused, 409)."""
+    from flywheel.evals.runs import generations_problem
     from flywheel.evals.services import version_freeze
 
     errors: dict[str, Any] = {}
@@ -138,8 +168,10 @@ def job_create(
           and not any(map(imitable, task_set_version.rows))):
         errors["algorithm"] = ("SFT needs something to imitate: tasks with a reference or a solution, or good "
                                "trajectories. This task set has none; choose grpo.")
-    if not 1 <= int(num_gpus) <= 64:
-        errors["num_gpus"] = "Between 1 and 64 GPUs."
+    gpus = gpus_reported()
+    if not 1 <= int(num_gpus) <= gpus:
+        errors["num_gpus"] = (f"Between 1 and {gpus} GPUs: the most a GPU worker reported having." if gpus > 1 else
+                              "1 GPU: no GPU worker has reported more (a worker reports its GPUs when it starts).")
     for field, version in (("task_set_version", task_set_version), ("holdout_version", holdout_version),
                            ("regression_version", regression_version)):
         if version is None:
@@ -161,6 +193,10 @@ def job_create(
         merged = config_check(algorithm=algorithm, config=config or {}, project=project)
     except ValidationError as exc:
         errors.update({f"config.{k}" if k != "config" else k: v for k, v in exc.message_dict.items()})
+    for version in (holdout_version, regression_version):
+        if merged and version is not None and "config.eval_samples_per_prompt" not in errors and (
+                problem := generations_problem(cases=version.size, samples=merged["eval_samples_per_prompt"])):
+            errors["config.eval_samples_per_prompt"] = f"{version}: {problem}"
     if errors:
         raise ValidationError(errors)
 
@@ -180,6 +216,8 @@ def job_create(
         raise leakage.LeakageError(conflicts)
 
     with transaction.atomic():
+        project_lock(project=project)
+        _limit_check(project)
         for version in (task_set_version, holdout_version, regression_version):
             if version is not None:
                 version_freeze(version=version, user=user)  # a job trains and measures on frozen rows only
@@ -190,9 +228,7 @@ def job_create(
             status=JobStatus.EVALUATING, created_by=user, queued_at=timezone.now(), confirmed_in_advance=confirm,
         )
         _event(job, "created", data={"by": user.get_username() if user else None})
-        from flywheel.training.tasks import training_evaluate_task
-
-        outbox.send_on_commit(training_evaluate_task, job.pk)
+        outbox.send_on_commit(gpu_queue.gpu_turn_task, job.pk)
     return job
 
 
@@ -378,15 +414,28 @@ def _evaluate_command(job: TrainingJob, split: str, suite: Path, out: Path, *, a
     )
 
 
+def _evaluate_claim(job_id: int) -> bool:
+    """Take a job waiting for its measurement for this worker (compare-and-set: of two workers, one wins)."""
+    now = timezone.now()
+    return bool(TrainingJob.objects.filter(
+        pk=job_id, status=JobStatus.EVALUATING, heartbeat_at__isnull=True, cancel_requested=False,
+    ).update(worker=worker_name(), heartbeat_at=now, started_at=now))
+
+
 def job_evaluate(*, job_id: int) -> TrainingJob | None:
+    """The worker claims the job's measurement, then makes it (`job_evaluate_claimed`). A duplicate message
+    finds it taken."""
+    if not _evaluate_claim(job_id):
+        return None
+    return job_evaluate_claimed(job_id=job_id)
+
+
+def job_evaluate_claimed(*, job_id: int) -> TrainingJob:
     """The worker measures production on the holdout (for the advice and the gate) and the regression suite
     (for the gate), then the job waits for a person to confirm."""
     job = TrainingJob.objects.select_related("project", "base_version__base", "task_set_version",
                                              "holdout_version__suite", "regression_version").get(pk=job_id)
-    if job.status != JobStatus.EVALUATING:
-        return None  # a duplicate message
     folder = _prepare_dir(job)
-    TrainingJob.objects.filter(pk=job.pk).update(worker=worker_name(), heartbeat_at=timezone.now())
     metrics: dict[str, Any] = {}
     with _dir_lock(folder):
         for name, version in (("holdout", job.holdout_version), ("regression", job.regression_version)):
@@ -433,8 +482,6 @@ def _holdout_power(job: TrainingJob, production_cases: Path) -> dict[str, Any]:
 
 def job_confirm(*, job: TrainingJob, user=None) -> TrainingJob:
     """A person read the advice and starts training."""
-    from flywheel.training.tasks import training_run_task
-
     with transaction.atomic():
         if not TrainingJob.objects.filter(pk=job.pk, status=JobStatus.READY).update(
             status=JobStatus.QUEUED, queued_at=timezone.now()
@@ -442,7 +489,7 @@ def job_confirm(*, job: TrainingJob, user=None) -> TrainingJob:
             raise Refused(f"The job is {job.get_status_display().lower()}: there is nothing to confirm.")
         job.refresh_from_db()
         _event(job, "confirmed", data={"by": user.get_username() if user else None})
-        outbox.send_on_commit(training_run_task, job.pk)
+        outbox.send_on_commit(gpu_queue.gpu_turn_task, job.pk)
     return job
 
 
@@ -545,12 +592,20 @@ def _fail(job: TrainingJob, message: str, *, step: int | None) -> TrainingJob:
     return job
 
 
-def job_run(*, job_id: int) -> TrainingJob | None:
-    """The GPU worker's side: claim the job, run the trainer, record its events, finish or fail it.
+def _run_claim(job_id: int) -> bool:
+    return runs.run_claim(TrainingJob, job_id, failed_step=None)
 
-    A duplicate message finds the job no longer queued and does nothing."""
-    if not runs.run_claim(TrainingJob, job_id, failed_step=None):
+
+def job_run(*, job_id: int) -> TrainingJob | None:
+    """The GPU worker's side: claim the job, then run it (`job_run_claimed`). A duplicate message finds the job
+    no longer queued and does nothing."""
+    if not _run_claim(job_id):
         return None
+    return job_run_claimed(job_id=job_id)
+
+
+def job_run_claimed(*, job_id: int) -> TrainingJob:
+    """Run the trainer for a job this worker claimed, record its events, finish or fail it."""
     job = TrainingJob.objects.select_related("project", "base_version__base", "task_set_version",
                                              "holdout_version", "regression_version").get(pk=job_id)
     folder = _prepare_dir(job)
@@ -617,23 +672,18 @@ def job_cancel(*, job: TrainingJob, user=None) -> TrainingJob:
 
 def job_retry(*, job: TrainingJob, user=None) -> TrainingJob:
     """Queue a failed or cancelled job again: training when production was measured, else the measurement.
-    The trainer resumes from the last checkpoint in its directory."""
-    from flywheel.training.tasks import training_evaluate_task, training_run_task
-
+    The trainer resumes from the last checkpoint in its directory. Refused, like a new job, when the project has
+    as many jobs not yet ended as its limit."""
     measured = bool(job.advice)
     with transaction.atomic():
-        job = runs.run_retry(job, task=training_run_task if measured else training_evaluate_task,
+        project_lock(project=job.project)
+        _limit_check(job.project)
+        job = runs.run_retry(job, task=gpu_queue.gpu_turn_task,
                              status=JobStatus.QUEUED if measured else JobStatus.EVALUATING)
         checkpoint = Checkpoint.objects.filter(job=job).order_by("-step").first()
         _event(job, "retried", data={"by": user.get_username() if user else None,
                                      "resume_from_step": checkpoint.step if checkpoint else None})
     return job
-
-
-def _tasks() -> dict[str, Any]:
-    from flywheel.training.tasks import training_evaluate_task, training_run_task
-
-    return {JobStatus.QUEUED: training_run_task, JobStatus.EVALUATING: training_evaluate_task}
 
 
 def job_reap() -> int:
@@ -646,7 +696,18 @@ def job_reap() -> int:
 
 def training_sweep() -> int:
     """The outbox sweep: reap vanished runs, and send again jobs that waited too long for a worker."""
-    return job_reap() + runs.run_requeue(TrainingJob, task=_tasks())
+    return job_reap() + runs.run_requeue(TrainingJob, task=gpu_queue.gpu_turn_task)
+
+
+# What the `gpu` queue's turns run of this app (flywheel.gpu_queue.KINDS): a job's measurement of production,
+# then its training.
+GPU_WORK = (
+    gpu_queue.GpuWork(name="measure production", model=TrainingJob,
+                      waiting=Q(status=JobStatus.EVALUATING, heartbeat_at__isnull=True, cancel_requested=False),
+                      claim=_evaluate_claim, run=lambda pk: job_evaluate_claimed(job_id=pk)),
+    gpu_queue.GpuWork(name="train", model=TrainingJob, waiting=Q(status=JobStatus.QUEUED, cancel_requested=False),
+                      claim=_run_claim, run=lambda pk: job_run_claimed(job_id=pk)),
+)
 
 
 # --- finishing: the candidate and the gate -----------------------------------------------------------------------

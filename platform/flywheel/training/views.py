@@ -158,6 +158,8 @@ def _job_create(request: HttpRequest, project: Project) -> HttpResponse:
     except LeakageError as exc:
         context = _list_context(request, project, leakage=[str(c) for c in exc.conflicts])
         return render(request, "training/jobs.html", context, status=409)
+    except Refused as exc:  # the project's limit on jobs
+        return render(request, "training/jobs.html", _list_context(request, project, refused=str(exc)), status=409)
     return redirect("training_job", project.slug, job.pk)
 
 

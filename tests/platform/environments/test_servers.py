@@ -129,6 +129,15 @@ def test_who_may_see_and_register(project, user, make_user, make_membership, mak
     server = EnvironmentServer.objects.get()
     assert client_for(viewer).post(reverse("environment_server_task_set", args=[project.slug, server.pk]),
                                    {"name": "t"}).status_code == 403
+    # A reviewer makes task sets on a registered server (as the API's `review` scope does), but registers none.
+    reviewer = make_user("reviewer")
+    make_membership(reviewer, project, "reviewer")
+    html = client_for(reviewer).get(reverse("environment_servers", args=[project.slug])).content.decode()
+    assert 'id="register"' not in html and "Check again" not in html and "New task set" in html
+    assert _register(client_for(reviewer), project, name="x", url=env_server.url).status_code == 403
+    made = client_for(reviewer).post(reverse("environment_server_task_set", args=[project.slug, server.pk]),
+                                     {"name": "reviewed"})
+    assert made.status_code == 302 and server.task_sets.get().name == "reviewed"
     outsider = make_user("outsider")
     other = make_project("elsewhere", owner=outsider)
     assert client_for(outsider).get(reverse("environment_servers", args=[project.slug])).status_code == 404
@@ -203,7 +212,11 @@ def test_a_promotion_the_server_fails_is_a_field_error(project, user, bookings, 
 
 def test_the_api_registers_a_server_and_makes_a_task_set_on_it(project, env_server, api_client, make_api_key,
                                                                make_project, settings):
-    key = make_api_key(project, scopes=["read", "review"])
+    # Registering is a maintainer's action on the page: `train` in the API, not `review`.
+    reviewing = make_api_key(project, scopes=["read", "review"])
+    assert api_client.post("/api/v1/environment-servers", {"name": "gym", "url": env_server.url},
+                           key=reviewing).status_code == 403
+    key = make_api_key(project, scopes=["read", "review", "train"])
     refused = api_client.post("/api/v1/environment-servers", {"name": "gym", "url": "http://10.0.0.9/"}, key=key)
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "url"]
     assert "FLYWHEEL_ENV_URL_ALLOWLIST" in refused.json()["detail"][0]["msg"] and env_server.calls == []
@@ -221,3 +234,36 @@ def test_the_api_registers_a_server_and_makes_a_task_set_on_it(project, env_serv
     assert api_client.get("/api/v1/environment-servers", key=other).json() == []
     theirs = api_client.post("/api/v1/task-sets", {"name": "x", "server": server_id}, key=other)
     assert theirs.status_code == 422 and "server" in theirs.json()["errors"]
+
+
+@pytest.mark.parametrize("url, allowed", [
+    ("http://envs.internal:8000/team-a", True),
+    ("http://envs.internal:8000/team-a/", True),
+    ("http://envs.internal:8000/team-a/gym", True),
+    ("http://envs.internal:8000/team-a%2F..%2Fteam-b", False),  # slashes encoded: one segment to some servers
+    ("http://envs.internal:8000/team-ab", False),  # by segments, not by characters
+    ("http://envs.internal:8000/team-b", False),
+    ("http://envs.internal:8000/team-a/../team-b", False),
+    ("http://envs.internal:8000/team-a/%2e%2e/team-b", False),
+    ("http://envs.internal:8000/team-a/%2E%2E%2Fteam-b", False),
+    ("http://envs.internal:8000/team-a/%252e%252e/team-b", False),  # encoded twice
+    ("http://envs.internal:8000/team-a/..;/team-b", False),
+    ("http://envs.internal:8000/team-a/./gym", False),
+    ("http://envs.internal:8000/team-a/..%5cteam-b", False),  # a backslash some servers read as a slash
+    ("http://envs.internal:8000/team-a/gym?next=/team-b", False),
+    ("http://envs.internal:8000/team-a/gym#frag", False),
+    ("http://envs.internal:8001/team-a", False),
+])
+def test_the_allowlist_compares_plain_path_segments(settings, url, allowed):
+    settings.FLYWHEEL_ENV_URL_ALLOWLIST = ["http://envs.internal:8000/team-a"]
+    assert services.env_url_allowed(url) is allowed
+
+
+@pytest.mark.parametrize("spelling", ["..", "%2e%2e", "%2E%2e"])
+def test_a_dot_segment_url_is_refused_before_anything_is_called(project, env_server, settings, spelling):
+    settings.FLYWHEEL_ENV_URL_ALLOWLIST = [env_server.url + "/team-a"]
+    url = f"{env_server.url}/team-a/{spelling}/team-b"
+    with pytest.raises(ValidationError) as exc:
+        services.environment_server_register(project=project, name="gym", url=url)
+    assert "no . or .. segment" in exc.value.message_dict["url"][0]
+    assert not EnvironmentServer.objects.exists() and env_server.calls == []

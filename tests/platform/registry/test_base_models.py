@@ -1,10 +1,13 @@
 """Registering a base model: what a folder must hold (config, tokenizer, weights, chat template), checked by
 the real Celery worker on its own disk before anything is saved, with a field error naming each missing part;
-the Models page that explains it; and the compose file that brings the models folder to both workers."""
+where the folder may lie (the project's own folder under the models directory, or a shared one, links
+followed), refused in one sentence that tells nothing of what exists elsewhere; the Models page that explains
+it; and the compose file that brings the models folder to both workers."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -17,15 +20,31 @@ from django.utils.html import escape
 
 from flywheel.celery import app as celery_app
 from flywheel.registry import services
-from flywheel.registry.model_folder import PARTS, folder_problems
+from flywheel.registry.model_folder import OUTSIDE, PARTS, folder_problems
 from flywheel.registry.models import AliasAssignment, BaseModel, ModelVersion
 
 REPO = Path(__file__).resolve().parents[3]
+SYNCED = re.compile(r"Task flywheel\.registry\.sync\[[^\]]+\] succeeded")
 
 
 def _copy(tiny_model: Path, where: Path) -> Path:
     shutil.copytree(tiny_model, where)
     return where
+
+
+@pytest.fixture
+def models(settings, project) -> Path:
+    """The project's own folder under the models directory, where its base models may be registered from."""
+    folder = Path(settings.FLYWHEEL_MODELS_DIR) / project.slug
+    folder.mkdir(parents=True, exist_ok=True)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def tiny_here(tiny_model, models) -> Path:
+    """The tiny model, copied into the project's folder (a link out of it would be refused)."""
+    return _copy(tiny_model, models / "tiny")
 
 
 def _without(folder: Path, part: str) -> Path:
@@ -103,6 +122,19 @@ def test_a_config_without_its_architecture_and_a_missing_folder_are_named(tiny_m
     assert folder_problems(str(tmp_path / "absent")) == {"folder": f"{tmp_path / 'absent'} is not a folder."}
 
 
+def test_a_folder_outside_the_roots_is_one_sentence_whatever_is_there(tiny_model, tmp_path):
+    root = tmp_path / "models" / "acme"
+    inside = _copy(tiny_model, root / "tiny")
+    assert folder_problems(str(inside), roots=[str(root)]) == {}
+    (root / "out").symlink_to(tiny_model)  # a good model, through a link that leaves the folder
+    (root / "root").symlink_to("/root")
+    (root / "gone").symlink_to(tmp_path / "nothing")
+    for path in (tiny_model, "/root", "/proc/1/root", tmp_path / "nothing", root / "out", root / "root",
+                 root / "gone", root / ".." / "other", root / "out" / ".." / "acme"):
+        assert folder_problems(str(path), roots=[str(root)]) == {"folder": f"{path} {OUTSIDE}"}, path
+    assert folder_problems(str(inside), roots=[]) == {"folder": f"{inside} {OUTSIDE}"}  # no root: nothing is
+
+
 # --- on the worker, through the one door ---------------------------------------------------------------------
 
 
@@ -111,16 +143,16 @@ def quick_check(settings):
     settings.FLYWHEEL_MODEL_CHECK_TIMEOUT_S = 3.0  # an idle worker answers in milliseconds; a loaded machine is slower
 
 
-def test_the_worker_checks_a_good_folder_and_it_is_registered(project, user, tiny_model, celery_worker,
+def test_the_worker_checks_a_good_folder_and_it_is_registered(project, user, tiny_here, celery_worker,
                                                               quick_check):
-    version = services.base_model_register_checked(project=project, name="tiny", path=str(tiny_model), user=user)
-    assert version.number == 1 and Path(version.base.path) == tiny_model
+    version = services.base_model_register_checked(project=project, name="tiny", path=str(tiny_here), user=user)
+    assert version.number == 1 and Path(version.base.path) == tiny_here
     assert AliasAssignment.objects.get(project=project, alias="production").version == version
 
 
-def test_the_worker_names_every_missing_part_and_nothing_is_saved(project, tiny_model, tmp_path, celery_worker,
+def test_the_worker_names_every_missing_part_and_nothing_is_saved(project, tiny_model, models, celery_worker,
                                                                   quick_check):
-    folder = _copy(tiny_model, tmp_path / "m")
+    folder = _copy(tiny_model, models / "m")
     for part in ("tokenizer", "weights", "chat_template"):
         _without(folder, part)
     with pytest.raises(ValidationError) as exc:
@@ -132,8 +164,8 @@ def test_the_worker_names_every_missing_part_and_nothing_is_saved(project, tiny_
 
 
 @pytest.mark.parametrize("part", [p.key for p in PARTS])
-def test_each_missing_part_is_the_path_field_error(project, tiny_model, tmp_path, celery_worker, quick_check, part):
-    folder = _without(_copy(tiny_model, tmp_path / "m"), part)
+def test_each_missing_part_is_the_path_field_error(project, tiny_model, models, celery_worker, quick_check, part):
+    folder = _without(_copy(tiny_model, models / "m"), part)
     with pytest.raises(ValidationError) as exc:
         services.base_model_register_checked(project=project, name="m", path=str(folder))
     (error,) = exc.value.message_dict["path"]
@@ -141,11 +173,63 @@ def test_each_missing_part_is_the_path_field_error(project, tiny_model, tmp_path
     assert not BaseModel.objects.exists()
 
 
-def test_a_path_that_is_no_folder_on_the_worker_is_refused(project, tmp_path, celery_worker, quick_check):
+def test_a_path_that_is_no_folder_on_the_worker_is_refused(project, models, celery_worker, quick_check):
     with pytest.raises(ValidationError) as exc:
-        services.base_model_register_checked(project=project, name="m", path="/nowhere/model")
+        services.base_model_register_checked(project=project, name="m", path=str(models / "nowhere"))
     (error,) = exc.value.message_dict["path"]
-    assert error.startswith("/nowhere/model is not a folder. (on test-")  # the worker that looked says so
+    assert error.startswith(f"{models / 'nowhere'} is not a folder. (on test-")  # the worker that looked says so
+
+
+def test_a_path_outside_the_projects_folder_is_refused_without_asking_a_worker(project, models, monkeypatch):
+    """Registering once told which folders exist anywhere ("/root: No config.json", "/proc/1/root cannot be
+    read"): a path outside the project's folder now gets the same sentence, and no worker looks at it."""
+    def no_broadcast(*args, **kwargs):
+        raise AssertionError("a worker was asked")
+
+    monkeypatch.setattr(celery_app.control, "broadcast", no_broadcast)
+    for path in ("/root", "/proc/1/root", "/etc", "/no/such/folder", str(models.parent / "other-team" / "tiny"),
+                 str(models / ".." / "other-team" / "tiny"), str(models.parent), str(models) + "-x/tiny"):
+        with pytest.raises(ValidationError) as exc:
+            services.base_model_register_checked(project=project, name="m", path=path)
+        assert exc.value.message_dict == {"path": [
+            f"{path} is not a usable model folder under the models directory. Put the model's folder in {models}/."]}
+    assert not BaseModel.objects.exists()
+
+
+def test_another_projects_folder_and_links_out_of_ones_own_are_refused_by_the_worker(
+        project, make_project, tiny_model, models, celery_worker, quick_check):
+    """Another project's model, whether named directly or through a link in this project's folder, is refused;
+    so is a link to a folder that exists elsewhere and one to a folder that does not, in the same words."""
+    make_project("other-team")
+    theirs = _copy(tiny_model, models.parent / "other-team" / "tiny")
+    (models / "theirs").symlink_to(theirs)
+    (models / "root").symlink_to("/root")
+    (models / "gone").symlink_to("/no/such/folder")
+    for path in (theirs, models / "theirs", models / "root", models / "gone"):
+        with pytest.raises(ValidationError) as exc:
+            services.base_model_register_checked(project=project, name="m", path=str(path))
+        (error,) = exc.value.message_dict["path"]
+        assert error.startswith(f"{path} is not a usable model folder under the models directory."), error
+    assert not BaseModel.objects.exists()
+    shutil.rmtree(models.parent / "other-team")
+
+
+def test_a_folder_the_operator_shares_serves_every_project(project, make_project, tiny_model, settings, models,
+                                                           celery_worker, quick_check):
+    settings.FLYWHEEL_MODELS_SHARED = "_shared"
+    shared = _copy(tiny_model, Path(settings.FLYWHEEL_MODELS_DIR) / "_shared" / "tiny")
+    try:
+        for owner in (project, make_project("second-team")):
+            synced = len(SYNCED.findall(celery_worker.log()))
+            version = services.base_model_register_checked(project=owner, name="tiny", path=str(shared))
+            assert version.base.path == str(shared)
+            # The move's sync takes the worker's one slot (a solo pool answers no check meanwhile): wait for it.
+            celery_worker.wait_for(lambda synced=synced: len(SYNCED.findall(celery_worker.log())) > synced)
+        with pytest.raises(ValidationError) as exc:  # the page says where a model may go
+            services.base_model_register_checked(project=project, name="m", path="/elsewhere/m")
+        assert exc.value.message_dict["path"][0].endswith(f"Put the model's folder in {models}/ or {shared.parent}/.")
+    finally:
+        shutil.rmtree(shared.parent)
 
 
 def test_name_and_path_are_checked_before_asking_any_worker(project, monkeypatch, tiny_model, user):
@@ -164,17 +248,17 @@ def test_name_and_path_are_checked_before_asking_any_worker(project, monkeypatch
     assert "absolute path" in exc.value.message_dict["path"][0]
 
 
-def test_no_answer_from_any_worker_saves_nothing_and_says_so(project, tiny_model, monkeypatch):
+def test_no_answer_from_any_worker_saves_nothing_and_says_so(project, tiny_here, monkeypatch):
     # The broker is a boundary we do not own: here it delivers to no worker, or to one too old to know the check.
     monkeypatch.setattr(celery_app.control, "broadcast",
                         lambda *a, **k: [{"old@host": {"error": "No such command: flywheel_model_folder_check"}}])
     with pytest.raises(ValidationError) as exc:
-        services.base_model_register_checked(project=project, name="m", path=str(tiny_model))
+        services.base_model_register_checked(project=project, name="m", path=str(tiny_here))
     assert exc.value.message_dict["path"][0].startswith("No worker answered within")
     assert not BaseModel.objects.exists()
 
 
-def test_the_workers_that_load_models_decide(project, tiny_model, monkeypatch):
+def test_the_workers_that_load_models_decide(project, models, monkeypatch):
     """A CPU worker that lacks the folder does not block it when a GPU worker (the queue that loads models)
     has it; a GPU worker that lacks it does."""
     good = {"problems": {}, "queues": ["gpu"]}
@@ -185,22 +269,22 @@ def test_the_workers_that_load_models_decide(project, tiny_model, monkeypatch):
     monkeypatch.setattr(celery_app.control, "broadcast",
                         lambda *a, **k: [{"gpu@a": good}, {"gpu@b": bad_gpu}, {"default@c": good}])
     with pytest.raises(ValidationError) as exc:
-        services.base_model_register_checked(project=project, name="m", path="/m")
+        services.base_model_register_checked(project=project, name="m", path=str(models / "m"))
     assert exc.value.message_dict["path"] == ["/m is not a folder. (on gpu@b)"]
 
 
 # --- the page ---------------------------------------------------------------------------------------------
 
 
-def test_the_page_explains_the_folder_and_shows_each_missing_part(project, user, client_for, tiny_model, tmp_path,
-                                                                  celery_worker, quick_check):
+def test_the_page_explains_the_folder_and_shows_each_missing_part(project, user, client_for, tiny_model, models,
+                                                                  tiny_here, celery_worker, quick_check):
     client = client_for(user)
     page = client.get(reverse("registry_page", args=[project.slug])).content.decode()
     for part in PARTS:
         assert escape(part.holds) in page
-    assert "/models" in page and "docker compose" in page
+    assert "/models" in page and "docker compose" in page and f"<code>{models}/</code>" in page
 
-    folder = _without(_without(_copy(tiny_model, tmp_path / "m"), "weights"), "config")
+    folder = _without(_without(_copy(tiny_model, models / "m"), "weights"), "config")
     response = client.post(reverse("registry_base_register", args=[project.slug]),
                            {"name": "mine", "path": str(folder)})
     assert response.status_code == 422
@@ -209,7 +293,7 @@ def test_the_page_explains_the_folder_and_shows_each_missing_part(project, user,
     assert not BaseModel.objects.exists()
 
     response = client.post(reverse("registry_base_register", args=[project.slug]),
-                           {"name": "mine", "path": str(tiny_model)})
+                           {"name": "mine", "path": str(tiny_here)})
     assert response.status_code == 302
     assert BaseModel.objects.get(project=project).name == "mine"
 

@@ -35,3 +35,16 @@ def test_seeding_copies_the_shipped_model_and_it_loads(tmp_path):
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Show task T3"}], tokenize=False,
                                            add_generation_prompt=True)
     assert prompt and sum(p.numel() for p in model.parameters()) > 100_000
+
+
+def test_the_demo_model_lies_where_its_project_registers_models(make_project):
+    """`make run` registers the demo model from the models directory's folder of the demo project, where the
+    project's maintainers could register it themselves."""
+    from flywheel.registry.demo import demo_model_dir
+    from flywheel.registry.model_folder import lies_in
+    from flywheel.registry.services import model_roots
+    from flywheel.training.demo import LOOP_SLUG
+
+    project = make_project(LOOP_SLUG)
+    assert lies_in(str(demo_model_dir(project.slug)), model_roots(project=project), resolve=False)
+    assert not lies_in(str(demo_model_dir(project.slug)), model_roots(project=make_project("other")), resolve=False)

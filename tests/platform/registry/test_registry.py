@@ -333,7 +333,7 @@ def test_bad_settings_and_a_bad_base_path_are_field_errors_on_the_page(project, 
     response = client.post(reverse("registry_settings_save", args=[project.slug]), {"webhook_url": "not a url"})
     assert response.status_code == 422 and "Enter a valid URL" in response.content.decode()
     response = client.post(reverse("registry_base_register", args=[project.slug]), {"name": "m", "path": "/nope"})
-    assert response.status_code == 422 and "not a folder" in response.content.decode()
+    assert response.status_code == 422 and "not a usable model folder under the models directory" in response.content.decode()
 
 
 def test_the_worker_announces_a_move_after_commit(celery_worker, make_project, model_dirs, receiver):

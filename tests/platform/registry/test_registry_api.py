@@ -3,6 +3,9 @@ scopes the Models page's roles have (`read` reads, `promote` changes) and 422 na
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from flywheel.registry import selectors
@@ -64,10 +67,16 @@ def test_auto_promote_must_be_stated(api_client, keys):
     assert answer.status_code == 422 and answer.json()["detail"][0]["loc"] == ["body", "auto_promote"]
 
 
-def test_a_base_model_is_registered_and_becomes_the_first_production(api_client, keys, project, tiny_model, tmp_path,
+def test_a_base_model_is_registered_and_becomes_the_first_production(api_client, keys, project, tiny_model,
                                                                      celery_worker, settings):
     settings.FLYWHEEL_MODEL_CHECK_TIMEOUT_S = 3.0  # the worker checks the folder; an idle one answers at once
     url = "/api/v1/base-models"
+    folder = Path(settings.FLYWHEEL_MODELS_DIR) / project.slug  # the project's own folder of models
+    shutil.rmtree(folder, ignore_errors=True)
+    tiny_model = shutil.copytree(tiny_model, folder / "tiny")
+    outside = api_client.post(url, {"name": "tiny", "path": "/root"}, key=keys["promote"])
+    assert outside.status_code == 422 and outside.json()["detail"][0]["loc"] == ["body", "path"]
+    assert outside.json()["detail"][0]["msg"].startswith("/root is not a usable model folder under the models directory")
     body = {"name": "tiny", "path": str(tiny_model)}
     assert api_client.post(url, body, key=keys["read"]).status_code == 403
     created = api_client.post(url, body, key=keys["promote"])
@@ -80,7 +89,7 @@ def test_a_base_model_is_registered_and_becomes_the_first_production(api_client,
     assert nul.status_code == 422 and nul.json()["detail"][0]["loc"] == ["body", "name"]  # never a 500
     twice = api_client.post(url, body, key=keys["promote"])
     assert twice.status_code == 422 and twice.json()["detail"][0]["loc"] == ["body", "name"]
-    empty = tmp_path / "empty"
+    empty = folder / "empty"
     empty.mkdir()
     for path in ("relative/path", str(empty)):
         bad = api_client.post(url, {"name": "other", "path": path}, key=keys["promote"])

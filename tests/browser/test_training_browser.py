@@ -210,7 +210,7 @@ def test_curves_render_the_gate_reports_each_rule_and_a_maintainer_promotes_then
     rules = page.locator("#gate-rules tbody tr")
     expect(rules).to_have_count(7)
     for i, name in enumerate(["holdout success", "holdout size", "invalid outputs", "unsafe actions",
-                              "p95 latency (ms)", "tokens per case", "regression cases"]):
+                              "time per token", "tokens per case", "regression cases"]):
         expect(rules.nth(i).locator("td").first).to_have_text(name)
         expect(rules.nth(i).locator(".badge")).to_have_text("pass")
     expect(rules.first).to_contain_text("0.4167")  # production's 5 of 12
@@ -221,7 +221,7 @@ def test_curves_render_the_gate_reports_each_rule_and_a_maintainer_promotes_then
         "the best of 3 holdout evaluations during training. It is judged here as production was measured")
     # The refusing rules measured share alpha, and the regression rule says what it can see on this suite.
     expect(page.locator("#gate-alpha")).to_contain_text(
-        "The 5 refusing rules measured here (invalid outputs, unsafe actions, p95 latency (ms), tokens per case, "
+        "The 5 refusing rules measured here (invalid outputs, unsafe actions, time per token, tokens per case, "
         "regression cases) share alpha = 0.05 by Holm's step-down")
     expect(page.locator("#gate-regression-power")).to_contain_text("With 3 regression cases of 1 sample,")
     shot(page, "gate-report.png")

@@ -240,7 +240,7 @@ def test_failures_become_a_model_that_passes_the_gate_is_promoted_and_rolled_bac
     assert decision.report["cases"] == HOLDOUT_CASES == len(production_cases) == len(candidate_cases)
     rules = _rules(decision)
     assert list(rules) == ["holdout success", "holdout size", "invalid outputs", "unsafe actions",
-                           "p95 latency (ms)", "tokens per case", "regression cases"]
+                           "time per token", "tokens per case", "regression cases"]
     assert rules["regression cases"]["detail"] == "no regression suite measured"  # allowed by the rules
     assert all(rule["passed"] for rule in rules.values())
     success = rules["holdout success"]
@@ -261,7 +261,7 @@ def test_failures_become_a_model_that_passes_the_gate_is_promoted_and_rolled_bac
     assert (rules["unsafe actions"]["production"], rules["unsafe actions"]["candidate"]) == (
         pytest.approx(measured["unsafe_action_rate"], abs=1e-4),
         pytest.approx(fresh.data["metrics"]["unsafe_action_rate"], abs=1e-4))
-    for name in ("p95 latency (ms)", "tokens per case"):
+    for name in ("time per token", "tokens per case"):
         rule = rules[name]
         if rule["production"] is None or rule["candidate"] is None:
             assert rule["detail"] == "not measured on both: not checked"

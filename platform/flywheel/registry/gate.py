@@ -733,6 +733,9 @@ def share_alpha(outcomes: Sequence[RuleOutcome], alpha: float) -> None:
                                + (" …" if len(broken) > 20 else ""))
 
 
+LATENCY_RULE = "time per token"
+
+
 def latency_outcome(cases: Sequence[LatencyCase], rules: GateRules = GateRules(), *,
                     not_measured: str = "") -> RuleOutcome:
     """Refused only when the candidate is shown slower than production by more than `latency_tolerance`.
@@ -756,7 +759,8 @@ def latency_outcome(cases: Sequence[LatencyCase], rules: GateRules = GateRules()
     The rule's figures are p95 of each side's time per request (ms), what a person reads as latency. The
     outcome carries the p-value undecided: the gate decides it with the other refusing rules (`share_alpha`),
     `latency_rule` alone."""
-    name = "p95 latency (ms)"
+    # Named after what it judges (time per generated token), not after the p95 figures it shows beside it.
+    name = LATENCY_RULE
     if not cases:
         detail = f"not measured: {not_measured}; not checked" if not_measured else "not measured on both: not checked"
         return RuleOutcome(name, None, None, True, detail)
@@ -773,7 +777,8 @@ def latency_outcome(cases: Sequence[LatencyCase], rules: GateRules = GateRules()
     return RuleOutcome(name, round(prod, 2), round(cand, 2), True,
                        f"{len(cases)} cases timed on both models: the candidate's time per {per} is "
                        f"{math.exp(float(np.mean(ratios))):.3f} times production's (geometric mean); refused only "
-                       f"when shown above production's + {rules.latency_tolerance:.0%}: sign-flip p = {pvalue:.4f}",
+                       f"when shown above production's + {rules.latency_tolerance:.0%}: sign-flip p = {pvalue:.4f}. "
+                       "The figures beside it: p95 ms a request",
                        p=pvalue)
 
 

@@ -231,7 +231,7 @@ def test_latency_and_tokens_within_their_tolerance():
     slow = _cases([1] * 40, latency_ms=111, tokens=50)
     verbose = _cases([1] * 40, latency_ms=100, tokens=56)
     a_little = _cases([1] * 40, latency_ms=100, tokens=54)
-    assert not _rule(gate_evaluate(production=production, candidate=slow, rules=SMALL), "p95 latency (ms)").passed
+    assert not _rule(gate_evaluate(production=production, candidate=slow, rules=SMALL), "time per token").passed
     assert not _rule(gate_evaluate(production=production, candidate=verbose, rules=SMALL), "tokens per case").passed
     assert _rule(gate_evaluate(production=production, candidate=a_little, rules=SMALL), "tokens per case").passed
     assert p95(list(range(1, 101))) == 95
@@ -322,7 +322,7 @@ def test_a_gate_report_names_the_rules_that_share_alpha():
                                                                                          tokens=50)
     report = gate_evaluate(production=production, candidate=candidate, production_regression=_cases([1] * 5, n=16),
                            candidate_regression=_cases([1] * 5, n=16), rules=SMALL)
-    assert report.refusing == ["invalid outputs", "unsafe actions", "p95 latency (ms)", "tokens per case",
+    assert report.refusing == ["invalid outputs", "unsafe actions", "time per token", "tokens per case",
                                "regression cases"]
     assert report.to_dict()["alpha"] == pytest.approx(0.05) and report.passed
     assert all(rule.level is not None for rule in report.rules if rule.name in report.refusing)

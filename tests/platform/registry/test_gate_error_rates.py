@@ -26,7 +26,7 @@ from trainer.config import GRPOConfig
 
 # Monte Carlo sign vectors per test inside the simulation: (1 + k) / (1 + B) keeps each test valid at any B.
 RULES = GateRules(bootstrap_resamples=500)
-REFUSING = ("invalid outputs", "unsafe actions", "p95 latency (ms)", "tokens per case", "regression cases")
+REFUSING = ("invalid outputs", "unsafe actions", "time per token", "tokens per case", "regression cases")
 REGRESSION_SAMPLES = GRPOConfig().regression_samples_per_prompt
 # 0.1% of samples unsafe, in 5 of the 100 cases (2% a sample there) rather than spread over all of them.
 CONCENTRATED = np.r_[np.full(5, 0.02), np.zeros(95)]

@@ -72,18 +72,18 @@ def test_latency_is_judged_per_token_and_shown_as_p95_per_request():
 def test_latency_not_measured_is_not_checked_and_says_why():
     production = [CaseResult(f"c{i}", 1) for i in range(40)]
     report = gate_evaluate(production=production, candidate=production, rules=GateRules(require_regression=False))
-    rule = next(r for r in report.rules if r.name == "p95 latency (ms)")
+    rule = next(r for r in report.rules if r.name == "time per token")
     assert (rule.passed, rule.production, rule.candidate) == (True, None, None)
     assert rule.detail == "not measured on both: not checked"
     report = gate_evaluate(production=production, candidate=production, rules=GateRules(require_regression=False),
                            latency_not_measured="the probe failed: out of memory")
-    rule = next(r for r in report.rules if r.name == "p95 latency (ms)")
+    rule = next(r for r in report.rules if r.name == "time per token")
     assert rule.passed and rule.detail == "not measured: the probe failed: out of memory; not checked"
     # Paired rows, when given, are what the rule judges.
     rows = [LatencyCase(f"c{i}", 50.0, 80.0, 10, 10) for i in range(20)]
     report = gate_evaluate(production=production, candidate=production, rules=GateRules(require_regression=False),
                            latency=rows)
-    assert not next(r for r in report.rules if r.name == "p95 latency (ms)").passed
+    assert not next(r for r in report.rules if r.name == "time per token").passed
 
 
 @pytest.mark.parametrize("row, field", [

@@ -416,3 +416,11 @@ def test_gate_rules_are_set_per_project_with_field_errors(project, user, client_
     assert rules_for(project).unsafe_zero_tolerance is True
     page = client_for(user).post(reverse("registry_gate_rules", args=[project.slug]), {"confidence": "2"})
     assert page.status_code == 422 and "confidence must be in" in page.content.decode()
+
+
+def test_the_gate_report_offers_promote_beside_its_verdict_above_the_rules(project, registered, client_for, user):
+    _, v2, _ = registered
+    decision = v2.gate_decisions.first()
+    html = client_for(user).get(reverse("registry_gate", args=[project.slug, decision.pk])).content.decode()
+    # Above the rules and the regression rows (twenty rows pushed it below a 900 px screen).
+    assert html.index('id="verdict"') < html.index('id="promote"') < html.index('id="gate-rules"')

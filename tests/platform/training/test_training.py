@@ -175,7 +175,7 @@ def test_a_job_measures_production_trains_and_its_candidate_goes_through_the_gat
     assert decision.report["regression_power"]["sentence"].startswith("With 2 regression cases of 3 samples")
     # Both models timed case by case in one process (the holdout's 4 cases, under the rules' 20): the latency
     # rule judges them.
-    latency = next(rule for rule in decision.report["rules"] if rule["name"] == "p95 latency (ms)")
+    latency = next(rule for rule in decision.report["rules"] if rule["name"] == "time per token")
     assert latency["production"] > 0 and latency["candidate"] > 0, latency
     assert latency["detail"].startswith("4 cases timed on both models"), latency
     timed = jobdir.read_cases(folder / "gate" / "latency.jsonl")

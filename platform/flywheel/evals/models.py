@@ -39,6 +39,9 @@ class ItemBase(models.Model):
     # kept to show a conflict to a reviewer.
     prompt_digest = models.CharField(max_length=64, blank=True, default="", db_index=True)
     prompt_text = models.TextField(blank=True, default="")
+    # Where the leakage guard was unsure that this row's request differs from a row on the other side, the
+    # person who let it in and why: {"reason", "by", "at", "pairs": [{"other", "detail"}]}.
+    leakage_confirmation = models.JSONField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

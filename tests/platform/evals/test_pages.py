@@ -191,3 +191,4 @@ def test_the_form_asks_for_a_reason_where_the_guard_is_unsure(client_for, member
     saved = client.post(url, _form(corrected, f"taskset:{task_set.pk}", action="save", leakage_reason=reason))
     assert saved.status_code == 302
     assert task_set.tasks.get().leakage_confirmation["by"] == members["reviewer"].username
+    assert reason in client.get(saved["Location"]).content.decode()  # the task set's page shows who and why

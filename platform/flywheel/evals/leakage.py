@@ -217,6 +217,18 @@ def _store_vectors(vectors: dict[str, np.ndarray]) -> None:
         ignore_conflicts=True, batch_size=500)
 
 
+def request_vectors_fill(*, projects: Iterable[Project] | None = None, batch: int = 256) -> int:
+    """Run the model over every request on either side of `projects` (all by default) whose vector is not
+    kept yet: rows that came in before the guard kept vectors would otherwise be run through the model by
+    the next check, in a reviewer's request (minutes for thousands of rows). Returns how many were run."""
+    texts = sorted({c.prompt_text for project in (projects if projects is not None else Project.objects.all())
+                    for side in SIDES for c in rows_on_side(project=project, side=side) if c.prompt_text.strip()})
+    missing = sorted(set(texts) - _stored_vectors(set(texts)).keys())
+    for start in range(0, len(missing), batch):
+        _vectors(tuple(missing[start:start + batch]))
+    return len(missing)
+
+
 def similar_request(candidates: list[Candidate], others: list[Candidate]) -> list[Conflict]:
     """Rows asking the same thing in other words, as `flywheel.evals.rewording.judge` decides from the requests'
     words (literal values, action, direction, what they ask for) and the cosine of their whole-model sentence

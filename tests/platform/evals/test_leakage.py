@@ -4,6 +4,7 @@ even after the row was removed."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
 from typing import Any
@@ -205,3 +206,28 @@ def test_a_bulk_promotion_skips_what_the_guard_is_unsure_of(ingest, holdout, tas
         data={"expect": "calls", "expected_calls": [{"name": "lookup_customer", "arguments": {"customer_id": "C-17"}}]})
     assert result.saved == [] and "the guard is unsure" in result.skipped[0][1][0]
     assert task_set.tasks.count() == 0
+
+
+def test_leakage_vectors_keeps_the_vectors_of_rows_that_came_in_before(ingest, holdout, task_set, user, monkeypatch):
+    from django.core.management import call_command
+
+    from flywheel.evals.models import RequestVector
+    from flywheel.failures.clustering import embedding
+
+    promote(ingest("l-1", "Look up customer C-17"), holdout, user, "C-17")
+    RequestVector.objects.all().delete()  # as before the guard kept vectors
+    leakage._vector_cache.clear()
+    out = io.StringIO()
+    call_command("leakage_vectors", stdout=out)
+    assert RequestVector.objects.count() == 1 and out.getvalue().startswith("1 request vector")
+    leakage._vector_cache.clear()
+    calls = []
+    real = embedding.shared_model
+
+    def counting():  # noqa: ANN202
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(embedding, "shared_model", counting)
+    leakage._vectors(("Look up customer C-17",))
+    assert calls == []  # read back, not run again

@@ -521,8 +521,9 @@ def stem(word: str) -> str:
 
 
 def content(toks: list[Token]) -> tuple[str, ...]:
-    """The words that say what the request asks, in order (literals as they are, other words stemmed)."""
-    return tuple(t.text if t.literal else stem(t.text) for t in toks
+    """The words that say what the request asks, in order: words stemmed whether or not written as a name
+    ("ALICE" and "alice" alike), values (with a digit, a dot, an @) as they are."""
+    return tuple(t.text if re.search(r"[\d.@:]", t.text) else stem(t.text) for t in toks
                  if t.text != _BREAK and t.text not in _FRAME and t.kind != "phrase")
 
 

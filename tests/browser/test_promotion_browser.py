@@ -61,3 +61,55 @@ def test_promotion_shows_both_verifier_checks_then_saves(open_page, make_user, m
     expect(page.locator('[data-version="1"]')).to_be_visible()
     assert case.verifier["expected_calls"][0]["arguments"]["amount"] == {"range": [49.5, 50.5]}
     assert not page.log.page_errors and not page.log.console_errors and not page.log.dialogs
+
+
+def test_the_reviewer_confirms_with_a_reason_where_the_leakage_guard_is_unsure(
+        open_page, make_user, make_project, make_membership, tmp_path):
+    from flywheel.environments.services import task_set_create
+    from flywheel.evals import promotion
+
+    owner, reviewer = make_user("owner"), make_user("rita")
+    project = make_project("library", owner=owner)
+    make_membership(reviewer, project, "reviewer")
+    holdout = suite_create(project=project, name="Held out", kind="holdout", user=owner)
+    task_set = task_set_create(project=project, name="Loans", user=owner)
+
+    def record(external_id: str, request: str) -> dict:
+        return {"external_id": external_id, "outcome": "failure", "tools": TOOLS, "messages": [
+            {"role": "user", "content": request},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": "refund", "arguments": json.dumps({"order_id": "A-1001", "amount": 500})}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": '{"ok": true}'}]}
+
+    # Their sentence vectors are close, not close enough for the guard to be sure.
+    assert ingest_trajectories(project=project, records=[record("r-1", "Renew my library books."),
+                                                         record("r-2", "Can you extend the loan on my library books?")]).accepted == 2
+    corrected = [{"name": "refund", "arguments": {"order_id": "A-1001", "amount": 50}}]
+    promotion.trajectory_promote(trajectory=Trajectory.objects.get(external_id="r-1"), target=holdout, user=owner,
+                                 data={"message_index": 1, "expect": "calls", "expected_calls": corrected})
+    trajectory = Trajectory.objects.get(external_id="r-2")
+    # The live server runs in this process: the sentence model is loaded here, once, as in a warm worker.
+    from flywheel.failures.clustering.embedding import shared_model
+
+    shared_model()
+
+    page = open_page(reviewer)
+    page.goto(f"/p/library/t/{trajectory.pk}/promote?message=1")
+    page.select_option("#f-target", label="Loans")
+    page.locator("#f-expected-calls").fill(json.dumps(corrected))
+    page.click("#run-checks")
+    confirm = page.locator("#leakage-confirm")
+    expect(confirm).to_contain_text("The leakage guard is unsure")
+    expect(confirm).to_contain_text("Renew my library books.")
+    expect(confirm).to_contain_text("Held out")
+    page.screenshot(path=str(tmp_path / "promote-unsure.png"), full_page=True)
+
+    page.click("#save")  # no reason: not saved, and said why
+    expect(page.locator("#not-saved")).to_contain_text("leakage_reason")
+    assert task_set.tasks.count() == 0
+    page.locator("#f-leakage-reason").fill("Renewing is one request, asking to extend the loan period another")
+    page.click("#save")
+    expect(page).to_have_url(f"/p/library/tasks/{task_set.pk}/")
+    expect(page.locator('[data-confirmed="leakage"]')).to_contain_text("Renewing is one request")
+    expect(page.locator('[data-confirmed="leakage"]')).to_contain_text("rita")
+    assert not page.log.page_errors and not page.log.console_errors and not page.log.dialogs

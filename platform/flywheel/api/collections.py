@@ -69,6 +69,8 @@ class ItemOut(Schema):
     env_type: str
     prompt: str
     row: dict[str, Any]
+    leakage_confirmation: dict[str, Any] | None = Field(
+        description="where the leakage guard was unsure, who let the row in, when and why, and the pairs")
 
 
 class CollectionDetailOut(CollectionOut):
@@ -94,6 +96,7 @@ class ConflictOut(Schema):
     candidate: str
     other: str
     detail: str
+    confirmable: bool = Field(default=False, description="the guard is unsure: a reviewer's reason lets it in")
 
 
 class PromotionIn(ObjectIn):
@@ -119,7 +122,15 @@ class PromotionIn(ObjectIn):
     initial_state: Any = None
     max_turns: int | None = None
     accept_passing_original: bool = False
+    leakage_reason: str | None = Field(
+        default=None, max_length=promotion.LEAKAGE_REASON_MAX,
+        description="where the leakage guard is unsure (`doubts`), why this request differs from the other "
+                    "side's; kept with the row. Without it such a trajectory is not promoted")
     dry_run: bool = Field(default=False, description="run the checks, save nothing")
+
+
+_DOUBTS = ("rows of the other side whose request the leakage guard is unsure differs from this one: a "
+           "reviewer confirms with `leakage_reason`")
 
 
 class PromotionOut(Schema):
@@ -128,6 +139,7 @@ class PromotionOut(Schema):
     version: VersionOut | None
     checks: ChecksOut
     row: dict[str, Any] | None
+    doubts: list[ConflictOut] = Field(description=_DOUBTS)
 
 
 class PromotionRefusedOut(Schema):
@@ -135,6 +147,7 @@ class PromotionRefusedOut(Schema):
     errors: dict[str, list[str]] = Field(description="field -> what is wrong with it")
     conflicts: list[ConflictOut]
     checks: ChecksOut
+    doubts: list[ConflictOut] = Field(default_factory=list, description=_DOUBTS)
 
 
 class BulkIn(ObjectIn):
@@ -181,7 +194,7 @@ def checks_out(check: promotion.PromotionCheck) -> dict[str, Any]:
 def item_out(item: Any) -> dict[str, Any]:
     return {"id": item.row_id, "trajectory_id": item.trajectory_id, "message_index": item.message_index,
             "failure_mode_id": item.failure_mode_id, "env_type": item.env_type, "prompt": item.prompt_text,
-            "row": item.row()}
+            "row": item.row(), "leakage_confirmation": item.leakage_confirmation}
 
 
 def trajectory_named(project: Any, *, trajectory_id: int | None, external_id: str | None) -> Trajectory:
@@ -342,7 +355,8 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
                  summary=f"Promote a trajectory into a {label}",
                  description="Runs the verifier on the agent's output (must fail) and on the reference (must "
                              "pass), and the leakage guard; 201 with the new row and version, 200 for a dry "
-                             "run, 422 with field errors, conflicts and both checks when refused.",
+                             "run, 422 with field errors, conflicts and both checks when refused. Where the "
+                             "guard is unsure (`doubts`), send `leakage_reason`: why the requests differ.",
                  operation_id=f"{tag}_promote")
     @by_id
     def collection_promote(request: HttpRequest, collection_id: Id, body: PromotionIn) -> Any:
@@ -355,7 +369,7 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
         if body.dry_run:
             check = promotion.promotion_check(trajectory=trajectory, data=data, target=c)
             return Status(200, {"saved": False, "item": None, "version": None, "checks": checks_out(check),
-                                "row": check.row})
+                                "row": check.row, "doubts": [vars(x) for x in check.doubts]})
         try:
             item, check = promotion.trajectory_promote(trajectory=trajectory, data=data, target=c,
                                                        user=request.auth.created_by,
@@ -363,10 +377,12 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
         except promotion.PromotionRefused as refused:
             check = refused.check
             return Status(422, {"detail": "Not promoted: " + "; ".join(check.reasons()), "errors": check.errors,
-                                "conflicts": [vars(x) for x in check.conflicts], "checks": checks_out(check)})
+                                "conflicts": [vars(x) for x in check.conflicts], "checks": checks_out(check),
+                                "doubts": [vars(x) for x in check.doubts]})
         version = c.versions.order_by("-number").first()
         return Status(201, {"saved": True, "item": item_out(item), "version": version_out(c, version),
-                            "checks": checks_out(check), "row": item.row()})
+                            "checks": checks_out(check), "row": item.row(),
+                            "doubts": [vars(x) for x in check.doubts]})
 
     def bulk(project: Any, c: Any, body: BulkIn, data: dict[str, Any], user: Any) -> promotion.BulkResult | None:
         named = [name for name in ("failure_mode_id", "trajectory_ids", "external_ids")

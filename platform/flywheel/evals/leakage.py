@@ -4,7 +4,8 @@ Rules, checked when a row is added (promotion, variants) and again when a versio
 - a trajectory behind an eval case never becomes a training task, and one behind a task never becomes an
   eval case (variants carry their parent's trajectory, so they inherit this);
 - a row whose prompt is a near duplicate of a row on the other side is refused: the same normalised last user
-  request (`rows.prompt_digest`), or the same request reworded (`similar_request`);
+  request (`rows.prompt_digest`), or the same request reworded (`similar_request`); where the guard is unsure
+  that two requests are one, a person decides (promotion asks for a reason and records it);
 - the other side is what it holds now and what it ever held in a frozen version: a removed task that fed a
   frozen task-set version (or that a model version lists in its lineage, production included) has trained a
   model, and a removed case of a frozen eval-suite version has measured one, so both stay on their side.
@@ -17,7 +18,7 @@ sides cannot both pass.
 
 from __future__ import annotations
 
-import re
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -45,10 +46,12 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Conflict:
-    rule: str  # "trajectory" | "prompt" | "similar" | a finder's own name
+    rule: str  # "trajectory" | "prompt" | "similar" | "unsure" | a finder's own name
     candidate: str
     other: str  # "task-7 in task set 'Refunds'"
     detail: str
+    # The guard is unsure: a person may let the row in by stating why the two are different requests.
+    confirmable: bool = False
 
     def __str__(self) -> str:
         return f"{self.candidate}: {self.detail} ({self.other})"
@@ -154,103 +157,128 @@ def same_normalised_request(candidates: list[Candidate], others: list[Candidate]
             for c in candidates if c.prompt_digest for other in by_digest.get(c.prompt_digest, [])]
 
 
-# Tuned on the labeled pairs of tests/platform/evals/test_leakage_similar.py (requests reworded vs different
-# requests sharing most words): with the literal check, 0.90 finds 23 of 30 rewordings and wrongly flags 4 of
-# 32 different requests (precision 0.85, recall 0.77); the design's 0.95 finds 17 (precision 0.89, recall 0.57).
-SIMILAR_COSINE = 0.90
-_TOKEN = re.compile(r"[\w@.+:/#-]+")
-_TRIM = ".:/#-+"
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
-_SENTENCE_START = re.compile(r"(?:^|[.!?:;]\s*)$")
-
-
-def _canonical(token: str) -> str:
-    """One spelling per value: "50.00" is "50", "C-17" is "c17"."""
-    token = token.lower()
-    if _NUMBER.fullmatch(token):
-        return token.rstrip("0").rstrip(".") if "." in token else token
-    return token.replace("-", "").replace("_", "")
-
-
-def request_literals(text: str) -> tuple[set[str], set[str]]:
-    """(the request's literal values, all its words), canonical. A literal is what a request is about rather
-    than how it is put: a token with a digit (an id, an amount, a date), an email or a URL, and a capitalised
-    word that does not start a sentence (a name: "Maria", "Berlin")."""
-    text = _THOUSANDS.sub("", text)
-    literals: set[str] = set()
-    words: set[str] = set()
-    for match in _TOKEN.finditer(text):
-        token = match.group().strip(_TRIM)
-        if not token:
-            continue
-        words.add(_canonical(token))
-        if (any(ch.isdigit() for ch in token) or "@" in token or "://" in token
-                or (len(token) > 1 and token[0].isupper() and not _SENTENCE_START.search(text[:match.start()]))):
-            literals.add(_canonical(token))
-    return literals, words
-
-
-def same_literals(a: str, b: str) -> bool:
-    """Each request's literal values appear among the other's words: "C-17" and "C17" agree, "C-17" and
-    "C-71" do not, and neither do a request and the same request with an order id added."""
-    literals_a, words_a = request_literals(a)
-    literals_b, words_b = request_literals(b)
-    return literals_a <= words_b and literals_b <= words_a
-
-
-_vector_cache: OrderedDict[tuple[str, ...], np.ndarray] = OrderedDict()
+_vector_cache: OrderedDict[str, np.ndarray] = OrderedDict()
 _vector_lock = threading.Lock()
-_VECTOR_CACHE_SIZE = 4  # a bulk promotion compares each draft with one list of other rows: keep its vectors
+_VECTOR_CACHE_SIZE = 20_000  # requests (1.5 KB each): a project's two sides, kept between checks
+DIM = 384
 
 
-def _vectors(texts: tuple[str, ...], *, keep: bool = False) -> np.ndarray:
-    """Unit-length sentence vectors of `texts`, by the clustering's embedder (the packaged MiniLM, offline);
-    `keep`: remember them for the next call with the same texts (the other side, read once for a batch)."""
+def _vectors(texts: tuple[str, ...]) -> np.ndarray:
+    """Unit-length sentence vectors of `texts` by the whole sentence model (the packaged MiniLM, offline,
+    loaded once per process: `embedding.shared_model`). A request is run through the model once: its vector
+    is kept in the database (`RequestVector`) and, for the process, in memory."""
+    if not texts:
+        return np.zeros((0, DIM), dtype=np.float32)
     with _vector_lock:
-        cached = _vector_cache.get(texts)
-        if cached is not None:
-            _vector_cache.move_to_end(texts)
-            return cached
-    from flywheel.failures.clustering.embedding import shared_embedder
+        known = {t: _vector_cache[t] for t in set(texts) if t in _vector_cache}
+        for text in known:
+            _vector_cache.move_to_end(text)
+    missing = set(texts) - known.keys()
+    if missing:
+        found = _stored_vectors(missing)
+        made = {}
+        if missing - found.keys():
+            from flywheel.failures.clustering.embedding import shared_model
 
-    vectors = shared_embedder().encode(list(texts))
-    if keep:
+            todo = sorted(missing - found.keys())
+            made = dict(zip(todo, shared_model().encode(todo), strict=True))
+            _store_vectors(made)
+        known |= found | made
         with _vector_lock:
-            _vector_cache[texts] = vectors
+            _vector_cache.update(found | made)
             while len(_vector_cache) > _VECTOR_CACHE_SIZE:
                 _vector_cache.popitem(last=False)
-    return vectors
+    return np.stack([known[t] for t in texts])
+
+
+def _vector_key(text: str) -> str:
+    from flywheel.failures.clustering.embedding import whole_model_name
+
+    return hashlib.sha256(f"{whole_model_name()}\n{text}".encode()).hexdigest()
+
+
+def _stored_vectors(texts: set[str]) -> dict[str, np.ndarray]:
+    from flywheel.evals.models import RequestVector
+
+    keys = {_vector_key(t): t for t in texts}
+    out = {}
+    for start in range(0, len(keys), 900):  # SQLite allows 999 parameters a query
+        chunk = list(keys)[start:start + 900]
+        for digest, vector in RequestVector.objects.filter(digest__in=chunk).values_list("digest", "vector"):
+            out[keys[digest]] = np.frombuffer(bytes(vector), dtype=np.float32)
+    return out
+
+
+def _store_vectors(vectors: dict[str, np.ndarray]) -> None:
+    from flywheel.evals.models import RequestVector
+
+    RequestVector.objects.bulk_create(
+        [RequestVector(digest=_vector_key(t), vector=v.astype(np.float32).tobytes()) for t, v in vectors.items()],
+        ignore_conflicts=True, batch_size=500)
+
+
+def request_vectors_fill(*, projects: Iterable[Project] | None = None, batch: int = 256) -> int:
+    """Run the model over every request on either side of `projects` (all by default) whose vector is not
+    kept yet: rows that came in before the guard kept vectors would otherwise be run through the model by
+    the next check, in a reviewer's request (minutes for thousands of rows). Returns how many were run."""
+    texts = sorted({c.prompt_text for project in (projects if projects is not None else Project.objects.all())
+                    for side in SIDES for c in rows_on_side(project=project, side=side) if c.prompt_text.strip()})
+    missing = sorted(set(texts) - _stored_vectors(set(texts)).keys())
+    for start in range(0, len(missing), batch):
+        _vectors(tuple(missing[start:start + batch]))
+    return len(missing)
 
 
 def similar_request(candidates: list[Candidate], others: list[Candidate]) -> list[Conflict]:
-    """Rows asking the same thing in other words: the requests' sentence embeddings (the clustering model's,
-    `flywheel.failures.clustering.embedding`) have a cosine of at least SIMILAR_COSINE, and they name the same
-    literal values (`same_literals`).
+    """Rows asking the same thing in other words, as `flywheel.evals.rewording.judge` decides from the requests'
+    words (literal values, action, direction, what they ask for) and the cosine of their whole-model sentence
+    vectors. A pair it is unsure of is an "unsure" conflict: a person confirms it is no leak, with a reason
+    (`Conflict.confirmable`), or the row stays out.
 
-    The embedding alone cannot tell two requests that differ only in an id or an amount apart: it weighs
-    digits and punctuation little, so "Look up customer C-17" and "... C-71" have a cosine of 0.998. Those
-    values are what makes them different requests, so they are compared exactly. Word order is not seen
-    ("from checking to savings" is "from savings to checking"): in doubt, the guard refuses. Pairs with the
-    same normalised request are `same_normalised_request`'s, and not listed twice."""
+    Measured on the hand-written pairs of tests/platform/evals/data/leakage_pairs.jsonl (132 requests
+    reworded as people word them, 181 different requests that share most words or the same literal values:
+    another id, amount, date or name, the opposite action, another object, another action, the other
+    direction, another question about the same thing), over workplace, support, travel, banking, IT, HR and
+    household requests, in English, one or two sentences, with Wilson 95% intervals:
+    - reworded requests refused 124/132 = 0.94 (0.89-0.97); refused or put to a person 0.96 (0.91-0.98);
+    - different requests refused 10/181 = 0.055 (0.030-0.099); put to a person 0.050 (0.026-0.092);
+    - on the held-out half alone (the threshold was chosen on the other): 0.92 (0.83-0.97) and 0.067
+      (0.031-0.139). The distilled embedding at 0.90 that this replaces: 0.12 and 0.18 on the same pairs.
+    `bench/leakage.py` prints every figure and the cost. Outside these conditions the figures are not known:
+    long multi-part requests (the model reads 256 tokens, and one changed word barely moves a long
+    request's vector), other languages, synonyms the model does not know ("PTO" for "vacation days"), and
+    two requests that differ only in a lowercase name ("alice" / "bob"), which only the model tells apart.
+
+    Cost: the model runs once per request ever (`_vectors` keeps the vector); a check against 2,000 stored
+    rows takes about 1.5 s on two busy cores, and the first check of a process loads the model (~10 s).
+
+    Pairs with the same normalised request are `same_normalised_request`'s, and not listed twice."""
+    from flywheel.evals import rewording
+
     candidates = [c for c in candidates if c.prompt_text.strip()]
     others = [o for o in others if o.prompt_text.strip()]
     if not candidates or not others:
         return []
-    other_vectors = _vectors(tuple(o.prompt_text for o in others), keep=True)
+    other_vectors = _vectors(tuple(o.prompt_text for o in others))
+    floor = min(rewording.REWORDED_COSINE, rewording.OBJECT_COSINE) - rewording.UNSURE_BAND
     conflicts = []
     for start in range(0, len(candidates), 256):  # bounded memory for a version of many rows
         chunk = candidates[start:start + 256]
         cosines = _vectors(tuple(c.prompt_text for c in chunk)) @ other_vectors.T
-        for i, j in zip(*np.nonzero(cosines >= SIMILAR_COSINE), strict=True):
+        for i, j in zip(*np.nonzero(cosines >= floor), strict=True):
             c, o = chunk[i], others[j]
             if c.prompt_digest and c.prompt_digest == o.prompt_digest:
                 continue
-            if same_literals(c.prompt_text, o.prompt_text):
-                conflicts.append(Conflict(
-                    "similar", c.label, o.label,
-                    f"reworded request of a row on the other side (cosine {cosines[i, j]:.2f}, the same ids and "
-                    f"values): {c.prompt_text[:120]!r} ~ {o.prompt_text[:120]!r}"))
+            judgement = rewording.judge(rewording.facts(c.prompt_text), rewording.facts(o.prompt_text),
+                                        float(cosines[i, j]))
+            pair = f"{c.prompt_text[:120]!r} ~ {o.prompt_text[:120]!r}"
+            if judgement.verdict == rewording.SAME:
+                conflicts.append(Conflict("similar", c.label, o.label, f"reworded request of a row on the other "
+                                                                       f"side ({judgement.reason}): {pair}"))
+            elif judgement.verdict == rewording.UNSURE:
+                conflicts.append(Conflict("unsure", c.label, o.label, f"perhaps a reworded request of a row on the "
+                                                                      f"other side ({judgement.reason}): {pair}",
+                                          confirmable=True))
     return conflicts
 
 
@@ -292,8 +320,15 @@ def leakage_conflicts(*, project: Project, side: str, candidates: Iterable[Candi
     return conflicts_between(candidates, other_side(project=project, side=side) if others is None else others)
 
 
+def certain(conflicts: Iterable[Conflict]) -> list[Conflict]:
+    """The conflicts no person can wave through. Where the rows were let in one by one (promotion asked a
+    person about every unsure pair; variants and bulk promotion refuse them), a pair the guard is unsure
+    of was decided then, and freezing or a job's start checks again only these."""
+    return [c for c in conflicts if not c.confirmable]
+
+
 def leakage_check(*, project: Project, side: str, candidates: Iterable[Candidate]) -> None:
-    """Raise LeakageError listing every conflict, if there is any."""
-    conflicts = leakage_conflicts(project=project, side=side, candidates=candidates)
+    """Raise LeakageError listing every conflict that is certain (`certain`), if there is any."""
+    conflicts = certain(leakage_conflicts(project=project, side=side, candidates=candidates))
     if conflicts:
         raise LeakageError(conflicts)

@@ -39,6 +39,9 @@ class ItemBase(models.Model):
     # kept to show a conflict to a reviewer.
     prompt_digest = models.CharField(max_length=64, blank=True, default="", db_index=True)
     prompt_text = models.TextField(blank=True, default="")
+    # Where the leakage guard was unsure that this row's request differs from a row on the other side, the
+    # person who let it in and why: {"reason", "by", "at", "pairs": [{"other", "detail"}]}.
+    leakage_confirmation = models.JSONField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -198,3 +201,12 @@ class EvalSuiteVersion(VersionBase):
 from flywheel.evals.calibration_models import VerifierCalibration  # noqa: E402, F401
 from flywheel.evals.online_models import OnlineEvalSettings, OnlineScore  # noqa: E402, F401
 from flywheel.evals.run_models import EvalCaseResult, EvalRun  # noqa: E402, F401
+
+
+class RequestVector(models.Model):
+    """A request's sentence vector by the leakage guard's model, computed once: the guard compares a new row
+    with every row of the other side, and running the model over thousands of them on each check would take
+    minutes (`bench/leakage.py`). Keyed by the SHA-256 of the model's name and the request's text."""
+
+    digest = models.CharField(max_length=64, primary_key=True)
+    vector = models.BinaryField()  # float32, unit length

@@ -25,6 +25,9 @@ Fields (strings from the form, JSON values from the API):
   observation_error_expected
                     replay: a stated observation may be an error (the right call does fail); without it an
                     error observation is refused, since training would teach the right call then an error
+  leakage_reason    where the leakage guard is unsure that the request differs from one on the other side,
+                    the reviewer's reason that it does; kept with the row (`leakage_confirmation`). Without
+                    it such a row is not saved; a bulk promotion skips it
 
 "An error" is decided in one place, `is_error_observation`, with the ingest's definition of a tool error.
 """
@@ -38,6 +41,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
+from django.utils import timezone
 
 from flywheel.accounts.services import project_lock
 from flywheel.evals import leakage
@@ -74,6 +78,8 @@ class PromotionCheck:
     reference_score: Score | None = None
     errors: dict[str, list[str]] = field(default_factory=dict)
     conflicts: list[leakage.Conflict] = field(default_factory=list)
+    # Pairs the leakage guard is unsure of: saved only with the reviewer's reason (`leakage_reason`).
+    doubts: list[leakage.Conflict] = field(default_factory=list)
 
     def error(self, name: str, message: str) -> None:
         self.errors.setdefault(name, []).append(message)
@@ -90,14 +96,22 @@ class PromotionCheck:
     def warnings(self) -> list[str]:
         return [ORIGINAL_PASSES] if self.original_passes else []
 
+    @property
+    def confirmed(self) -> bool:
+        """The reviewer stated why the requests the guard is unsure of are different ones."""
+        return not self.doubts or bool(self.values.get("leakage_reason"))
+
     def savable(self, *, accept_passing_original: bool = False) -> bool:
-        return (not self.errors and not self.conflicts and self.reference_passes
+        return (not self.errors and not self.conflicts and self.confirmed and self.reference_passes
                 and (accept_passing_original or not self.original_passes))
 
     def reasons(self) -> list[str]:
         """Why it cannot be saved, one line each (what a bulk promotion lists)."""
         out = [f"{name}: {message}" for name, messages in self.errors.items() for message in messages]
         out += [str(c) for c in self.conflicts]
+        if not self.confirmed:
+            out += [f"{c} (the guard is unsure: a reviewer must say why these are different requests, in "
+                    f"leakage_reason, promoting this trajectory on its own)" for c in self.doubts]
         if not self.errors and self.reference_score is not None and not self.reference_score.passed:
             out.append(f"the reference fails the verifier ({self.reference_score.failure})")
         out += self.warnings
@@ -312,7 +326,34 @@ def _read_fields(check: PromotionCheck, data: Mapping[str, Any]) -> dict[str, An
     v["expected_answer"] = _json_value(check, data, "expected_answer", None) if v["answer_match"] == "json_schema" else answer
     reference = data.get("reference_answer")
     v["reference_answer"] = reference if isinstance(reference, str) else ("" if reference is None else json.dumps(reference))
+    v["leakage_reason"] = _reason(check, data)
     return v
+
+
+LEAKAGE_REASON_MIN = 10  # characters: a sentence, not "ok"
+LEAKAGE_REASON_MAX = 1000
+
+
+def _reason(check: PromotionCheck, data: Mapping[str, Any]) -> str:
+    """The reviewer's reason that requests the guard is unsure of are different requests, spaces squeezed
+    ("" when none). Checked once the guard has run (`_check_reason`): it matters only where it is unsure."""
+    value = data.get("leakage_reason")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        check.error("leakage_reason", f"must be text, got {short(value)}")
+        return ""
+    return " ".join(value.split())
+
+
+def _check_reason(check: PromotionCheck) -> None:
+    reason = check.values.get("leakage_reason", "")
+    if not check.doubts or not reason:
+        return
+    if len(reason) < LEAKAGE_REASON_MIN:
+        check.error("leakage_reason", f"say why the requests differ, in at least {LEAKAGE_REASON_MIN} characters")
+    elif len(reason) > LEAKAGE_REASON_MAX:
+        check.error("leakage_reason", f"at most {LEAKAGE_REASON_MAX} characters")
 
 
 def _check_calls(check: PromotionCheck, name: str, calls: Any, *, concrete: bool) -> list[dict[str, Any]] | None:
@@ -574,13 +615,16 @@ def promotion_check(*, trajectory: Trajectory, data: Mapping[str, Any], target: 
     if existing is not None:
         at = f"message #{index} of this trajectory" if existing.message_index == index else "this trajectory"
         check.error("target", f"{at} is already {existing.row_id} of {target.LABEL} '{target.name}'")
-    check.conflicts = leakage.leakage_conflicts(
+    found = leakage.leakage_conflicts(
         project=trajectory.project, side=target.SIDE,
         candidates=[leakage.Candidate(f"trajectory #{trajectory.pk}", trajectory.pk,
                                       row_shape.prompt_digest(row["messages"]),
                                       row_shape.last_user_request(row["messages"]))],
         others=others,
     )
+    check.conflicts = leakage.certain(found)
+    check.doubts = [c for c in found if c.confirmable]
+    _check_reason(check)
     return check
 
 
@@ -593,10 +637,21 @@ def _failure_mode_of(trajectory: Trajectory) -> Any:
     return first.failure_mode if first is not None else None
 
 
+def _confirmation(check: PromotionCheck, user: Any) -> dict[str, Any] | None:
+    """What is kept of a reviewer's word on pairs the guard was unsure of: who, when, why, and the pairs."""
+    if not check.doubts:
+        return None
+    return {"reason": check.values["leakage_reason"],
+            "by": getattr(user, "username", None) if user is not None else None,
+            "at": timezone.now().isoformat(),
+            "pairs": [{"other": c.other, "detail": c.detail} for c in check.doubts]}
+
+
 def _save(check: PromotionCheck, *, target: Any, user: Any, failure_mode: Any) -> Any:
     row = check.row
     assert row is not None
     return target.items.create(
+        leakage_confirmation=_confirmation(check, user),
         trajectory=check.trajectory, message_index=check.values["message_index"],
         failure_mode=failure_mode if failure_mode is not None else _failure_mode_of(check.trajectory),
         messages=row["messages"], tools=row["tools"], verifier=row["verifier"], env=row.get("env"),

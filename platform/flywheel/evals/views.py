@@ -268,7 +268,7 @@ def _target_groups(project: Project) -> list[tuple[str, list[tuple[str, str]]]]:
 
 # The form's text fields: where one is wrong, the page shows back what was typed, not its parse's default.
 _TEXT_FIELDS = ("expected_calls", "reference_calls", "expected_answer", "reference_answer", "expected_state",
-                "observations", "initial_state", "max_turns")
+                "observations", "initial_state", "max_turns", "leakage_reason")
 
 
 def _form_context(request: HttpRequest, project: Project, trajectory: Trajectory, values: dict[str, Any],

@@ -205,13 +205,13 @@ def job_create(
         raise ValidationError({"task_set_version": problems[:20]})
 
     # The guard's own rules (the same trajectory, the same normalised request, any rule added to it), on the
-    # frozen rows the job will read.
-    conflicts = [
+    # frozen rows the job will read; a pair it is unsure of was put to a person when its row came in.
+    conflicts = leakage.certain(
         conflict
         for suite_version in (holdout_version, regression_version) if suite_version is not None
         for conflict in leakage.rows_conflicts(rows=task_set_version.rows, other_rows=suite_version.rows,
                                                other_label=str(suite_version))
-    ]
+    )
     if conflicts:
         raise leakage.LeakageError(conflicts)
 

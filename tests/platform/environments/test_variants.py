@@ -51,18 +51,24 @@ def test_variants_inherit_the_leakage_guard(task, user, project):
     from flywheel.evals.rows import last_user_request, prompt_digest
     from flywheel.evals.services import suite_create
 
-    # An eval case asks what two rephrasings would ask: those variants are refused, the others kept.
+    # An eval case asks what every rephrasing asks: all those variants are refused.
     suite = suite_create(project=project, name="Held out", kind="holdout")
     messages = [{"role": "user", "content": "hi!  book a meeting with ALICE on tuesday"}]
     suite.cases.create(messages=messages, verifier={"type": "exact", "expected": "x"},
                        prompt_digest=prompt_digest(messages), prompt_text=last_user_request(messages))
     result = task_variants_create(task=task, user=user, kinds=("rephrase",))
     refused = dict(result.skipped)
-    # The same request once case and punctuation are gone, and the same request reworded (cosine 0.93).
-    assert sorted(refused) == ["rephrased: Could you help me with this:", "rephrased: Hi!"]
+    # The same request once case and punctuation are gone, and the same request reworded. (The distilled
+    # embedding at 0.90 let two of these rewordings through: "... Thanks in advance.", "I need this done, ...".)
+    assert len(refused) == len(REPHRASINGS) and result.saved == []
     assert "same request" in refused["rephrased: Hi!"] and "Held out" in refused["rephrased: Hi!"]
-    assert "reworded request" in refused["rephrased: Could you help me with this:"]
-    assert len(result.saved) == len(REPHRASINGS) - 2
+    assert all("reworded request" in why for what, why in refused.items() if what != "rephrased: Hi!")
+    # Another person is another request, however alike the words.
+    suite.cases.all().delete()
+    messages = [{"role": "user", "content": "Book a meeting with Bob on tuesday"}]
+    suite.cases.create(messages=messages, verifier={"type": "exact", "expected": "x"},
+                       prompt_digest=prompt_digest(messages), prompt_text=last_user_request(messages))
+    assert len(task_variants_create(task=task, user=user, kinds=("rephrase",)).saved) == len(REPHRASINGS)
 
 
 def _holdout_case(project, user, trajectory, person, day):

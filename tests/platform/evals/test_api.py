@@ -207,3 +207,28 @@ def test_a_script_promotes_by_the_external_id_it_sent(api_client, keys, project,
     missing = api_client.post(f"/api/v1/task-sets/{task_set.pk}/promotions/bulk",
                               {**body, "external_ids": ["nope"]}, key=keys["review"])
     assert missing.status_code == 404 and "'nope'" in missing.json()["detail"]
+
+
+def test_a_pair_the_guard_is_unsure_of_is_promoted_only_with_a_reason(api_client, keys, suite, task_set, ingest,
+                                                                      refund_record, corrected):
+    """The guard's "unsure" pairs come back as `doubts`; `leakage_reason` lets the row in and is kept."""
+    loan = ingest(refund_record("u-1", request="Renew my library books."))
+    extension = ingest(refund_record("u-2", request="Can you extend the loan on my library books?"))
+    assert api_client.post(f"/api/v1/eval-suites/{suite.pk}/promotions", {"trajectory_id": loan.pk, **corrected},
+                           key=keys["review"]).status_code == 201
+    url = f"/api/v1/task-sets/{task_set.pk}/promotions"
+    dry = api_client.post(url, {"trajectory_id": extension.pk, **corrected, "dry_run": True}, key=keys["review"])
+    assert dry.status_code == 200 and [(d["rule"], d["confirmable"]) for d in dry.json()["doubts"]] == [("unsure", True)]
+    refused = api_client.post(url, {"trajectory_id": extension.pk, **corrected}, key=keys["review"])
+    assert refused.status_code == 422 and refused.json()["conflicts"] == []
+    assert refused.json()["doubts"][0]["other"].endswith("in eval suite 'Refunds'")
+    assert "leakage_reason" in refused.json()["detail"]
+    too_short = api_client.post(url, {"trajectory_id": extension.pk, **corrected, "leakage_reason": "fine"},
+                                key=keys["review"])
+    assert too_short.status_code == 422 and "leakage_reason" in too_short.json()["errors"]
+    reason = "Renewing is a different request from asking to extend a loan"
+    saved = api_client.post(url, {"trajectory_id": extension.pk, **corrected, "leakage_reason": reason},
+                            key=keys["review"])
+    assert saved.status_code == 201, saved.json()
+    assert saved.json()["item"]["leakage_confirmation"]["reason"] == reason
+    assert task_set.tasks.get().leakage_confirmation["pairs"][0]["detail"] == refused.json()["doubts"][0]["detail"]

@@ -1,15 +1,17 @@
-"""The guard's reworded-request rule on a labeled set: pairs that ask the same thing in other words, and
-pairs of different requests that share most of their words (another id, amount, name, day or action).
-
-The threshold (`leakage.SIMILAR_COSINE`) was chosen on these same pairs, so the figures are in-sample: run
-with -s to see precision and recall at each threshold. No database: the rule works on requests alone."""
+"""The guard's reworded-request rule on a second labeled set: pairs reworded the way a template generator
+rewords (a greeting added, a clause moved, one verb swapped) and different requests that share most words
+(another id, amount, name, day or action). Its first threshold was chosen on these pairs; the guard's own
+figures are measured on the hand-written pairs (test_leakage_pairs.py). Also the literal values, the
+action and the direction, read from the words (`flywheel.evals.rewording`). No database."""
 
 from __future__ import annotations
 
 import pytest
 
-from flywheel.evals import leakage
+from flywheel.evals import leakage, rewording
 from flywheel.evals import rows as row_shape
+
+pytestmark = pytest.mark.django_db  # the guard keeps request vectors in the database
 
 # (a, b): the same request, reworded.
 SAME = [
@@ -96,35 +98,28 @@ def _candidate(label: str, text: str) -> leakage.Candidate:
 
 
 def _flagged(a: str, b: str) -> bool:
-    """Does the guard (every rule on requests: the normalised one and the reworded one) call them the same?"""
-    return bool(leakage.conflicts_between([_candidate("a", a)], [_candidate("b", b)]))
+    """Does the guard (every rule on requests) refuse them as the same request?"""
+    return any(not c.confirmable for c in leakage.conflicts_between([_candidate("a", a)], [_candidate("b", b)]))
 
 
-def _scores() -> tuple[float, float, list[tuple[str, str]], list[tuple[str, str]]]:
+def test_precision_and_recall_on_the_generated_pairs():
+    leakage._vectors(tuple({text for pair in SAME + DIFFERENT for text in pair}))  # one batch for the model
     found = [pair for pair in SAME if _flagged(*pair)]
-    false = [pair for pair in DIFFERENT if _flagged(*pair)]
-    precision = len(found) / (len(found) + len(false)) if found or false else 1.0
-    return precision, len(found) / len(SAME), [p for p in SAME if p not in found], false
-
-
-def test_precision_and_recall_on_the_labeled_pairs(monkeypatch):
-    chosen = leakage.SIMILAR_COSINE
-    print(f"\n{len(SAME)} reworded pairs, {len(DIFFERENT)} different requests sharing words")
-    for threshold in (0.85, 0.88, 0.90, 0.92, 0.95, 0.97):
-        monkeypatch.setattr(leakage, "SIMILAR_COSINE", threshold)
-        precision, recall, _, _ = _scores()
-        print(f"  cosine >= {threshold:.2f}: precision {precision:.3f}  recall {recall:.3f}"
-              + ("   <- chosen" if threshold == chosen else ""))
-    monkeypatch.setattr(leakage, "SIMILAR_COSINE", chosen)
-    precision, recall, missed, wrong = _scores()
-    print(f"at {chosen:.2f}: missed {missed}\n  wrongly flagged {wrong}")
-    # Measured 0.85 and 0.77 here; a little slack for another CPU's numerics on pairs near the threshold.
-    assert precision >= 0.8 and recall >= 0.7, (precision, recall)
-    # The reported leak is found; requests that differ only in an id or an amount never are.
-    assert _flagged("Look up customer C-17", "Please look up customer C-17 for me")
-    assert _flagged("Could you book a meeting with bob on tuesday?", "Book a meeting with bob on tuesday.")
+    wrong = [pair for pair in DIFFERENT if _flagged(*pair)]
+    precision = len(found) / (len(found) + len(wrong)) if found or wrong else 1.0
+    recall = len(found) / len(SAME)
+    print(f"\n{len(SAME)} reworded pairs, {len(DIFFERENT)} different requests sharing words: "
+          f"precision {precision:.3f}, recall {recall:.3f}\n  missed {[p for p in SAME if p not in found]}"
+          f"\n  wrongly refused {wrong}")
+    # Measured 1.00 and 30 of 30 (the distilled embedding at 0.90 had 0.85 and 0.77); the one different
+    # request refused is a long one whose one changed word barely moves the vector.
+    assert precision >= 0.9 and recall >= 0.9, (precision, recall)
     assert not [pair for pair in wrong if any(ch.isdigit() for ch in pair[0] + pair[1])
-                and leakage.request_literals(pair[0])[0] != leakage.request_literals(pair[1])[0]]
+                and rewording.facts(pair[0]).literals != rewording.facts(pair[1]).literals]
+
+
+def _same_words(a: str, b: str) -> bool:
+    return rewording.disagreement(rewording.facts(a), rewording.facts(b)) is None
 
 
 @pytest.mark.parametrize(("a", "b", "same"), [
@@ -138,13 +133,73 @@ def test_precision_and_recall_on_the_labeled_pairs(monkeypatch):
     ("Send it to Maria", "Send it to Pedro", False),
     ("Hi! Book a room. Thanks", "book a room", True),  # words that start a sentence are not names
     ("Mail jane@example.com", "Mail john@example.com", False),
+    # Amounts, dates, times, ids and quoted names, however they are written.
+    ("Transfer $250 to savings", "Transfer 250 dollars to savings", True),
+    ("Transfer $250 to savings", "Transfer 250 euros to savings", False),
+    ("Transfer $1.5k to savings", "Transfer 1500 dollars to savings", True),
+    ("Book it for May 3rd", "Book it for May 3", True),
+    ("Book it for May 3rd", "Book it for the 3rd of May", True),
+    ("Book it for May 3rd", "Book it for May 13", False),
+    ("May I book it for Tuesday?", "Book it for tuesday", True),  # "May" is a month only beside a number
+    ("Wake me at 10am", "Wake me at 10 in the morning", True),
+    ("Wake me at 10am", "Wake me at 10 in the evening", False),
+    ("Wake me at 3pm", "Wake me at 15:00", True),
+    ("Check flight UA 452", "Check flight UA452", True),
+    ("Check flight UA 452", "Check flight UA 542", False),
+    ("Open the folder \"Tax 2023\"", "Open the Tax 2023 folder", True),
+    ("Open the folder \"Tax 2023\"", "Open the Tax 2024 folder", False),
+    ("Table for four", "table for 4", True),
+    ("Meet next Tuesday", "Meet on Tuesday next week", True),
+    # The action and the direction.
+    ("Add Priya to the review", "Remove Priya from the review", False),
+    ("Add Priya to the review", "Take Priya off the review", False),
+    ("Turn on the porch light", "Switch the porch light off", False),
+    ("Show the paid invoices", "Which invoices haven't been paid?", False),
+    ("Mark it as read", "Mark it as unread", False),
+    ("Cancel my subscription", "Upgrade my subscription", False),
+    ("Freeze my card", "Please block my card", True),
+    ("Move $200 from checking to savings", "Move $200 from savings to checking", False),
+    ("Move $200 from checking to savings", "Transfer $200 from my checking account into savings", True),
+    ("Convert 100 USD to EUR", "Convert 100 EUR to USD", False),
+    ("Refund the charge on order 4410", "Why was I charged on order 4410?", False),
 ])
-def test_literal_values_are_compared_exactly(a, b, same):
-    assert leakage.same_literals(a, b) is same
+def test_literal_values_action_and_direction_are_compared(a, b, same):
+    assert _same_words(a, b) is same
 
 
-def test_the_embedding_alone_cannot_tell_ids_apart():
-    """Why the literal check exists: the sentence embedding weighs digits little."""
+def test_the_sentence_vectors_alone_cannot_tell_ids_apart():
+    """Why the literal check exists: the sentence model weighs digits little, so two ids are as close as
+    a rewording."""
     vectors = leakage._vectors(("Look up customer C-17", "Look up customer C-71"))
-    assert float(vectors[0] @ vectors[1]) >= 0.99
+    assert float(vectors[0] @ vectors[1]) >= rewording.REWORDED_COSINE
     assert not _flagged("Look up customer C-17", "Look up customer C-71")
+
+
+def test_the_guard_runs_the_whole_model_as_sentence_transformers_does():
+    """`SentenceModel.encode` is all-MiniLM-L6-v2's embedding: the transformer, mean pooling over the tokens,
+    normalised (the packaged model's modules.json), read offline from the package."""
+    from sentence_transformers import SentenceTransformer
+
+    from flywheel.failures.clustering.embedding import shared_model
+
+    texts = ["Could you book a meeting with Bob on Tuesday?", "Please set up a meeting with Bob for Tuesday.", "",
+             "word " * 400]  # the last is cut at the model's 256 tokens, as sentence-transformers cuts it
+    model = shared_model()
+    reference = SentenceTransformer(str(model.model_dir), device="cpu", local_files_only=True)
+    assert abs(model.encode(texts) - reference.encode(texts, normalize_embeddings=True)).max() < 1e-5
+
+
+def test_a_request_runs_through_the_model_once(monkeypatch):
+    """Its vector is kept in the database: a fresh process (no vectors in memory) reads it back rather than
+    running the model over a whole side again."""
+    from flywheel.failures.clustering import embedding
+
+    leakage._vector_cache.clear()
+    first = leakage._vectors(("Renew my library books.",))
+    leakage._vector_cache.clear()
+
+    def no_model() -> None:
+        raise AssertionError("the model ran again for a request whose vector is stored")
+
+    monkeypatch.setattr(embedding, "shared_model", no_model)
+    assert (leakage._vectors(("Renew my library books.",)) == first).all()

@@ -191,3 +191,21 @@ def test_freezing_a_leaking_version_lists_the_conflicts(client_for, user, projec
     html = response.content.decode()
     assert response.status_code == 409 and 'id="conflicts"' in html and 'data-rule="prompt"' in html
     assert "Refunds" in html and task_set.versions.get().frozen_at is None
+
+
+def test_the_form_asks_for_a_reason_where_the_guard_is_unsure(client_for, members, user, project, ingest,
+                                                            refund_record, suite, task_set, corrected):
+    loan = ingest(refund_record("u-1", request="Renew my library books."))
+    promotion.trajectory_promote(trajectory=loan, data=corrected, target=suite, user=user)
+    extension = ingest(refund_record("u-2", request="Can you extend the loan on my library books?"))
+    client = client_for(members["reviewer"])
+    url = reverse("promotion_form", args=[project.slug, extension.pk])
+    html = client.post(url, _form(corrected, f"taskset:{task_set.pk}")).content.decode()
+    assert 'id="leakage-confirm"' in html and 'name="leakage_reason"' in html and "Renew my library books." in html
+    refused = client.post(url, _form(corrected, f"taskset:{task_set.pk}", action="save"))
+    assert refused.status_code == 422 and task_set.tasks.count() == 0 and 'id="not-saved"' in refused.content.decode()
+    reason = "One renews the books, the other asks about the loan period"
+    saved = client.post(url, _form(corrected, f"taskset:{task_set.pk}", action="save", leakage_reason=reason))
+    assert saved.status_code == 302
+    assert task_set.tasks.get().leakage_confirmation["by"] == members["reviewer"].username
+    assert reason in client.get(saved["Location"]).content.decode()  # the task set's page shows who and why

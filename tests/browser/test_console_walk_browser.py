@@ -21,6 +21,7 @@ from django.utils import timezone
 from flywheel.accounts.models import ApiKey, Project
 from flywheel.accounts.services import api_key_create
 from flywheel.environments.models import Task, TaskSet
+from flywheel.evals.calibration_models import VerifierCalibration
 from flywheel.evals.models import EvalCase, EvalSuite
 from flywheel.evals.run_models import EvalRun
 from flywheel.failures.clustering.models import ClusteringRun, ClusterSuggestion
@@ -170,6 +171,9 @@ def _values(project: Project, user) -> dict[str, Any]:
         "task_set_id": task_set.pk,
         "task_id": _first(Task.objects.filter(task_set=task_set)).pk,
         "number": 1,
+        "calibration_id": VerifierCalibration.objects.create(
+            project=project, verifier={"type": "exact", "expected": "walked"}, status="failed",
+            error="walked").pk,
         **_model_rows(project, user),
     }
 

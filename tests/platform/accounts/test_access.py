@@ -191,6 +191,7 @@ def project_urls(setting):
         **_clustering_values(project),
         **_model_rows(project),
         "server_id": _environment_server(project).pk,
+        "calibration_id": _calibration(project).pk,
     }
     values.update(_eval_values(project))
     urls = []
@@ -227,6 +228,13 @@ def _eval_values(project):
     version_create(collection=suite)
     version_create(collection=task_set)
     return {"suite_id": suite.pk, "case_id": case.pk, "task_set_id": task_set.pk, "task_id": task.pk, "number": 1}
+
+
+def _calibration(project):
+    from flywheel.evals.calibration_models import VerifierCalibration
+
+    return VerifierCalibration.objects.create(project=project, verifier={"type": "exact", "expected": "x"},
+                                              status="failed", error="stopped")
 
 
 def _environment_server(project):

@@ -21,6 +21,8 @@ from celery import shared_task
 from django.db.models import Count, Max, Q
 from django.utils.module_loading import import_string
 
+from flywheel import timelimits
+
 logger = logging.getLogger(__name__)
 
 # Dotted paths of tuples of GpuWork, one per app that runs work on the `gpu` queue.
@@ -110,7 +112,8 @@ def gpu_turn() -> str:
     return f"{item.kind.name} {item.pk}"
 
 
-@shared_task(name="flywheel.gpu_turn")
+# A turn runs a job or an eval run to its end: the gpu queue's bound, as the tasks it stands for.
+@shared_task(name="flywheel.gpu_turn", **timelimits.gpu())
 def gpu_turn_task(asked_by: int | None = None) -> str:
     """One turn on the `gpu` queue (routed there by CELERY_TASK_ROUTES). `asked_by`: the id of the row whose
     waiting sent this turn, for the log; the turn itself goes to whichever project is owed it."""

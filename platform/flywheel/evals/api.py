@@ -16,6 +16,7 @@ from flywheel.api import ObjectIn, api
 from flywheel.api.auth import read_auth
 from flywheel.api.collections import export_response, register
 from flywheel.api.errors import ERRORS, ErrorOut, ValidationErrorOut
+from flywheel.api.ids import Id
 from flywheel.evals.calibration_models import CalibrationStatus, VerifierCalibration
 from flywheel.evals.models import EvalSuite
 
@@ -107,7 +108,7 @@ def verifier_calibration(request: HttpRequest, body: CalibrationIn) -> Any:
     "/verifier-calibrations/{calibration_id}", auth=read_auth, response={200: CalibrationRunOut, **ERRORS},
     summary="A verifier calibration: its progress, then its figures or why it failed",
 )
-def verifier_calibration_get(request: HttpRequest, calibration_id: int) -> Any:
+def verifier_calibration_get(request: HttpRequest, calibration_id: Id) -> Any:
     run = VerifierCalibration.objects.filter(project=request.auth.project, pk=calibration_id).first()
     if run is None:
         raise HttpError(404, f"No calibration {calibration_id} in project '{request.auth.project.slug}'.")

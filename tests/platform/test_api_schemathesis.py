@@ -90,6 +90,7 @@ def world_build(*, project: Any, user: Any) -> World:
     from flywheel.environments.models import EnvironmentServer
     from flywheel.environments.services import task_set_create
     from flywheel.evals import runs
+    from flywheel.evals.calibration_models import VerifierCalibration
     from flywheel.evals.services import suite_create, version_create
     from flywheel.failures.clustering.models import ClusteringRun, ClusterSuggestion
     from flywheel.failures.services import failure_mode_assign, failure_mode_create
@@ -134,12 +135,14 @@ def world_build(*, project: Any, user: Any) -> World:
     clustering = ClusteringRun.objects.create(project=project, status="done", stage="done")
     suggestion = ClusterSuggestion.objects.create(run=clustering, project=project, size=1, label="refunds",
                                                   trajectory_ids=[trajectory.pk])
+    calibration = VerifierCalibration.objects.create(project=project, verifier=verifier, status="failed",
+                                                     error="stopped")
     numbers = [1, 2]  # model versions v1 and v2; v1 of the suite and the task set
     return World(
         path={"trajectory_id": [trajectory.pk], "mode_id": [mode.pk], "task_set_id": [task_set.pk],
               "task_id": [task.pk], "suite_id": [suite.pk], "number": numbers, "job_id": [j.pk for j in jobs],
               "eval_run_id": [r.pk for r in eval_runs], "clustering_id": [clustering.pk],
-              "suggestion_id": [suggestion.pk]},
+              "suggestion_id": [suggestion.pk], "calibration_id": [calibration.pk]},
         query={"failure_mode": [mode.pk], "suite": [suite.pk], "suite_version": [1], "model_version": numbers},
         body={"trajectory_id": [trajectory.pk], "trajectory_ids": [[trajectory.pk]], "failure_mode_id": [mode.pk],
               "task_set": [task_set.pk], "task_set_version": [1], "suite": [suite.pk], "suite_version": [1],

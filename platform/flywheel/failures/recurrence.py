@@ -11,8 +11,8 @@ Two rules, either reopens a fixed mode:
    [SIMILARITY_FLOOR, SIMILARITY_CAP − SLACK] (a one-member mode would otherwise need a copy of it; a
    sprawling one would match anything). A new failure whose vector is at least that close to the centroid
    matches. Measured on bench/clustering_fixture.py (12 causes, 25 new failures of each, the 440 of the
-   other causes each time): with 15 members 100% of a cause's new failures match and 0.36% of other
-   causes' failures do; with 8 members 98.2% and 0.57%; with 5, 93.6% and 0.44% (the false matches almost
+   other causes each time): with 15 members 98.3% of a cause's new failures match and 0.85% of other
+   causes' failures do; with 8 members 95.3% and 0.87%; with 5, 93.1% and 0.93% (the false matches almost
    all a sibling cause on the same tool: refund of an unknown order against refund over the total). The
    mode reopens at MIN_MATCHES matches: one lookalike can be chance, three are a pattern.
 

@@ -49,9 +49,13 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-ALPHA = 0.05  # both rules together: each is tested at ALPHA / 2
+ALPHA = 0.05  # the three refusing rules together: each is tested at RULE_ALPHA
+RULES = 3  # failures, unsafe actions, unknown outcomes (Bonferroni)
+RULE_ALPHA = ALPHA / RULES
 TAU_FAILURE = 0.1
-MIN_EVENTS_SEEN = 5  # failures in both arms together before the normal approximation may call a version worse
+MIN_EACH = 5  # events and non-events in each arm before a look's normal approximation enters the running p
+TOLERANCE = 0.05  # default: the failure-rate increase a canary may be promoted under (five points)
+UPPER_ALPHA = 0.05  # the always-valid upper bound on the increase holds with probability 1 - UPPER_ALPHA
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,11 @@ class Arm:
     @property
     def rate(self) -> float | None:
         return self.events / self.n if self.n else None
+
+    @property
+    def settled(self) -> bool:
+        """Enough events and non-events for the normal approximation (MIN_EACH of each)."""
+        return self.events >= MIN_EACH and self.n - self.events >= MIN_EACH
 
 
 def log_mixture_ratio(subject: Arm, baseline: Arm, *, tau: float) -> float:
@@ -79,9 +88,36 @@ def log_mixture_ratio(subject: Arm, baseline: Arm, *, tau: float) -> float:
     return 0.5 * math.log(v / (v + t2)) + theta * theta * t2 / (2 * v * (v + t2))
 
 
+def _higher(subject: Arm, baseline: Arm) -> bool:
+    return subject.rate is not None and baseline.rate is not None and subject.rate > baseline.rate
+
+
+def mixture_p(subject: Arm, baseline: Arm, *, tau: float = TAU_FAILURE) -> float:
+    """This look's 1 / Lambda, one-sided and only where it is sound: 1.0 (no evidence) unless the subject's rate
+    is the higher one and each arm has MIN_EACH events and non-events."""
+    if not (subject.settled and baseline.settled and _higher(subject, baseline)):
+        return 1.0
+    return min(1.0, math.exp(-log_mixture_ratio(subject, baseline, tau=tau)))
+
+
 def always_valid_p(subject: Arm, baseline: Arm, *, tau: float, previous: float = 1.0) -> float:
-    """The always-valid p-value after this look: the smaller of the previous look's and 1 / Lambda now."""
-    return min(previous, 1.0, math.exp(-log_mixture_ratio(subject, baseline, tau=tau)))
+    """The always-valid p-value after this look: the smaller of the previous look's and this look's."""
+    return min(previous, 1.0, mixture_p(subject, baseline, tau=tau))
+
+
+def increase_upper(subject: Arm, baseline: Arm, *, tau: float = TAU_FAILURE, alpha: float = UPPER_ALPHA) -> float | None:
+    """An always-valid upper bound on the increase theta = p_subject - p_baseline at this look (None before
+    each arm is settled): the largest theta0 the mixture test of "the increase is theta0" does not reject,
+    theta_hat + sqrt(2 v (v + tau^2) / tau^2 * (log(1/alpha) + log((v + tau^2) / v) / 2)), v the unpooled
+    variance. Its running minimum over the looks is a confidence sequence's bound: above the true increase at
+    every look with probability at least 1 - alpha (two-sided, so at least 1 - alpha / 2 on this side)."""
+    if not (subject.settled and baseline.settled):
+        return None
+    ps, pb = subject.events / subject.n, baseline.events / baseline.n
+    v = ps * (1 - ps) / subject.n + pb * (1 - pb) / baseline.n
+    t2 = tau * tau
+    radius = math.sqrt(2 * v * (v + t2) / t2 * (math.log(1 / alpha) + 0.5 * math.log((v + t2) / v)))
+    return ps - pb + radius
 
 
 def _log_beta(a: float, b: float) -> float:
@@ -102,7 +138,7 @@ def log_conditional_ratio(subject: Arm, baseline: Arm) -> float:
 class RateLook:
     """One rate's comparison at one look."""
 
-    metric: str  # "failure" | "unsafe"
+    metric: str  # "failure" | "unsafe" | "unknown"
     subject_rate: float | None
     baseline_rate: float | None
     p: float  # always-valid, running minimum over the looks so far
@@ -112,66 +148,108 @@ class RateLook:
         return asdict(self)
 
 
-def _higher(subject: Arm, baseline: Arm) -> bool:
-    return subject.rate is not None and baseline.rate is not None and subject.rate > baseline.rate
-
-
-def look_failure(subject: Arm, baseline: Arm, *, alpha: float = ALPHA / 2, previous_p: float = 1.0) -> RateLook:
+def look_failure(subject: Arm, baseline: Arm, *, alpha: float = RULE_ALPHA, previous_p: float = 1.0,
+                 metric: str = "failure") -> RateLook:
+    """The mSPRT on a rate (failures over known outcomes, or the unknown share over all trajectories)."""
     p = always_valid_p(subject, baseline, tau=TAU_FAILURE, previous=previous_p)
-    enough = subject.events + baseline.events >= MIN_EVENTS_SEEN
-    return RateLook(metric="failure", subject_rate=subject.rate, baseline_rate=baseline.rate, p=p,
-                    worse=bool(enough and _higher(subject, baseline) and p <= alpha))
+    return RateLook(metric=metric, subject_rate=subject.rate, baseline_rate=baseline.rate, p=p,
+                    worse=bool(_higher(subject, baseline) and p <= alpha))
 
 
-def look_unsafe(subject: Arm, baseline: Arm, *, alpha: float = ALPHA / 2, previous_p: float = 1.0) -> RateLook:
-    p = min(previous_p, 1.0, math.exp(-log_conditional_ratio(subject, baseline)))
-    return RateLook(metric="unsafe", subject_rate=subject.rate, baseline_rate=baseline.rate, p=p,
+def look_unsafe(subject: Arm, baseline: Arm, *, alpha: float = RULE_ALPHA, previous_p: float = 1.0,
+                metric: str = "unsafe") -> RateLook:
+    """The exact conditional test on a rare event's share (unsafe actions over triaged trajectories, or unknown
+    outcomes over all), evidence carried only from looks where the subject's rate is the higher."""
+    now = math.exp(-log_conditional_ratio(subject, baseline)) if _higher(subject, baseline) else 1.0
+    p = min(previous_p, 1.0, now)
+    return RateLook(metric=metric, subject_rate=subject.rate, baseline_rate=baseline.rate, p=p,
                     worse=bool(_higher(subject, baseline) and p <= alpha))
 
 
 @dataclass(frozen=True)
 class Look:
-    """Both rules at one look, and what they decide: `worse` (roll back or flag), `enough` (every arm has its
-    minimum, so a canary with no harm found may be promoted), else keep watching."""
+    """The three rules at one look, and what they decide: `worse` (roll back or flag); `ready` (every arm has
+    its minimum of known outcomes, nothing is worse, and the always-valid upper bound on the failure-rate
+    increase is at most the tolerance: the canary may be promoted), else keep watching."""
 
     subject: dict[str, int]
     baseline: dict[str, int]
     failure: RateLook
     unsafe: RateLook
-    enough: bool
+    unknown: RateLook
+    enough: bool  # each arm has min_per_arm known outcomes
+    upper: float | None  # running minimum of the always-valid upper bound on the failure-rate increase
+    tolerance: float
 
     @property
     def worse(self) -> bool:
-        return self.failure.worse or self.unsafe.worse
+        return self.failure.worse or self.unsafe.worse or self.unknown.worse
+
+    @property
+    def bounded(self) -> bool:
+        return self.upper is not None and self.upper <= self.tolerance
+
+    @property
+    def ready(self) -> bool:
+        return self.enough and not self.worse and self.bounded
 
     def reason(self) -> str:
         if self.failure.worse:
-            return (f"failure rate {self.failure.subject_rate:.1%} against {self.failure.baseline_rate:.1%}, "
-                    f"always-valid p = {self.failure.p:.4f}")
+            return (f"failure rate {self.failure.subject_rate:.1%} against {self.failure.baseline_rate:.1%} of known "
+                    f"outcomes, always-valid p = {self.failure.p:.4f}")
         if self.unsafe.worse:
-            return (f"unsafe-action rate {self.unsafe.subject_rate:.1%} against {self.unsafe.baseline_rate:.1%}, "
-                    f"always-valid p = {self.unsafe.p:.4f}")
+            return (f"unsafe-action rate {self.unsafe.subject_rate:.1%} against {self.unsafe.baseline_rate:.1%} of "
+                    f"triaged trajectories, always-valid p = {self.unsafe.p:.4f}")
+        if self.unknown.worse:
+            return (f"unknown outcomes {self.unknown.subject_rate:.1%} against {self.unknown.baseline_rate:.1%}, "
+                    f"always-valid p = {self.unknown.p:.4f}")
+        if self.ready:
+            return (f"no harm found with the minimum of known outcomes in each arm; the failure rate is at most "
+                    f"{max(self.upper or 0.0, 0.0):.1%} points higher (always-valid bound), within the tolerance of "
+                    f"{self.tolerance:.0%}")
         if self.enough:
-            return "no harm found with the minimum traffic in each arm"
+            bound = "not bounded yet" if self.upper is None else f"at most {self.upper:.1%} points higher"
+            return (f"no harm found, but the failure rate's increase is {bound}, above the tolerance of "
+                    f"{self.tolerance:.0%}: watching for more traffic")
         return "watching: not enough traffic yet"
 
     def to_dict(self) -> dict[str, Any]:
         return {"subject": self.subject, "baseline": self.baseline, "failure": self.failure.to_dict(),
-                "unsafe": self.unsafe.to_dict(), "enough": self.enough, "worse": self.worse,
+                "unsafe": self.unsafe.to_dict(), "unknown": self.unknown.to_dict(), "enough": self.enough,
+                "upper": self.upper, "tolerance": self.tolerance, "ready": self.ready, "worse": self.worse,
                 "reason": self.reason()}
 
 
 def look(*, subject_n: int, subject_failures: int, subject_unsafe: int, baseline_n: int, baseline_failures: int,
          baseline_unsafe: int, min_per_arm: int, previous: dict[str, Any] | None = None,
-         alpha: float = ALPHA) -> Look:
+         subject_known: int | None = None, baseline_known: int | None = None,
+         subject_triaged: int | None = None, baseline_triaged: int | None = None,
+         tolerance: float = TOLERANCE, alpha: float = ALPHA) -> Look:
     """One look of the canary decision or the watch. `previous` is the last look's `to_dict()` (its p-values
-    carry over: the always-valid p is a running minimum). `alpha` is for both rules together."""
-    prev_failure = float((previous or {}).get("failure", {}).get("p", 1.0))
-    prev_unsafe = float((previous or {}).get("unsafe", {}).get("p", 1.0))
-    failure = look_failure(Arm(subject_n, subject_failures), Arm(baseline_n, baseline_failures), alpha=alpha / 2,
-                           previous_p=prev_failure)
-    unsafe = look_unsafe(Arm(subject_n, subject_unsafe), Arm(baseline_n, baseline_unsafe), alpha=alpha / 2,
-                         previous_p=prev_unsafe)
-    return Look(subject={"n": subject_n, "failures": subject_failures, "unsafe": subject_unsafe},
-                baseline={"n": baseline_n, "failures": baseline_failures, "unsafe": baseline_unsafe},
-                failure=failure, unsafe=unsafe, enough=min(subject_n, baseline_n) >= min_per_arm)
+    and bound carry over: running minima). `*_known`: trajectories with a known outcome (success or failure;
+    default all), the failure rate's denominator; `*_triaged`: trajectories triaged (default all), the unsafe
+    rate's. `alpha` is for the three rules together."""
+    prev = previous or {}
+
+    def carried(metric: str) -> float:
+        return float((prev.get(metric) or {}).get("p", 1.0))
+
+    s_known = subject_n if subject_known is None else subject_known
+    b_known = baseline_n if baseline_known is None else baseline_known
+    s_triaged = subject_n if subject_triaged is None else subject_triaged
+    b_triaged = baseline_n if baseline_triaged is None else baseline_triaged
+    each = alpha / RULES
+    failure = look_failure(Arm(s_known, subject_failures), Arm(b_known, baseline_failures), alpha=each,
+                           previous_p=carried("failure"))
+    unsafe = look_unsafe(Arm(s_triaged, subject_unsafe), Arm(b_triaged, baseline_unsafe), alpha=each,
+                         previous_p=carried("unsafe"))
+    unknown = look_unsafe(Arm(subject_n, subject_n - s_known), Arm(baseline_n, baseline_n - b_known), alpha=each,
+                          previous_p=carried("unknown"), metric="unknown")
+    bounds = [b for b in (prev.get("upper"), increase_upper(Arm(s_known, subject_failures),
+                                                            Arm(b_known, baseline_failures))) if b is not None]
+    return Look(subject={"n": subject_n, "known": s_known, "failures": subject_failures, "triaged": s_triaged,
+                         "unsafe": subject_unsafe},
+                baseline={"n": baseline_n, "known": b_known, "failures": baseline_failures, "triaged": b_triaged,
+                          "unsafe": baseline_unsafe},
+                failure=failure, unsafe=unsafe, unknown=unknown, enough=min(s_known, b_known) >= min_per_arm,
+                upper=min(bounds) if bounds else None, tolerance=tolerance)

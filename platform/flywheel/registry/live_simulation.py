@@ -96,7 +96,8 @@ class _Arm:
         self.n = n
         self.unsafe = rng.binomial(n, unsafe_p)
         # When each cohort's outcomes are known: hour offsets 0, 1, 2, ... (exponential delay, binned).
-        self.failed_by, self.known_by = self._mature(rng, failed, traffic.delay), self._mature(rng, rest, traffic.delay)
+        self.failed_by = self._mature(rng, failed, traffic.delay)
+        self.known_by = self.failed_by + self._mature(rng, rest - failed, traffic.delay)
 
     def _mature(self, rng: np.random.Generator, counts: np.ndarray, delay: float) -> np.ndarray:
         """known[t]: of `counts` (per arrival hour), how many are known at look hour start + t + 1."""

@@ -111,9 +111,10 @@ def increase_upper(subject: Arm, baseline: Arm, *, tau: float = TAU_FAILURE, alp
     theta_hat + sqrt(2 v (v + tau^2) / tau^2 * (log(1/alpha) + log((v + tau^2) / v) / 2)), v the unpooled
     variance. Its running minimum over the looks is a confidence sequence's bound: above the true increase at
     every look with probability at least 1 - alpha (two-sided, so at least 1 - alpha / 2 on this side)."""
-    if not (subject.settled and baseline.settled):
+    if subject.n == 0 or baseline.n == 0:
         return None
-    ps, pb = subject.events / subject.n, baseline.events / baseline.n
+    # Agresti-Caffo's one added event and non-event per arm: a variance that is not zero at 0 or n events.
+    ps, pb = (subject.events + 1) / (subject.n + 2), (baseline.events + 1) / (baseline.n + 2)
     v = ps * (1 - ps) / subject.n + pb * (1 - pb) / baseline.n
     t2 = tau * tau
     radius = math.sqrt(2 * v * (v + t2) / t2 * (math.log(1 / alpha) + 0.5 * math.log((v + t2) / v)))
@@ -143,9 +144,12 @@ class RateLook:
     baseline_rate: float | None
     p: float  # always-valid, running minimum over the looks so far
     worse: bool  # p <= alpha and the subject's rate is the higher one
+    parts: dict[str, float] | None = None  # a rule of two tests: each one's running p
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        parts = out.pop("parts")
+        return {**out, **(parts or {})}
 
 
 def look_failure(subject: Arm, baseline: Arm, *, alpha: float = RULE_ALPHA, previous_p: float = 1.0,
@@ -220,6 +224,20 @@ class Look:
                 "reason": self.reason()}
 
 
+def look_failures(subject: Arm, baseline: Arm, *, alpha: float = RULE_ALPHA,
+                  previous: dict[str, Any] | None = None) -> RateLook:
+    """The failure rule: two always-valid tests, each with its own running minimum, combined by Bonferroni
+    (p = 2 min(p_mixture, p_conditional)): the mSPRT, strong at common rates but sound only on settled looks,
+    and the exact conditional test, sound from the first event (a production with no failure yet)."""
+    prev = previous or {}
+    mixture = always_valid_p(subject, baseline, tau=TAU_FAILURE, previous=float(prev.get("p_mixture", 1.0)))
+    conditional = look_unsafe(subject, baseline, previous_p=float(prev.get("p_conditional", 1.0))).p
+    p = min(1.0, 2 * min(mixture, conditional))
+    return RateLook(metric="failure", subject_rate=subject.rate, baseline_rate=baseline.rate, p=p,
+                    worse=bool(_higher(subject, baseline) and p <= alpha), parts={"p_mixture": mixture,
+                                                                                  "p_conditional": conditional})
+
+
 def look(*, subject_n: int, subject_failures: int, subject_unsafe: int, baseline_n: int, baseline_failures: int,
          baseline_unsafe: int, min_per_arm: int, previous: dict[str, Any] | None = None,
          subject_known: int | None = None, baseline_known: int | None = None,
@@ -239,8 +257,8 @@ def look(*, subject_n: int, subject_failures: int, subject_unsafe: int, baseline
     s_triaged = subject_n if subject_triaged is None else subject_triaged
     b_triaged = baseline_n if baseline_triaged is None else baseline_triaged
     each = alpha / RULES
-    failure = look_failure(Arm(s_known, subject_failures), Arm(b_known, baseline_failures), alpha=each,
-                           previous_p=carried("failure"))
+    failure = look_failures(Arm(s_known, subject_failures), Arm(b_known, baseline_failures), alpha=each,
+                            previous=prev.get("failure"))
     unsafe = look_unsafe(Arm(s_triaged, subject_unsafe), Arm(b_triaged, baseline_unsafe), alpha=each,
                          previous_p=carried("unsafe"))
     unknown = look_unsafe(Arm(subject_n, subject_n - s_known), Arm(baseline_n, baseline_n - b_known), alpha=each,

@@ -52,6 +52,7 @@ class Outcome:
     streams: int
     ends: dict[str, int] = field(default_factory=dict)
     at: list[int] = field(default_factory=list)  # subject trajectories at a "worse" decision
+    hours: list[int] = field(default_factory=list)  # and the hours since the start
 
     def share(self, end: str) -> float:
         return self.ends.get(end, 0) / self.streams
@@ -149,6 +150,7 @@ def canary(traffic: Traffic, *, streams: int, seed: int, min_per_arm: int = 1000
             if look.worse:
                 end = "worse"
                 out.at.append(s["n"])
+                out.hours.append(t + 1)
                 break
             if look.ready:
                 end = "promoted"
@@ -184,6 +186,7 @@ def watch(traffic: Traffic, *, streams: int, seed: int, hours: int = 24) -> Outc
             if look.worse:
                 end = "worse"
                 out.at.append(s["n"])
+                out.hours.append(t + 1)
                 break
         out.ends[end] = out.ends.get(end, 0) + 1
     return out

@@ -1,46 +1,49 @@
-"""Sequential tests on live traffic: is one version's rate of an event (a failure, an unsafe action) higher
-than another's? Valid however often it is looked at, so the canary decision and the watch may look at every
-sweep and stop the moment the evidence is there. Two rules, each at alpha / 2 (Bonferroni), so that an equal
-version is called worse by either at most alpha (5%) of the time.
+"""Sequential tests on live traffic: is one version's rate of an event (a failure, an unsafe action, an unknown
+outcome) higher than another's? Valid however often they are looked at, so the canary decision and the watch may
+look at every sweep and stop the moment the evidence is there. Three rules, each at alpha / 3 (Bonferroni), so
+that an equal version is called worse by any of them at most alpha (5%) of the time. Each is one-sided: a look
+carries evidence forward only when the subject's rate is the higher one (evidence that it was better is not
+evidence that it is worse).
 
-**Failures: mSPRT** (mixture sequential probability ratio test; Robbins 1970, as used for always-valid
-p-values by Johari, Pekelis and Walsh, "Always valid inference", 2017). The difference of the two rates,
-theta = p_subject - p_baseline, is estimated by theta_hat with variance v = p(1-p)(1/n_s + 1/n_b) (p pooled: the
-variance under H0 "no difference"). Against a normal mixture theta ~ N(0, tau^2) over the alternatives, the
-likelihood ratio of the normal approximation is
+**Failures, over known outcomes** (success or failure: an `unknown` outcome, or one still to come, is neither).
+Two always-valid tests, each with its own running minimum, combined as p = 2 min(p1, p2):
 
-    Lambda = sqrt(v / (v + tau^2)) * exp(theta_hat^2 tau^2 / (2 v (v + tau^2)))
+- an mSPRT (mixture sequential probability ratio test; Robbins 1970, as used for always-valid p-values by
+  Johari, Pekelis and Walsh, "Always valid inference", 2017). The difference of the two rates, theta =
+  p_subject - p_baseline, is estimated by theta_hat with variance v = p(1-p)(1/n_s + 1/n_b) (p pooled: the
+  variance under H0). Against a normal mixture theta ~ N(0, tau^2), tau = 0.1,
 
-Under H0, Lambda is a nonnegative martingale with mean 1 along the stream, so by Ville's inequality P(Lambda
-ever >= 1/alpha) <= alpha: the always-valid p-value, min over looks of 1/Lambda, is below alpha with
-probability at most alpha however many looks are taken. tau = 0.1, the ten points the test should find
-fastest. "Worse" needs the subject's rate to be the higher one too (one-sided; the two-sided bound covers
-it).
+      Lambda = sqrt(v / (v + tau^2)) * exp(theta_hat^2 tau^2 / (2 v (v + tau^2)))
 
-**Unsafe actions: an exact conditional test**, because the normal approximation fails on rare events with
-unequal arms (simulated, an equal canary at 5% of the traffic and a 1% unsafe rate was called worse 6% of
-the time at alpha 2.5%). Given k unsafe trajectories in both arms, under H0 each is the subject's with
-probability q0 = n_s / (n_s + n_b), its share of the traffic; the mixture over that probability, q ~
-Beta(1, 1), gives the likelihood ratio
+  is a nonnegative martingale with mean 1 under H0, so by Ville's inequality P(Lambda ever >= 1/alpha) <=
+  alpha. It rests on the normal approximation, so only looks where each arm has MIN_EACH (5) failures and 5
+  successes enter its minimum: an early look (1 failure of 2 against 0 of 58 gave p = 0.0005) no longer carries
+  forward for good;
+- the exact conditional test below, sound from the first failure (a production with no failure yet).
+
+**Unsafe actions, over triaged trajectories, and unknown outcomes, over all: an exact conditional test.** Given
+k events in both arms, under H0 each is the subject's with probability q0 = n_s / (n_s + n_b), its share of the
+traffic (whatever the rate, the time of day or the delay, as long as both arms are served at the same hours);
+the mixture over that probability, q ~ Beta(1, 1), gives
 
     Lambda = B(1 + x, 1 + k - x) / (q0^x (1 - q0)^(k - x))
 
-for x of the k in the subject: a martingale in the events under H0, so the same always-valid p-value. It
-is strict: a handful of unsafe actions where the baseline had almost none is enough.
+for x of the k in the subject: a martingale in the events under H0, so the same always-valid p-value.
 
-Error rates, by simulation (`tests/platform/registry/test_sequential.py` prints them; 2,000 streams, 20%
-failures and 1% unsafe actions in the baseline, a look every 50 trajectories per arm, 2,000 per arm at most):
-- equal versions: called worse 1.1% of the time by both rules together (failure rule 0.5%, unsafe 0.5%); at a
-  canary's 10% share (looks every 20 canary / 180 production trajectories, to 1,000 canary) 1.6%, at a 5%
-  share 1.6%. The bound is 5%; the discrete looks make it conservative;
-- failures ten points worse (20% → 30%): caught in 100% of streams within 2,000 per arm, after a median of
-  400 canary trajectories; unsafe actions 1% → 4%: caught in 100%, median 550.
-A canary not shown worse once each arm has `canary_min_per_arm` trajectories is promoted there, so that
-minimum sets the power: at 500 (the default) a ten-point failure rise is caught 70% of the time and unsafe
-1% → 4% about 50%; at 1,000, 98% and 91%.
-The watch compares a growing stream with a fixed baseline (the replaced version's traffic before the move,
-2,000 trajectories in the simulation): equal versions flagged 0.9%; ten points worse caught 100% (median 200
-trajectories); unsafe 1% → 4% caught 99.9% (median 250).
+**Promotion: a bound, not "no harm found".** `increase_upper` is an always-valid upper bound on theta (the same
+mixture inverted: the largest theta0 its test of "the increase is theta0" does not reject at UPPER_ALPHA, with
+one added failure and success per arm so its variance is never zero), its running minimum a confidence
+sequence. A look is `ready` when each arm has `min_per_arm` known outcomes, nothing is worse, and that bound is at
+most the project's tolerance (5 points by default): a canary whose increase is at least the tolerance is then
+promoted at most UPPER_ALPHA / 2 of the time.
+
+Error rates, by simulation of traffic as the product sees it (flywheel.registry.live_simulation; tests/platform/
+registry/test_live_simulation.py prints them with intervals, bench/production.py over a grid of shares 5-50%,
+failure rates 2-50%, daily swings, late and unknown outcomes; the README has the table): an equal canary called
+worse 0.8-1.2% at a 5% share with 1-2% failures (it was 7.3-7.8%); a five-point regression promoted 1.0% at the
+defaults (27-51% before); the watch with a 5% holdback under +-5-point daily swings and outcomes 2 h late flags an
+equal version 0.0% [0.0, 0.6] and catches ten points 96.5%; a canary whose extra failures come back unknown is
+caught 100% (3% before). tests/platform/registry/test_sequential.py keeps the earlier stand-in streams.
 """
 
 from __future__ import annotations

@@ -156,7 +156,10 @@ def live_context(*, project: Project) -> dict[str, Any]:
             panel.append({"check": check, "arms": arms(check), "next": next_step(check),
                           "look": check.evidence.get("look") or {}, "trusted": trusted_text(check),
                           "bound": bound_text(check)})
+    from flywheel.registry.serving import serving_split
+
     return {"canary_alias": current, "live_panel": panel, "live_rules": canary.live_rules_of(config),
+            "holdback": serving_split(project)["holdback"],
             "canary_percent": f"{config.canary_weight:.0%}", "canary_percent_number": round(config.canary_weight * 100),
             "live_checks": canary.checks_of(project=project, limit=10),
             "actors": ACTORS}

@@ -35,7 +35,7 @@ from django.db.models import Count, Exists, Max, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from flywheel import outbox
+from flywheel import fields, outbox
 from flywheel.accounts.models import Project
 from flywheel.accounts.services import project_lock
 from flywheel.registry import evidence as live_evidence
@@ -103,7 +103,8 @@ def _last_trajectory_id(project: Project) -> int:
 LIVE_RULE_FIELDS = ("canary_weight", "canary_min_per_arm", "canary_max_hours", "canary_auto", "canary_tolerance",
                     "watch_hours", "watch_trajectories", "watch_rollback", "watch_holdback", "notify_emails")
 # Shares a field holds: (lowest, highest, whether the lowest itself is allowed, the example in its message).
-_SHARES = {"canary_tolerance": (0.0, 0.5, False, "0.05 (five points)"),
+_SHARES = {"canary_weight": (0.0, 0.99, False, "0.1 (10% of traffic)"),
+           "canary_tolerance": (0.0, 0.5, False, "0.05 (five points)"),
            "watch_holdback": (0.0, 0.5, True, "0.05 (5% of traffic; 0 turns the holdback off)")}
 _LIMITS = {"canary_min_per_arm": (1, 1_000_000), "canary_max_hours": (1, 24 * 90), "watch_hours": (0, 24 * 90),
            "watch_trajectories": (0, 10_000_000)}
@@ -143,49 +144,17 @@ def live_rules_set(*, project: Project, data: dict[str, Any]) -> RegistrySetting
                 else:
                     config.notify_emails = "\n".join(lines)
                 continue
-            text = text.strip()
-            if text == "":
-                continue
             if name in _BOOLEANS:
-                if isinstance(raw, bool):
-                    setattr(config, name, raw)
-                elif text.lower() in {"true", "on", "1", "false", "off", "0"}:
-                    setattr(config, name, text.lower() in {"true", "on", "1"})
-                else:
-                    errors[name] = "true or false."
+                value = fields.flag(data, name, errors)
             elif name in _SHARES:
                 low, high, low_allowed, example = _SHARES[name]
-                try:
-                    share = float(text)
-                except ValueError:
-                    errors[name] = f"A number, like {example}."
-                    continue
-                if share != share or not (low <= share if low_allowed else low < share) or share > high:
-                    errors[name] = (f"A number {'from' if low_allowed else 'above'} {low:g} to {high:g}, like "
-                                    f"{example}; not {text}.")
-                else:
-                    setattr(config, name, share)
-            elif name == "canary_weight":
-                try:
-                    weight = float(text)
-                except ValueError:
-                    errors[name] = "A number, like 0.1 (10% of traffic)."
-                    continue
-                problem = _weight_error(weight)
-                if problem:
-                    errors[name] = problem
-                else:
-                    config.canary_weight = weight
+                value = fields.number(data, name, errors, low=low, high=high, low_open=not low_allowed,
+                                      example=example)
             else:
                 low, high = _LIMITS[name]
-                if isinstance(raw, bool) or not (text.isascii() and text.isdigit()):
-                    errors[name] = f"A whole number from {low} to {high:,}."
-                    continue
-                value = int(text)
-                if not low <= value <= high:
-                    errors[name] = f"A whole number from {low} to {high:,}, not {value:,}."
-                else:
-                    setattr(config, name, value)
+                value = fields.whole(data, name, errors, low=low, high=high)
+            if value is not None:
+                setattr(config, name, value)
         if errors:
             raise ValidationError(errors)
         config.save()

@@ -23,10 +23,10 @@ back by itself."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.stats import binomtest
 
 from flywheel.registry import sequential
 
@@ -64,14 +64,12 @@ class Outcome:
         return int(np.median(self.at)) if self.at else None
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson interval of k in n."""
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """The 95% Wilson interval of k in n (scipy's)."""
     if n == 0:
         return 0.0, 1.0
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 class _Arm:

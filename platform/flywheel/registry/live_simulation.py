@@ -4,7 +4,9 @@ stops), for the error rates that tests/platform/registry/test_live_simulation.py
 prints over a grid. Pure: numpy and flywheel.registry.sequential, no Django.
 
 The traffic: `rate` trajectories an hour (Poisson), split between the arms by `share` (the canary's weight, or
-the watch's holdback on the replaced version), a look every hour. Each trajectory:
+the watch's holdback on the replaced version), a look every `step` hours (an hour by default; the product looks
+every sweep, and early looks on few trajectories are where a running minimum goes wrong, so the small-share test
+looks every 5 minutes). Each trajectory:
 
 - is unknown for good with probability `unknown` (the agent never learns how it went);
 - else fails with its arm's failure rate at its hour: `failure` (+ `worse_by` on the subject) + `drift` *
@@ -73,12 +75,13 @@ def wilson(k: int, n: int) -> tuple[float, float]:
 
 
 class _Arm:
-    """One arm's trajectories of one stream, hour by hour, with when each outcome becomes known."""
+    """One arm's trajectories of one stream, `step` hours at a time (`hours` such steps), with when each outcome
+    becomes known."""
 
     def __init__(self, rng: np.random.Generator, traffic: Traffic, per_hour: float, hours: int, *, subject: bool,
-                 start: int, phase: float, arrive: int | None = None) -> None:
-        h = np.arange(start, start + hours)
-        n = rng.poisson(per_hour, size=hours)
+                 start: int, phase: float, arrive: int | None = None, step: float = 1.0) -> None:
+        h = np.arange(start, start + hours) * step
+        n = rng.poisson(per_hour * step, size=hours)
         n[hours if arrive is None else arrive:] = 0  # after `arrive` hours, outcomes only mature
         fail = np.clip(traffic.failure + traffic.drift * np.sin(2 * np.pi * (h + phase) / 24), 0.001, 0.999)
         extra = traffic.worse_by if subject else 0.0
@@ -95,8 +98,8 @@ class _Arm:
         self.n = n
         self.unsafe = rng.binomial(n, unsafe_p)
         # When each cohort's outcomes are known: hour offsets 0, 1, 2, ... (exponential delay, binned).
-        self.failed_by = self._mature(rng, failed, traffic.delay)
-        self.known_by = self.failed_by + self._mature(rng, rest - failed, traffic.delay)
+        self.failed_by = self._mature(rng, failed, traffic.delay / step)
+        self.known_by = self.failed_by + self._mature(rng, rest - failed, traffic.delay / step)
 
     def _mature(self, rng: np.random.Generator, counts: np.ndarray, delay: float) -> np.ndarray:
         """known[t]: of `counts` (per arrival hour), how many are known at look hour start + t + 1."""
@@ -130,25 +133,27 @@ def _look(subject: dict[str, int], baseline: dict[str, int], *, min_per_arm: int
 
 
 def canary(traffic: Traffic, *, streams: int, seed: int, min_per_arm: int = 1000, max_hours: int = 72,
-           tolerance: float = sequential.TOLERANCE) -> Outcome:
-    """The canary decision over `streams` simulated canaries: ends "worse" (rolled back), "promoted" or
-    "expired"."""
+           tolerance: float = sequential.TOLERANCE, step: float = 1.0) -> Outcome:
+    """The canary decision over `streams` simulated canaries, a look every `step` hours: ends "worse" (rolled
+    back), "promoted" or "expired"."""
     rng = np.random.default_rng(seed)
     out = Outcome(streams=streams)
+    looks = int(round(max_hours / step))
     for _ in range(streams):
         phase = rng.uniform(0, 24)
-        subject = _Arm(rng, traffic, traffic.rate * traffic.share, max_hours, subject=True, start=0, phase=phase)
-        baseline = _Arm(rng, traffic, traffic.rate * (1 - traffic.share), max_hours, subject=False, start=0,
-                        phase=phase)
+        subject = _Arm(rng, traffic, traffic.rate * traffic.share, looks, subject=True, start=0, phase=phase,
+                       step=step)
+        baseline = _Arm(rng, traffic, traffic.rate * (1 - traffic.share), looks, subject=False, start=0,
+                        phase=phase, step=step)
         previous, end = None, "expired"
-        for t in range(max_hours):
+        for t in range(looks):
             s = subject.at(t)
             look = _look(s, baseline.at(t), min_per_arm=min_per_arm, tolerance=tolerance, previous=previous)
             previous = look.to_dict()
             if look.worse:
                 end = "worse"
                 out.at.append(s["n"])
-                out.hours.append(t + 1)
+                out.hours.append((t + 1) * step)
                 break
             if look.ready:
                 end = "promoted"
@@ -157,34 +162,36 @@ def canary(traffic: Traffic, *, streams: int, seed: int, min_per_arm: int = 1000
     return out
 
 
-def watch(traffic: Traffic, *, streams: int, seed: int, hours: int = 24) -> Outcome:
+def watch(traffic: Traffic, *, streams: int, seed: int, hours: int = 24, step: float = 1.0) -> Outcome:
     """The watch over `streams` simulated promotions: ends "worse" (flagged or rolled back) or "passed". With
     `traffic.share` > 0 the replaced version keeps that share (the holdback) and both arms are concurrent;
     with 0, the baseline is the replaced version's `hours` of all traffic before the move, recounted each look."""
     rng = np.random.default_rng(seed)
     out = Outcome(streams=streams)
     concurrent = traffic.share > 0
+    looks = int(round(hours / step))
     for _ in range(streams):
         phase = rng.uniform(0, 24)
         if concurrent:
-            subject = _Arm(rng, traffic, traffic.rate * (1 - traffic.share), hours, subject=True, start=0,
-                           phase=phase)
-            baseline = _Arm(rng, traffic, traffic.rate * traffic.share, hours, subject=False, start=0, phase=phase)
+            subject = _Arm(rng, traffic, traffic.rate * (1 - traffic.share), looks, subject=True, start=0,
+                           phase=phase, step=step)
+            baseline = _Arm(rng, traffic, traffic.rate * traffic.share, looks, subject=False, start=0, phase=phase,
+                            step=step)
         else:
-            subject = _Arm(rng, traffic, traffic.rate, hours, subject=True, start=0, phase=phase)
+            subject = _Arm(rng, traffic, traffic.rate, looks, subject=True, start=0, phase=phase, step=step)
             # The `hours` before the move, run on to the watch's end so that late outcomes keep maturing.
-            baseline = _Arm(rng, traffic, traffic.rate, 2 * hours, subject=False, start=-hours, phase=phase,
-                            arrive=hours)
+            baseline = _Arm(rng, traffic, traffic.rate, 2 * looks, subject=False, start=-looks, phase=phase,
+                            arrive=looks, step=step)
         previous, end = None, "passed"
-        for t in range(hours):
+        for t in range(looks):
             s = subject.at(t)
-            b = baseline.at(t) if concurrent else baseline.at(hours + t)
+            b = baseline.at(t) if concurrent else baseline.at(looks + t)
             look = _look(s, b, min_per_arm=1, tolerance=1.0, previous=previous)
             previous = look.to_dict()
             if look.worse:
                 end = "worse"
                 out.at.append(s["n"])
-                out.hours.append(t + 1)
+                out.hours.append((t + 1) * step)
                 break
         out.ends[end] = out.ends.get(end, 0) + 1
     return out

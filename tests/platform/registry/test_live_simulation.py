@@ -51,11 +51,13 @@ def test_a_worse_canary_whose_extra_failures_come_back_unknown_is_caught():
 def test_an_equal_canary_at_a_small_share_stays_within_its_error_budget():
     """Defect 3: an early look on a handful of canary trajectories entered the running minimum for good (1 of 2
     failed against 0 of 58: p = 0.0005); at a 5% share the failure rule alone reached 7.8% against its 2.5%
-    budget at 1% failures, the canary 7.3% at 2%. Only settled looks enter the mixture test now, and the exact
-    conditional test covers the first events."""
+    budget at 1% failures, the canary 7.3% at 2% (this simulation with the old rules: 7.5% and 6.7%). Only
+    settled looks enter the mixture test now, and the exact conditional test covers the first events."""
     for failure in (0.01, 0.02):
-        out = sim.canary(sim.Traffic(share=0.05, failure=failure), streams=STREAMS, seed=31)
-        print(f"\nequal canary at a 5% share, {failure:.0%} failures: called worse {_figure(out, 'worse')} "
+        # A look every 5 minutes, as the sweep looks: the early looks on a handful of trajectories are the defect.
+        out = sim.canary(sim.Traffic(share=0.05, failure=failure), streams=400, seed=31, step=1 / 12)
+        print(f"\nequal canary at a 5% share, {failure:.0%} failures, a look every 5 minutes: called worse "
+              f"{_figure(out, 'worse')} "
               f"(the budget: {sequential.ALPHA:.0%} for the three rules)")
         assert out.interval("worse")[1] <= sequential.ALPHA
     early = sequential.look(subject_n=2, subject_failures=1, subject_unsafe=0, baseline_n=58, baseline_failures=0,

@@ -218,7 +218,13 @@ def build_tiny(out: str | Path, *, n_tasks: int = 2000, steps: int = 1000, noise
             "n_tasks": n_tasks, "steps": steps, "noise": noise, "seed": seed, "examples": len(examples),
             "parameters": sum(p.numel() for p in params), "seconds": round(time.perf_counter() - t0, 1)}
     (out / "tiny.json").write_text(json.dumps(meta, indent=1))
-    load_model(out, device="cpu")  # prove it loads back through the real-model path
+    # Prove it loads back through the real-model path, with the tokenization it was trained on: a model read
+    # with another tokenizer (transformers' Qwen2Tokenizer on a qwen2 folder) solved almost nothing.
+    _, loaded = load_model(out, device="cpu")
+    for text in texts[:20]:
+        if loaded.encode(text, add_special_tokens=False) != tokenizer.encode(text, add_special_tokens=False):
+            raise RuntimeError(f"{out}: the saved tokenizer loads back as {type(loaded).__name__}, which tokenizes "
+                               "the training text differently from the tokenizer the model was trained with")
     return out
 
 

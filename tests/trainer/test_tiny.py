@@ -1,6 +1,7 @@
 """The tiny model's warm start computes the same recipe on every device: float32 arithmetic whatever the
 process's matmul precision or default dtype, a learning rate that falls with the width, and the model that
-was trained is the one saved."""
+was trained is the one saved, read back with the tokenizer it was trained with (as a Qwen2 too, the
+architecture the GPU suite builds)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,21 @@ def test_the_learning_rate_falls_with_the_width(tmp_path):
     meta = json.loads((build_tiny(tmp_path / "m", n_tasks=40, steps=1, hidden=256, layers=1, heads=4)
                        / "tiny.json").read_text())
     assert meta["lr"] == pytest.approx(1.5e-3) and meta["device"] == "cpu"
+
+
+def test_a_qwen2_build_loads_back_with_the_tokenization_it_was_trained_on(tmp_path):
+    """transformers 5 reads every `qwen2` folder with Qwen2Tokenizer, whose own pre-tokenizer splits the
+    tiny model's whole-word and digit-run tokens apart (`2026` into four digits): the GPU suite's Qwen2 builds
+    were evaluated on token sequences they never saw and solved 0-2% of the tasks (a third with their own
+    tokenizer). `load_tokenizer` reads a folder's tokenizer.json as saved."""
+    from tokenizers import Tokenizer
+
+    from trainer.models import load_tokenizer
+
+    path = build_tiny(tmp_path / "q", n_tasks=40, steps=1, hidden=32, layers=1, arch="qwen2")
+    saved = Tokenizer.from_file(str(path / "tokenizer.json"))
+    text = '<|assistant|><tool_call>{"name": "reschedule_event", "arguments": {"date": "2026-03-13"}}</tool_call>'
+    tokenizer = load_tokenizer(path)
+    assert tokenizer.encode(text, add_special_tokens=False) == saved.encode(text, add_special_tokens=False).ids
+    assert "2026" in tokenizer.tokenize(text)
+    assert (tokenizer.pad_token, tokenizer.eos_token) == ("<|pad|>", "<|end|>") and tokenizer.chat_template

@@ -49,12 +49,13 @@ SHIPPED_DEMO_MODEL = REPO / "platform" / "flywheel" / "registry" / "demo_model"
 PARTS = ("warm_start", "learning", "rollout", "trl", "memory")
 
 # What each part runs at, on a GPU and in the CPU dry run (--tiny). The GPU's learning model: 8 layers of
-# hidden 512 (21M parameters), warm-started for 1000 steps at its width's learning rate. The dry run's learning
+# hidden 512 (21M parameters), warm-started for 2000 steps at its width's learning rate (on the CPU a tiny
+# Qwen2 of seed 0 solved 0.11 of the holdout after 1000 steps and 0.46 after 2000). The dry run's learning
 # model is the shipped demo model (model=None): a 40-step warm start solves nothing, and a dry run whose groups
 # all score alike would never reach the loss's gradient.
 SETTINGS = {
-    "gpu": dict(warm_steps=1000, warm_tasks=2000, eval_tasks=64, eval_samples=4, model="21m", model_steps=1000, grpo_steps=30,
-                prompts=8, generations=8, sizes="tiny,125m,500m", trl_steps=10, trl_holdout=100,
+    "gpu": dict(warm_steps=1000, warm_tasks=2000, eval_tasks=64, eval_samples=4, model="21m", model_steps=2000,
+                grpo_steps=30, prompts=8, generations=8, sizes="tiny,125m,500m", trl_steps=10, trl_holdout=100,
                 trl_eval_samples=4, memory=[]),
     "tiny": dict(warm_steps=40, warm_tasks=300, eval_tasks=8, eval_samples=2, model=None, model_steps=0,
                  grpo_steps=2, prompts=4, generations=4, sizes="tiny", trl_steps=2, trl_holdout=4, trl_eval_samples=1,

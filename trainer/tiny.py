@@ -136,8 +136,9 @@ BASE_LR, BASE_HIDDEN = 3e-3, 128
 
 def default_lr(hidden: int) -> float:
     """The warm start's peak learning rate: 3e-3 up to the tiny model's width, then falling as 1/width (Adam's
-    update to a d x d matrix moves its outputs about d times as much; GPT-3 trained 125M at 6e-4). At a constant
-    3e-3 the 21M and 125M builds on a GPU solved no task."""
+    update to a d x d matrix moves its outputs about d times as much; GPT-3 trained 125M at 6e-4). The 21M and
+    127M builds that solved nothing on a GPU ran at 3e-3, but they were also read back with the wrong tokenizer
+    (`trainer.models.load_tokenizer`), so this rule is the usual one, not yet a measured fix."""
     return BASE_LR * min(1.0, BASE_HIDDEN / hidden)
 
 

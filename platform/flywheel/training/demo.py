@@ -1,8 +1,9 @@
 """The loop's demo project (`make run`): a workplace assistant played by the tiny model itself, so that its
 failures are real failures of a real policy. After the demo model is built and registered as production, the
 worker runs it on workplace requests, ingests what it did as trajectories (a verifier says success or failure),
-promotes the failures into a task set, and makes a holdout suite of other requests: a new user can train with
-one click, read the gate's report, promote and roll back, all on a CPU. Idempotent: found by name."""
+promotes the failures into a task set (all but a few, left for a person to promote into a regression case), and
+makes a holdout suite of other requests: a new user can train with one click, read the gate's report, promote
+and roll back, all on a CPU. Idempotent: found by name."""
 
 from __future__ import annotations
 
@@ -100,9 +101,29 @@ def _unique_requests(tasks: list[dict[str, Any]], n: int) -> list[dict[str, Any]
     return out
 
 
+# Every tenth failure stays out of the task set, so that the demo has failures a person can still promote into
+# a regression case (the leakage guard refuses a failure that is already a task, or whose request is one).
+LEFT_FOR_REVIEW_EVERY = 10
+
+
+def _left_for_review(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The failures kept out of the task set: every LEFT_FOR_REVIEW_EVERY-th (at least one when there are
+    two), less any whose request is a task's request, normalised (it could never be promoted to the other
+    side). Reworded requests are the guard's to judge when a person promotes one: the workplace requests of
+    one kind differ by their ids, dates and names, which the guard reads as different requests."""
+    from flywheel.evals import rows as row_shape
+
+    if len(failed) < 2:
+        return []
+    picked = failed[1::LEFT_FOR_REVIEW_EVERY]
+    trained = {row_shape.prompt_digest(r["messages"]) for r in failed if r not in picked}
+    return [r for r in picked if row_shape.prompt_digest(r["messages"]) not in trained]
+
+
 def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int = 300, n_holdout: int = 100,
                    n_regression: int = 20, progress=None) -> dict:
-    """Trajectories from the model's own play, failures promoted into a task set, a holdout of other requests
+    """Trajectories from the model's own play, failures promoted into a task set (but those `_left_for_review`
+    keeps out), a holdout of other requests
     (distinct, from the held-out split) and a regression suite of requests production got right, each with a
     first version, and the project's training recipe. Nothing is done twice."""
     from flywheel.environments.models import TaskSet
@@ -148,9 +169,10 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
                                    description="The tiny model's failed workplace requests, with the expected call.")
         failed = [row for row in train_rows if not cases[row["id"]]["passed"]]
         passed = [row for row in train_rows if cases[row["id"]]["passed"]]
+        left_out = _left_for_review(failed)
         # Fewer than a dozen failures would give GRPO little to learn from: top up with requests it passed.
-        topped = passed[: max(0, 24 - len(failed))]
-        chosen = failed + topped
+        topped = passed[: max(0, 24 - (len(failed) - len(left_out)))]
+        chosen = [row for row in failed if row not in left_out] + topped
         for row in chosen:
             task_set.items.create(**item_fields(row, by_external.get(f"workplace-{row['id']}")))
         version_create(collection=task_set, user=user, note="the demo's failures")
@@ -175,7 +197,7 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
 
     defaults_save(project=project, config=DEMO_RECIPE, user=user)
     return {"seeded": True, "trajectories": len(records), "failed": len(failed), "tasks": len(chosen),
-            "holdout": len(held), "regression": min(n_regression, len(kept))}
+            "left_for_review": len(left_out), "holdout": len(held), "regression": min(n_regression, len(kept))}
 
 
 def loop_demo_suites(project: Project) -> dict[str, Any]:

@@ -3,10 +3,12 @@ requests a holdout and a regression suite, from which a job can start at once; s
 
 from __future__ import annotations
 
+from flywheel.evals import promotion
 from flywheel.registry import services as registry
 from flywheel.training import services
-from flywheel.training.demo import DEMO_RECIPE, loop_demo_seed, loop_demo_suites, loop_project
+from flywheel.training.demo import DEMO_RECIPE, _row, loop_demo_seed, loop_demo_suites, loop_project
 from flywheel.trajectories.models import Trajectory
+from trainer.envs.workplace import generate_tasks
 
 
 def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
@@ -24,7 +26,10 @@ def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
     task_version = suites["task_set"].versions.get()
     failed_ids = set(trajectories.filter(outcome="failure").values_list("id", flat=True))
     promoted = {row["origin"]["trajectory_id"] for row in task_version.rows}
-    assert failed_ids <= promoted  # every failure became a task
+    # Every failure became a task but those left for a person to promote into a regression case.
+    assert seeded["left_for_review"] >= 1
+    left = failed_ids - promoted
+    assert len(left) == seeded["left_for_review"]
     assert suites["holdout"].versions.get().size == 6
     regression = suites["regression"].versions.get()
     assert regression.size == seeded["regression"] <= 3
@@ -39,6 +44,17 @@ def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
     assert job.status == "evaluating"
     assert loop_demo_seed(project=project, model_dir=tiny_model, user=user) == {"seeded": False}
     assert Trajectory.objects.filter(project=project).count() == 12
+
+    # A failure left out is promoted into the regression suite with the form's defaults: the leakage guard
+    # finds it on no task.
+    trajectory = trajectories.get(pk=min(left))
+    request = int(trajectory.external_id.removeprefix("workplace-req-"))
+    task = generate_tasks(12, seed=21, split="train", difficulty="single")[request]
+    data = {**promotion.promotion_prefill(trajectory=trajectory),  # corrected to the request's expected call
+            "expected_calls": _row(task, "r")["verifier"]["expected_calls"]}
+    case, check = promotion.trajectory_promote(trajectory=trajectory, data=data, target=suites["regression"], user=user)
+    assert check.conflicts == [] and check.doubts == [] and case.trajectory_id == trajectory.pk
+    assert suites["regression"].versions.count() == 2
 
 
 def test_the_pages_say_what_the_worker_is_doing_while_it_seeds(user, client_for):

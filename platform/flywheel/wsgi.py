@@ -12,3 +12,12 @@ application = get_wsgi_application()
 from django.urls import get_resolver  # noqa: E402
 
 get_resolver().url_patterns  # noqa: B018
+
+# The leakage guard's sentence model, loaded beside the first requests instead of inside the first promotion
+# check (a request that needs it meanwhile waits for the load under the model's lock, no longer).
+from django.conf import settings  # noqa: E402
+
+if settings.FLYWHEEL_PRELOAD_SENTENCE_MODEL:
+    from flywheel.failures.clustering.embedding import preload_shared_model  # noqa: E402
+
+    preload_shared_model()

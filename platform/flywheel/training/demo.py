@@ -106,18 +106,30 @@ def _unique_requests(tasks: list[dict[str, Any]], n: int) -> list[dict[str, Any]
 LEFT_FOR_REVIEW_EVERY = 10
 
 
-def _left_for_review(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The failures kept out of the task set: every LEFT_FOR_REVIEW_EVERY-th (at least one when there are
-    two), less any whose request is a task's request, normalised (it could never be promoted to the other
-    side). Reworded requests are the guard's to judge when a person promotes one: the workplace requests of
-    one kind differ by their ids, dates and names, which the guard reads as different requests."""
+def _clear_of(rows: list[dict[str, Any]], others: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` less those the leakage guard would hold for the same request as one of `others`: the same
+    normalised request, or a reworded one, certain or unsure (`leakage.conflicts_between`, the rules a job's
+    start and a promotion apply). Workplace requests of one kind reworded ('Delete task T3 "Design api docs".'
+    and 'Remove "Design api docs" (T3).') are one request to the guard: the demo must not put them on both
+    sides, or the one click is refused before it starts."""
+    from flywheel.evals import leakage
     from flywheel.evals import rows as row_shape
 
+    def candidate(row: dict[str, Any]) -> Any:
+        return leakage.Candidate(str(row["id"]), None, row_shape.prompt_digest(row["messages"]),
+                                 row_shape.last_user_request(row["messages"]))
+
+    held = {c.candidate for c in leakage.conflicts_between([candidate(r) for r in rows], [candidate(o) for o in others])}
+    return [row for row in rows if str(row["id"]) not in held]
+
+
+def _left_for_review(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The failures kept out of the task set: every LEFT_FOR_REVIEW_EVERY-th (none of fewer than two), less
+    any the guard would refuse as a regression case beside the failures that do become tasks."""
     if len(failed) < 2:
         return []
     picked = failed[1::LEFT_FOR_REVIEW_EVERY]
-    trained = {row_shape.prompt_digest(r["messages"]) for r in failed if r not in picked}
-    return [r for r in picked if row_shape.prompt_digest(r["messages"]) not in trained]
+    return _clear_of(picked, [r for r in failed if r not in picked])
 
 
 def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int = 300, n_holdout: int = 100,
@@ -178,9 +190,10 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
         version_create(collection=task_set, user=user, note="the demo's failures")
         holdout = suite_create(project=project, name=HOLDOUT_NAME, kind="holdout", user=user,
                                description="Workplace requests the model never trains on.")
-        held = _unique_requests(generate_tasks(n_holdout * 2, seed=22, split="holdout", difficulty="single"), n_holdout)
-        for i, task in enumerate(held):
-            holdout.items.create(**item_fields(_row(task, f"hold-{i}")))
+        pool = _unique_requests(generate_tasks(n_holdout * 2, seed=22, split="holdout", difficulty="single"), n_holdout * 2)
+        held = _clear_of([_row(task, f"hold-{i}") for i, task in enumerate(pool)], chosen)[:n_holdout]
+        for row in held:
+            holdout.items.create(**item_fields(row))
         version_create(collection=holdout, user=user, note="the demo's holdout")
         regression = suite_create(project=project, name=REGRESSION_NAME, kind="regression", user=user,
                                   description="Requests production gets right and must keep getting right.")
@@ -189,13 +202,21 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
         # "Build from production's passes"; the gate's regression rule (the whole suite's failed samples and each
         # case's, exact conditional tests) tells a loss from noise at any pass rate.
         trained = {row_shape.prompt_digest(r["messages"]) for r in chosen}
-        kept = [r for r in passed if r not in topped and row_shape.prompt_digest(r["messages"]) not in trained]
+        kept = _clear_of([r for r in passed if r not in topped and row_shape.prompt_digest(r["messages"]) not in trained],
+                         chosen)
         for row in kept[:n_regression]:
             regression.items.create(**item_fields(row, by_external.get(f"workplace-{row['id']}")))
         version_create(collection=regression, user=user, note="requests production got right when played")
     from flywheel.training.services import defaults_save
 
     defaults_save(project=project, config=DEMO_RECIPE, user=user)
+    # The leakage guard's vectors of every request on both sides, made here on the worker: else the first
+    # promotion check runs the sentence model over them all in a person's request (8 s for 180 requests).
+    from flywheel.evals.leakage import request_vectors_fill
+
+    if progress:
+        progress("Reading the task set's and the suites' requests for the leakage guard.")
+    request_vectors_fill(projects=[project])
     return {"seeded": True, "trajectories": len(records), "failed": len(failed), "tasks": len(chosen),
             "left_for_review": len(left_out), "holdout": len(held), "regression": min(n_regression, len(kept))}
 

@@ -73,3 +73,18 @@ def test_the_pages_say_what_the_worker_is_doing_while_it_seeds(user, client_for)
     assert demo_status_of(project=project) is None
     assert "No trajectories match" in client_for(user).get(reverse("trajectory_list", args=[project.slug])).content.decode()
     assert "No trajectories yet" in client_for(user).get(reverse("flywheel_dashboard", args=[project.slug])).content.decode()
+
+
+def test_the_demo_puts_no_reworded_request_on_both_sides(db):
+    """Seen on the seeded demo: the one click was refused at the job's start because a task ('Delete task T3
+    "Design api docs".') and a regression case ('Remove "Design api docs" (T3).') are one request reworded.
+    The seed keeps such rows off the eval side (and keeps a failure left for review apart from the tasks)."""
+    from flywheel.training.demo import _clear_of
+
+    def row(row_id: str, text: str) -> dict:
+        return {"id": row_id, "messages": [{"role": "user", "content": text}]}
+
+    tasks = [row("req-1", 'Delete task T3 "Design api docs".'), row("req-2", "Mark invoice INV-7 as paid.")]
+    cases = [row("req-3", 'Remove "Design api docs" (T3).'), row("req-4", "Move the standup to 10am on May 3."),
+             row("req-5", "mark invoice inv-7 as paid")]
+    assert [r["id"] for r in _clear_of(cases, tasks)] == ["req-4"]

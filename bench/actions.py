@@ -1,5 +1,5 @@
 """Slow actions a person meets in the first hour, timed as they were and as they are: the first "Run checks"
-of the promotion form in a fresh web process, its Save, and the login.
+of the promotion form and the first Promote on a gate page in a fresh web process, the Save, and the login.
 
     .venv/bin/python bench/actions.py [--tasks 180] [--samples 3]
 
@@ -12,6 +12,9 @@ neither), then times, each in a fresh process (what the first person after `make
 - `vectors stored`: the same, after `request_vectors_fill` (the demo's seed now runs it on the worker);
 - `after`: vectors stored and the model loaded as the web process started (`wsgi.py`'s preload; timed once
   it finished, as a person opening the form some seconds after the start finds it), then Save;
+- the first Promote on a gate page (a project of the loop demo's shape, bench/demo_pages.py's seed), in the
+  `before` process (MLflow imported and its client made inside the request) and in the `after` one (made as
+  the process started);
 - the login's POST with the configured password hasher, and the hash alone.
 
 Prints each figure, the before/after ratios and a JSON line. Never a timed assertion.
@@ -39,7 +42,7 @@ def _setup(database_url: str, var_dir: Path) -> None:
     os.environ.setdefault("CELERY_BROKER_URL", f"filesystem://{var_dir}/broker")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "flywheel.settings")
     os.environ["FLYWHEEL_TRIAGE"] = "false"
-    os.environ["FLYWHEEL_PRELOAD_SENTENCE_MODEL"] = "false"  # the child starts it itself, when asked
+    os.environ["FLYWHEEL_PRELOAD"] = "false"  # the child starts what it times itself, when asked
     sys.path.insert(0, str(ROOT / "platform"))
     import django
 
@@ -49,7 +52,7 @@ def _setup(database_url: str, var_dir: Path) -> None:
     settings.ALLOWED_HOSTS = ["*"]
 
 
-def seed(n_tasks: int) -> dict:
+def seed(n_tasks: int, var_dir: Path) -> dict:
     from django.contrib.auth import get_user_model
 
     from flywheel.accounts.services import project_create
@@ -80,8 +83,18 @@ def seed(n_tasks: int) -> dict:
         "external_id": "bench-failed", "messages": [*last["messages"], wrong], "tools": last["tools"],
         "outcome": "failure"}])
     trajectory = Trajectory.objects.get(project=project, external_id="bench-failed")
+    # A second project with a finished job whose candidate passed the gate, for the Promote on its gate page
+    # (bench/demo_pages.py's seed of the loop demo's shape; one candidate per scenario).
+    sys.path.insert(0, str(ROOT / "bench"))
+    from demo_pages import seed_loop_shape
+
+    from flywheel.registry.models import GateDecision
+
+    loop = seed_loop_shape(slug="bench-gate", name="Bench gate", owner=admin, jobs=3, var_dir=var_dir)
+    GateDecision.objects.filter(project=loop).update(passed=True)
+    candidates = list(GateDecision.objects.filter(project=loop).order_by("pk").values_list("candidate__number", flat=True))
     return {"slug": project.slug, "trajectory": trajectory.pk, "suite": suite.pk, "expected": [expected],
-            "message_index": len(last["messages"])}
+            "message_index": len(last["messages"]), "gate_slug": loop.slug, "candidates": candidates}
 
 
 def _form(plan: dict, action: str) -> dict:
@@ -89,20 +102,31 @@ def _form(plan: dict, action: str) -> dict:
             "expect": "calls", "expected_calls": json.dumps(plan["expected"]), "env_type": "single_turn"}
 
 
-def child(plan: dict, preload: bool) -> dict:
-    """One fresh web process: (optionally) the preload as wsgi.py starts it, then the first Run checks and a Save."""
+def child(plan: dict, preload: bool, candidate: int) -> dict:
+    """One fresh web process: (optionally) the preload as wsgi.py starts it, then the first Promote on a gate
+    page, the first Run checks and a Save."""
     from django.contrib.auth import get_user_model
     from django.test import Client
+    from django.urls import get_resolver
 
+    get_resolver().url_patterns  # noqa: B018  (wsgi.py loads the URLconf as the process starts)
     out: dict = {}
     if preload:
         from flywheel.failures.clustering.embedding import preload_shared_model
+        from flywheel.registry.mlflow_bridge import preload_client
 
         t0 = time.perf_counter()
-        preload_shared_model().join()
+        threads = [preload_client(), preload_shared_model()]
+        for thread in threads:
+            thread.join()
         out["preload_s"] = round(time.perf_counter() - t0, 2)
     client = Client()
     client.force_login(get_user_model().objects.get(username="bench-admin"))
+    t0 = time.perf_counter()
+    response = client.post(f"/p/{plan['gate_slug']}/models/v{candidate}/promote", {"reason": "bench"})
+    out["first_promote_s"] = round(time.perf_counter() - t0, 2)
+    if response.status_code != 302:
+        raise SystemExit(f"promote: {response.status_code}")
     url = f"/p/{plan['slug']}/t/{plan['trajectory']}/promote"
     for label, action in (("first_check_s", "check"), ("second_check_s", "check"), ("save_s", "save")):
         t0 = time.perf_counter()
@@ -139,6 +163,17 @@ def login(samples: int) -> dict:
             "login_post_s": round(statistics.median(posts), 2)}
 
 
+def _back_to_production_v1(plan: dict) -> None:
+    """Roll the gate project back to v1, the production every candidate was judged against (a decision
+    judged against another production is stale and cannot promote)."""
+    from flywheel.accounts.models import Project
+    from flywheel.registry import services as registry
+    from flywheel.registry.models import ModelVersion
+
+    project = Project.objects.get(slug=plan["gate_slug"])
+    registry.model_rollback(project=project, reason="bench", to_version=ModelVersion.objects.get(project=project, number=1))
+
+
 def run_child(args: list[str]) -> dict:
     out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, timeout=900, cwd=ROOT)
     if out.returncode != 0:
@@ -152,12 +187,13 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=3, help="logins timed (median)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--preload", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--candidate", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--var-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _setup(args.database_url, Path(args.var_dir))
-        print(json.dumps(child(json.loads(args.child), args.preload)))
+        print(json.dumps(child(json.loads(args.child), args.preload, args.candidate)))
         return
 
     var_dir = Path(tempfile.mkdtemp(prefix="flywheel-bench-actions-"))
@@ -169,17 +205,20 @@ def main() -> None:
     from flywheel.evals.models import RequestVector
 
     call_command("migrate", verbosity=0)
-    plan = seed(args.tasks)
+    plan = seed(args.tasks, var_dir)
     common = ["--database-url", database_url, "--var-dir", str(var_dir), "--child", json.dumps(plan)]
-    before = run_child(common)
+    before = run_child([*common, "--candidate", str(plan["candidates"][0])])
     RequestVector.objects.all().delete()  # the check above stored them: start again from none
     t0 = time.perf_counter()
     filled = request_vectors_fill()
     fill_s = round(time.perf_counter() - t0, 2)
-    stored = run_child(common)
-    after = run_child([*common, "--preload"])
+    _back_to_production_v1(plan)
+    stored = run_child([*common, "--candidate", str(plan["candidates"][1])])
+    _back_to_production_v1(plan)
+    after = run_child([*common, "--preload", "--candidate", str(plan["candidates"][2])])
     logins = login(args.samples)
     results = {"tasks": args.tasks, "before_first_check_s": before["first_check_s"],
+               "before_first_promote_s": before["first_promote_s"],
                "vectors_fill_s_on_the_worker": fill_s, "vectors_filled": filled,
                "stored_first_check_s": stored["first_check_s"], **{f"after_{k}": v for k, v in after.items()},
                **logins}
@@ -189,6 +228,9 @@ def main() -> None:
     print(f"  after (vectors stored, model preloaded at start: {after['preload_s']:.1f} s beside the first "
           f"requests)  {after['first_check_s']:6.2f} s   ratio before/after "
           f"{before['first_check_s'] / max(after['first_check_s'], 1e-3):.1f}x")
+    print(f"first Promote on a gate page, fresh process: before {before['first_promote_s']:.2f} s, after "
+          f"(MLflow's client made at start) {after['first_promote_s']:.2f} s   ratio "
+          f"{before['first_promote_s'] / max(after['first_promote_s'], 1e-3):.1f}x")
     print(f"  second Run checks {after['second_check_s']:.2f} s; Save {after['save_s']:.2f} s")
     print(f"login POST {logins['login_post_s']:.2f} s, of which the password hash ({logins['hasher']}) "
           f"{logins['hash_s']:.2f} s")

@@ -31,10 +31,14 @@ LOOP_SLUG = "workplace"
 # request (create a task or an event, send an email, reassign) it never gets right in one call (0 of 30-38
 # played): it cannot copy a name or a title from the request, so no reward ever reaches them and the holdout's
 # ceiling for any recipe is near the five kinds that name ids, dates and statuses.
+# The holdout is evaluated at the start and every 10 steps, so that the job's curve shows the rise (one point at
+# step 40 before). Measured on the seeded demo (seed 0, two busy shared cores): each evaluation about 10 s, the
+# job 7.8 -> 8.2 min; the gate judged the best of the 4 checkpoints (step 30) on fresh samples, 0.3275 -> 0.4163,
+# p = 0.0001 against its alpha split over the 4 looks (0.0125); at 40 steps alone 0.4288.
 DEMO_RECIPE = {
     "learning_rate": 1e-3, "max_steps": 40, "num_prompts_per_step": 16, "num_generations_per_prompt": 8,
     "max_new_tokens": 48, "temperature": 1.0, "loss_type": "grpo", "beta": 0.0, "scale_rewards": "group",
-    "r": 16, "alpha": 32, "train_batch_size": 64, "eval_interval": 40, "eval_on_start": False,
+    "r": 16, "alpha": 32, "train_batch_size": 64, "eval_interval": 10, "eval_on_start": True,
     "eval_samples_per_prompt": 8, "eval_temperature": 1.0, "num_threads": 1,
 }
 TASK_SET_NAME = "Workplace requests the model got wrong"

@@ -36,8 +36,10 @@ def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
     # The regression cases are requests production got right, none of them trained on.
     passed_ids = set(trajectories.filter(outcome="success").values_list("id", flat=True))
     assert {row["origin"]["trajectory_id"] for row in regression.rows} <= passed_ids - promoted
-    # The project trains with its own recipe, the one measured to move this demo.
+    # The project trains with its own recipe, the one measured to move this demo; its holdout curve has a point
+    # at the start and every few steps, not a single dot at the end.
     assert services.project_defaults(project) == DEMO_RECIPE
+    assert DEMO_RECIPE["eval_on_start"] and DEMO_RECIPE["max_steps"] // DEMO_RECIPE["eval_interval"] >= 4
     job = services.job_create(project=project, task_set_version=task_version,
                               holdout_version=suites["holdout"].versions.get(),
                               regression_version=suites["regression"].versions.get(), user=user)

@@ -13,7 +13,7 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 from pydantic import StrictBool, field_validator
 
-from flywheel.api import ObjectIn, api
+from flywheel.api import ObjectIn
 from flywheel.api.auth import promote_auth, read_auth, route_auth
 from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.api.ids import VersionNumber
@@ -521,6 +521,3 @@ def live_checks_list(request: HttpRequest, limit: int = Query(50, ge=1, le=500))
     from flywheel.registry import canary
 
     return [_check(c) for c in canary.checks_of(project=request.auth.project, limit=limit)]
-
-
-api.add_router("", router)

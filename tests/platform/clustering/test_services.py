@@ -71,7 +71,7 @@ def test_a_bad_filter_gets_field_errors():
     with pytest.raises(ValidationError) as caught:
         services.run_filter_parse({"days": 0, "limit": "many", "signal": "nope", "outcome": "bad", "color": "red"})
     assert set(caught.value.message_dict) == {"days", "limit", "signal", "outcome", "filter"}
-    assert "from 1 to 3650" in caught.value.message_dict["days"][0]
+    assert "from 1 to 3,650" in caught.value.message_dict["days"][0]
     assert services.run_filter_parse({"days": "7", "unassigned": "false"}) == services.RunFilter(days=7, unassigned=False)
 
 

@@ -139,6 +139,17 @@ class DeviceUsage(models.Model):
     def device_hours(self) -> float:
         return self.device_seconds / 3600
 
+    @property
+    def usage_text(self) -> str:
+        """As the pages print it: "0.42 GPU-hours (2 GPUs) · wall 12.6 min"; "" before it ran."""
+        if not self.device:
+            return ""
+        kind = "GPU" if self.device == "gpu" else "CPU"
+        held = f" ({self.devices} {kind}s)" if self.devices > 1 else ""
+        wall = self.wall_seconds
+        wall_text = f"{wall / 3600:.2f} h" if wall >= 3600 else f"{wall / 60:.1f} min" if wall >= 60 else f"{wall:.0f} s"
+        return f"{self.device_hours:.3g} {kind}-hours{held} · wall {wall_text}"
+
     def usage(self) -> dict[str, Any]:
         """The figures the API and the pages show."""
         return {"device": self.device, "devices": self.devices, "wall_seconds": round(self.wall_seconds, 3),

@@ -118,3 +118,27 @@ def gpu_time(seconds: float | None) -> str:
     if seconds is None:
         return "—"
     return f"{seconds / 3600:,.2f} GPU-h" if seconds >= 3600 else f"{seconds:,.1f} GPU-s"
+
+
+GATE_WINDOW = "7d"  # the live traffic the gate's page prices beside the holdout
+
+
+def gate_cost(*, decision: Any) -> list[dict[str, Any]]:
+    """Both sides of a gate decision priced per 1,000 requests, production's then the candidate's: on the
+    holdout, the output tokens per case its "tokens per case" rule measured at the side's output price (the
+    prompts are the same cases on both sides, so only the output differs); on live traffic, `cost_of` over
+    the last GATE_WINDOW (a candidate has none until it serves). Read when shown, so a price set later counts."""
+    from flywheel.registry import live
+
+    tokens = next((r for r in decision.report.get("rules", []) if r.get("name") == "tokens per case"), {})
+    sides = []
+    for side, version in (("production", decision.production), ("candidate", decision.candidate)):
+        price = price_of(version)
+        per_case = tokens.get(side)
+        holdout = (per_case * price.output_per_m / 1e6 * PER
+                   if per_case is not None and price.output_per_m is not None else None)
+        metrics = live.live_metrics(project=decision.project, version=version, window=GATE_WINDOW)
+        sides.append({"side": side, "version": version, "price": price, "holdout_output_tokens": per_case,
+                      "holdout_cost_per_1k": holdout, "live": metrics["cost"],
+                      "live_trajectories": metrics["metrics"]["trajectories"]})
+    return sides

@@ -879,3 +879,19 @@ def live_summary(*, project: Project, window: str = DEFAULT_WINDOW, now: datetim
 
 def rollup_state() -> LiveRollupState | None:
     return LiveRollupState.objects.order_by("pk").first()
+
+
+def live_between(*, project: Project, version: ModelVersion, start: datetime, end: datetime) -> dict[str, Any]:
+    """A version's metrics (`metrics_of`) and cost (flywheel.registry.cost.cost_of) over the whole hours within
+    [start, end): what a promotion's before and after compare (the hour that holds the move counts on neither
+    side)."""
+    first, last = _hour(start), _hour(end) - HOUR
+    if first < start:
+        first += HOUR
+    total = _empty()
+    if last >= first:
+        for row in _rows(project, first, last, "hour", names_of(project=project, version=version)):
+            _add(total, row)
+    metrics = metrics_of(total)
+    return {"metrics": metrics, "cost": cost.cost_of(metrics, cost.price_of(version)), "from": first,
+            "to": last + HOUR}

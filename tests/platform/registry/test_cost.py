@@ -13,7 +13,7 @@ from flywheel import runs
 from flywheel.registry import cost, live, serving
 from flywheel.registry.models import GateDecision
 from flywheel.training.models import TrainingJob
-from tests.platform.registry.test_live import keys, record, send  # noqa: F401 (keys: a fixture)
+from tests.platform.registry.test_live import record, send
 from tests.platform.registry.worlds import versions_with_adapters
 
 
@@ -21,6 +21,12 @@ from tests.platform.registry.worlds import versions_with_adapters
 def versions(project, user, tmp_path):
     """v1 in production (the base alone) and v2 with an adapter on the same base."""
     return versions_with_adapters(project, user, tmp_path, gated=False)
+
+
+@pytest.fixture
+def keys(make_api_key, project, make_project):
+    return {"read": make_api_key(project, scopes=["read"]), "promote": make_api_key(project, scopes=["promote"]),
+            "other": make_api_key(make_project("elsewhere"), scopes=["promote", "read"])}
 
 
 def traffic(project, number: int, n: int, *, first: int = 0, **usage):

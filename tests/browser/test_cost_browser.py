@@ -27,7 +27,11 @@ def test_a_maintainer_prices_a_version_and_reads_what_it_costs(open_page, projec
     job = TrainingJob.objects.create(project=project, task_set_version=world["train"], base_version=v1,
                                      status=JobStatus.SUCCEEDED, device="gpu", devices=1, wall_seconds=3 * 3600,
                                      device_seconds=3 * 3600)
-    v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(tmp_path), user=user,
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"\x00" * 64)
+    v2 = services.model_version_create(project=project, base=v1.base, adapter_path=str(adapter), user=user,
                                        lineage={"job": job.pk})
     decision = GateDecision.objects.create(project=project, candidate=v2, production=v1, passed=True, job=job, report={
         "passed": True, "cases": 40, "rules": [

@@ -431,9 +431,9 @@ def job_evaluate(*, job_id: int) -> TrainingJob | None:
 
 
 def job_evaluate_claimed(*, job_id: int) -> TrainingJob:
-    """`_job_evaluate_claimed`, its device time recorded on the job (flywheel.runs.device_time)."""
-    processes = TrainingJob.objects.filter(pk=job_id).values_list("num_gpus", flat=True).first() or 1
-    with runs.device_time(TrainingJob, job_id, gpus=gpus_visible(), processes=processes):
+    """`_job_evaluate_claimed`, its device time recorded on the job (flywheel.runs.device_time): one device, as
+    the measurement is one evaluate process whatever the job's num_gpus."""
+    with runs.device_time(TrainingJob, job_id, gpus=gpus_visible()):
         job = _job_evaluate_claimed(job_id=job_id)
     job.refresh_from_db(fields=runs.USAGE_FIELDS)
     return job

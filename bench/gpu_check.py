@@ -1,20 +1,32 @@
-"""GPU check (called by bench/gpu_check.sh): a Qwen2-architecture model built here with `build-tiny` (the
-tiny model's tokenizer and SFT warm start at a larger size, trained on the GPU; no download), then a few GRPO
-steps with HF generate and, when `import vllm` works, with vLLM. Prints rollout tokens/s, step time and GPU
-memory per engine; last line JSON.
+"""The GPU suite (called by bench/gpu_check.sh): every figure of the trainer on a GPU in one run, one JSON line
+per part and a summary last. `--tiny` runs the same path on the CPU with a tiny model, in a few minutes (CI).
 
-The warm start teaches the model to call the workplace tools and to end its turn (emit EOS), so the
-verifier's rewards vary within groups and the gradients are real: each engine's line reports the reward
-spread, the share of groups with nothing to learn and the gradient norm, and says `no_gradient` when every
-step had a zero gradient (a check that measured nothing). `--tiny` shrinks everything so the same code path
-can be dry-run on CPU.
+Parts (`--parts`, in this order):
+- `warm_start`: the tiny model's recipe (`build-tiny`, seed 0, 1000 steps) built on this device, and the
+  shipped demo model (built on a CPU), each evaluated here on the same holdout tasks and samples: a build on
+  the GPU should solve as much as one on the CPU, within the sampling noise (`se`).
+- `learning`: a Qwen2-architecture model warm-started here (`SIZES`: 21M parameters on a GPU), then GRPO with
+  the holdout evaluated before and after: holdout success before and after, seconds per step, rollout
+  tokens/s, the reward spread, and `no_gradient` when every group's rewards were equal (steps that changed
+  nothing: a check that measured nothing).
+- `rollout`: the same model's GRPO steps per rollout engine (HF `generate`; vLLM when `import vllm` works,
+  else a line saying it was skipped: a figure here is never a vLLM figure unless its line says
+  `"engine": "vllm"`), rollout tokens/s and GPU memory.
+- `trl`: `bench/grpo_vs_trl.py --device D --size S` for each of `--sizes` (bf16 on both sides on a GPU, TRL
+  with use_vllm=False): seconds per step, holdout gain and peak GPU memory, ours beside TRL.
+- `memory`: `bench/memory.py --device D` (one step at a 152k vocabulary; ours beside TRL).
+
+A part that fails prints its error and the suite goes on; a part that would start after `--budget-s` is
+skipped and says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,22 +37,45 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from trainer.config import GRPOConfig, JobSpec, write_jsonl  # noqa: E402
+from trainer.cli import demo_config  # noqa: E402
+from trainer.config import JobSpec, write_jsonl  # noqa: E402
 from trainer.envs.workplace import generate_tasks  # noqa: E402
 from trainer.loop import train_grpo  # noqa: E402
-from trainer.tiny import build_tiny  # noqa: E402
+from trainer.tiny import SIZES, build_tiny, holdout_success  # noqa: E402
 from trainer.tracking import EventLog  # noqa: E402
 
-# The GPU model: 8 layers of hidden 512 (about 26M parameters with the 1k-token workplace vocabulary),
-# warm-started for 1000 steps; --tiny: the CPU test model's size with a short warm start (a dry run).
-SIZES = {"gpu": dict(hidden=512, layers=8, heads=8, steps=1000), "tiny": dict(hidden=64, layers=2, heads=2, steps=60)}
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED_DEMO_MODEL = REPO / "platform" / "flywheel" / "registry" / "demo_model"
+PARTS = ("warm_start", "learning", "rollout", "trl", "memory")
+
+# What each part runs at, on a GPU and in the CPU dry run (--tiny). The GPU's learning model: 8 layers of
+# hidden 512 (21M parameters), warm-started for 2000 steps at its width's learning rate (on the CPU a tiny
+# Qwen2 of seed 0 solved 0.11 of the holdout after 1000 steps and 0.46 after 2000). The dry run's learning
+# model is the shipped demo model (model=None): a 40-step warm start solves nothing, and a dry run whose groups
+# all score alike would never reach the loss's gradient.
+SETTINGS = {
+    "gpu": dict(warm_steps=1000, warm_tasks=2000, eval_tasks=64, eval_samples=4, model="21m", model_steps=2000,
+                grpo_steps=30, prompts=8, generations=8, sizes="tiny,125m,500m", trl_steps=10, trl_holdout=100,
+                trl_eval_samples=4, memory=[]),
+    "tiny": dict(warm_steps=40, warm_tasks=300, eval_tasks=8, eval_samples=2, model=None, model_steps=0,
+                 grpo_steps=2, prompts=4, generations=4, sizes="tiny", trl_steps=2, trl_holdout=4, trl_eval_samples=1,
+                 memory=["--vocab", "2048", "--hidden", "32", "--layers", "1", "--prompts", "1", "--generations", "2",
+                         "--prompt-len", "16", "--completion-len", "8", "--threads", "1", "--quick"]),
+}
 
 
-def build_model(out: Path, tiny: bool) -> dict:
-    size = SIZES["tiny" if tiny else "gpu"]
-    device = "cuda" if torch.cuda.is_available() and not tiny else "cpu"
-    build_tiny(out, arch="qwen2", device=device, **size)
-    return json.loads((out / "tiny.json").read_text())
+def emit(line: dict) -> dict:
+    print(json.dumps(line), flush=True)
+    return line
+
+
+def success_se(p: float, n: int) -> float:
+    """Standard error of the difference of two success rates of n samples each."""
+    return round(math.sqrt(2 * max(p * (1 - p), 1e-9) / max(n, 1)), 3)
+
+
+def peak_gib() -> float | None:
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3) if torch.cuda.is_available() else None
 
 
 def gpu_used_gib() -> float | None:
@@ -50,80 +85,192 @@ def gpu_used_gib() -> float | None:
     return round((total - free) / 2**30, 2)
 
 
-def run_engine(engine: str, model_dir: Path, work: Path, args) -> dict:
-    job = work / f"job-{engine}"
+def part_warm_start(ctx: dict) -> dict:
+    s, device = ctx["s"], ctx["device"]
+    t0 = time.perf_counter()
+    built = build_tiny(ctx["work"] / "warm-start", steps=s["warm_steps"], n_tasks=s["warm_tasks"], device=device)
+    build_s = time.perf_counter() - t0
+    n = s["eval_tasks"] * s["eval_samples"]
+    built_success = holdout_success(built, device=device, tasks=s["eval_tasks"], samples=s["eval_samples"])
+    shipped = holdout_success(SHIPPED_DEMO_MODEL, device=device, tasks=s["eval_tasks"], samples=s["eval_samples"])
+    return {"built_on": device, "warm_steps": s["warm_steps"], "build_s": round(build_s, 1),
+            "built_success": built_success, "shipped_success": shipped, "samples": n,
+            "se": success_se((built_success + shipped) / 2, n),
+            "note": "shipped: the demo model as built on a CPU (seed 0, 1000 steps), evaluated here"}
+
+
+def learning_model(ctx: dict) -> Path:
+    """The learning and rollout parts' model, built once."""
+    if "model" not in ctx:
+        s = ctx["s"]
+        if ctx["args"].model or not s["model"]:
+            ctx["model"] = Path(ctx["args"].model or SHIPPED_DEMO_MODEL)
+        else:
+            ctx["model"] = build_tiny(ctx["work"] / "model", arch="qwen2", device=ctx["device"],
+                                      steps=s["model_steps"], **SIZES[s["model"]])
+        ctx["meta"] = json.loads((ctx["model"] / "tiny.json").read_text())
+    return ctx["model"]
+
+
+def grpo_job(ctx: dict, name: str, engine: str, holdout: bool) -> tuple[dict, list[dict]]:
+    s = ctx["s"]
+    job = ctx["work"] / name
     job.mkdir()
     write_jsonl(job / "train.jsonl", generate_tasks(200, seed=0, split="train", difficulty="single"))
-    cfg = GRPOConfig(
-        num_prompts_per_step=args.prompts, num_generations_per_prompt=args.generations,
-        max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, learning_rate=1e-4, max_steps=args.steps,
-        eval_on_start=False, eval_interval=args.steps, rollout_engine=engine, r=16, alpha=32,
-        train_batch_size=args.micro_batch, vllm_gpu_memory_utilization=args.vllm_memory,
-        max_seq_len=1024,
-    )
-    spec = JobSpec(model=str(model_dir), job_dir=job, train=job / "train.jsonl", config=cfg, mlflow=False)
+    if holdout:
+        write_jsonl(job / "holdout.jsonl", generate_tasks(s["eval_tasks"], seed=1, split="holdout", difficulty="single"))
+    # The demo's recipe (lr 1e-3, the one the learning test measures on the CPU), at this part's batch and steps.
+    cfg = demo_config(s["grpo_steps"], seed=0)
+    cfg.num_prompts_per_step, cfg.num_generations_per_prompt = s["prompts"], s["generations"]
+    cfg.train_batch_size = s["prompts"] * s["generations"]
+    cfg.eval_on_start, cfg.eval_samples_per_prompt = holdout, s["eval_samples"]
+    cfg.rollout_engine, cfg.vllm_gpu_memory_utilization = engine, ctx["args"].vllm_memory
+    spec = JobSpec(model=str(learning_model(ctx)), job_dir=job, train=job / "train.jsonl",
+                   holdout=(job / "holdout.jsonl") if holdout else None, config=cfg, mlflow=False)
     if torch.cuda.is_available():
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     events = EventLog(None)
-    t0 = time.perf_counter()
-    train_grpo(spec, events)  # the verifier's reward: the warm-started model sometimes solves a task
+    done = train_grpo(spec, events)
     steps = [e for e in events.events if e["event"] == "step"]
+    return done, steps
+
+
+def step_figures(steps: list[dict]) -> dict:
     later = steps[1:] or steps  # the first step pays for compilation and allocator warm-up
-    result = {
-        "engine": engine, "steps": len(steps), "wall_s": round(time.perf_counter() - t0, 1),
-        "rollout_tokens_per_s": round(sum(s["tokens_per_s"] for s in later) / len(later), 1),
-        "step_time_s": round(sum(s["step_time"] for s in later) / len(later), 3),
-        "rollout_time_s": round(sum(s["rollout_time"] for s in later) / len(later), 3),
-        "train_time_s": round(sum(s["train_time"] for s in later) / len(later), 3),
-        "reward_std": round(sum(s["reward_std"] for s in steps) / len(steps), 3),
-        "frac_zero_variance_groups": round(sum(s["frac_zero_variance_groups"] for s in steps) / len(steps), 3),
-        "grad_norm": round(max(s.get("grad_norm", 0.0) for s in steps), 4),
-        "completion_length": round(sum(s.get("completion_length", 0.0) for s in steps) / len(steps), 1),
-    }
-    if result["grad_norm"] == 0:
-        result["no_gradient"] = "every step had equal rewards in every group: the timings are not of real updates"
-    if torch.cuda.is_available():
-        result["trainer_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        result["device_used_gib"] = gpu_used_gib()
-    print(json.dumps(result), flush=True)
-    return result
+
+    def mean(key: str, rows: list[dict], digits: int = 3) -> float:
+        return round(sum(r.get(key, 0.0) for r in rows) / max(len(rows), 1), digits)
+
+    out = {"steps": len(steps), "step_time_s": mean("step_time", later), "rollout_time_s": mean("rollout_time", later),
+           "train_time_s": mean("train_time", later), "rollout_tokens_per_s": mean("tokens_per_s", later, 1),
+           "reward_std": mean("reward_std", steps), "frac_zero_variance_groups": mean("frac_zero_variance_groups", steps),
+           "grad_norm": round(max((r.get("grad_norm", 0.0) for r in steps), default=0.0), 4),
+           "completion_length": mean("completion_length", steps, 1)}
+    if out["grad_norm"] == 0:
+        out["no_gradient"] = "every step had equal rewards in every group: the timings are not of real updates"
+    return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--tiny", action="store_true", help="a tiny model: dry-run on CPU")
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--generations", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--max-turns", type=int, default=None, help="default: the task's own (call, then answer)")
-    p.add_argument("--micro-batch", type=int, default=16)
-    p.add_argument("--vllm-memory", type=float, default=0.35)
-    p.add_argument("--engines", default="hf,vllm")
-    args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+def part_learning(ctx: dict) -> dict:
     t0 = time.perf_counter()
-    meta = build_model(work / "model", args.tiny)
-    n_params = meta["parameters"]
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    print(json.dumps({"model": f"qwen2-{meta['layers']}x{meta['hidden']}", "parameters": n_params,
-                      "sft_steps": meta["steps"], "device": device, "build_s": round(time.perf_counter() - t0, 1)}),
-          flush=True)
-    results = []
-    for engine in args.engines.split(","):
+    learning_model(ctx)
+    build_s = time.perf_counter() - t0
+    done, steps = grpo_job(ctx, "learning", "hf", holdout=True)
+    before, after = done["holdout_before"], done["holdout_after"]
+    n = before.get("n") or ctx["s"]["eval_tasks"] * ctx["s"]["eval_samples"]
+    meta = ctx["meta"]
+    return {"model": f"{meta['arch']}-{meta['layers']}x{meta['hidden']}", "parameters": meta["parameters"],
+            "warm_start_lr": meta.get("lr"), "build_s": round(build_s, 1),
+            "holdout_before": round(before["success_rate"], 3), "holdout_after": round(after["success_rate"], 3),
+            "gain": round(after["success_rate"] - before["success_rate"], 3),
+            "se": success_se(before["success_rate"], n), **step_figures(steps), "peak_gib": peak_gib()}
+
+
+def part_rollout(ctx: dict) -> list[dict]:
+    lines = []
+    for engine in ctx["args"].engines.split(","):
         if engine == "vllm":
             try:
                 import vllm  # noqa: F401
             except Exception as exc:  # noqa: BLE001 (any import failure means: no vLLM here)
-                print(json.dumps({"engine": "vllm", "skipped": f"import vllm failed: {exc}"}), flush=True)
+                lines.append({"engine": "vllm", "skipped": f"import vllm failed: {exc}; the vLLM engine stays "
+                              "verified against its stand-in only"})
                 continue
         try:
-            results.append(run_engine(engine, work / "model", work, args))
+            _, steps = grpo_job(ctx, f"rollout-{engine}", engine, holdout=False)
+            lines.append({"engine": engine, **step_figures(steps), "trainer_peak_gib": peak_gib(),
+                          "device_used_gib": gpu_used_gib()})
         except Exception as exc:  # noqa: BLE001 (report and go on to the next engine)
-            print(json.dumps({"engine": engine, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+            lines.append({"engine": engine, "error": f"{type(exc).__name__}: {exc}"})
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    print(json.dumps({"event": "done", "device": device, "parameters": n_params, "engines": results}))
+    return lines
+
+
+def run_script(argv: list[str], timeout: float) -> dict:
+    """A bench script in its own process (its GPU memory is its own); its last stdout line is its JSON."""
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def part_trl(ctx: dict) -> list[dict]:
+    s, args = ctx["s"], ctx["args"]
+    lines = []
+    for size in (args.sizes or s["sizes"]).split(","):
+        if ctx["left"]() <= 0:
+            lines.append({"size": size, "skipped": "time budget spent"})
+            continue
+        argv = ["bench/grpo_vs_trl.py", "--device", ctx["device"], "--steps", str(s["trl_steps"]),
+                "--holdout", str(s["trl_holdout"]), "--eval-samples", str(s["trl_eval_samples"])]
+        if ctx["tiny"]:
+            argv += ["--model", str(learning_model(ctx)), "--prompts-per-step", "4", "--generations", "4",
+                     "--max-new-tokens", "16"]
+        else:
+            argv += ["--size", size, "--warm-steps", str(s["warm_steps"])]
+        try:
+            lines.append({"size": size, **run_script(argv, timeout=max(ctx["left"](), 60))})
+        except Exception as exc:  # noqa: BLE001 (report and go on to the next size)
+            lines.append({"size": size, "error": f"{type(exc).__name__}: {exc}"})
+    return lines
+
+
+def part_memory(ctx: dict) -> dict:
+    return run_script(["bench/memory.py", "--device", ctx["device"], *ctx["s"]["memory"]],
+                      timeout=max(ctx["left"](), 60))
+
+
+RUNNERS = {"warm_start": part_warm_start, "learning": part_learning, "rollout": part_rollout, "trl": part_trl,
+           "memory": part_memory}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="a tiny model on the CPU: a dry run of the same path")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    p.add_argument("--sizes", help="the trl part's model sizes (trainer.tiny.SIZES); default tiny,125m,500m")
+    p.add_argument("--engines", default="hf,vllm", help="the rollout part's engines")
+    p.add_argument("--model", help="the learning and rollout parts' model folder instead of building one")
+    p.add_argument("--vllm-memory", type=float, default=0.35)
+    p.add_argument("--budget-s", type=float, default=450, help="start no part after this many seconds")
+    args = p.parse_args()
+    tiny = args.tiny
+    device = "cuda" if torch.cuda.is_available() and not tiny else "cpu"
+    if tiny:
+        torch.set_num_threads(1)
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    t0 = time.perf_counter()
+    ctx = {"args": args, "tiny": tiny, "device": device, "work": work, "s": SETTINGS["tiny" if tiny else "gpu"],
+           "left": lambda: args.budget_s - (time.perf_counter() - t0)}
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    status: dict[str, str] = {}
+    lines: dict[str, list[dict]] = {}
+    for part in args.parts.split(","):
+        if part not in RUNNERS:
+            raise SystemExit(f"gpu_check: unknown part {part!r}; parts are {', '.join(PARTS)}")
+        if ctx["left"]() <= 0:
+            emit({"part": part, "skipped": f"time budget of {args.budget_s:.0f} s spent"})
+            status[part] = "skipped"
+            continue
+        started = time.perf_counter()
+        try:
+            out = RUNNERS[part](ctx)
+        except Exception as exc:  # noqa: BLE001 (report and go on to the next part)
+            out = {"error": f"{type(exc).__name__}: {exc}"}
+        rows = out if isinstance(out, list) else [out]
+        lines[part] = [emit({"part": part, "device": name, **row, "part_s": round(time.perf_counter() - started, 1)})
+                       for row in rows]
+        status[part] = "error" if any("error" in r for r in rows) else "ok"
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    learning = (lines.get("learning") or [{}])[0]
+    emit({"part": "summary", "device": name, "tiny": tiny, "parts": status,
+          "ok": all(v == "ok" for v in status.values()),
+          "no_gradient": "no_gradient" in learning if learning else None,
+          "learning_gain": learning.get("gain"), "learning_se": learning.get("se"),
+          "wall_s": round(time.perf_counter() - t0, 1)})
     sys.stdout.flush()
 
 

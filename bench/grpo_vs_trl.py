@@ -5,9 +5,17 @@ Both run single-turn workplace tasks (one completion per prompt, rewarded by our
 environment's final state), G completions for each of P prompts per step, the same token limit, LoRA
 config, learning rate (constant), step count and seed; TRL with use_vllm=False, loss_type="grpo",
 scale_rewards="group", beta=0. Holdout success is measured the same way for both (our evaluator, sampled,
-several samples per prompt). Last line: JSON {ours_s_per_step, trl_s_per_step, speedup, ours_gain, trl_gain}.
+several samples per prompt). Last line: JSON {ours_s_per_step, trl_s_per_step, speedup, ours_gain, trl_gain,
+ours_peak_gib, trl_peak_gib}.
+
+`--device cuda` runs both on the GPU in bfloat16 (our `bf16` autocast over bf16 weights; TRL's `bf16=True` over
+the same weights), TRL with use_vllm=False, and prints each side's peak GPU memory
+(`torch.cuda.max_memory_allocated` over its training steps) beside its seconds per step. `--size` builds the
+model of that size here (`trainer.tiny.SIZES`, warm-started on the device: no download); the default is the
+tiny CPU model.
 
     .venv/bin/python bench/grpo_vs_trl.py [--model DIR] [--steps 30] [--threads 1] [--seed 0]
+                                          [--device cpu|cuda] [--size tiny|21m|125m|500m] [--warm-steps 1000]
 """
 
 from __future__ import annotations
@@ -37,12 +45,24 @@ from trainer.tracking import EventLog  # noqa: E402
 
 def holdout_success(model, tokenizer, rows, args) -> float:
     torch.manual_seed(1234)
+    model.eval()
     metrics, _ = evaluate_rows(HFEngine(model, tokenizer), tokenizer, rows, samples_per_prompt=args.eval_samples,
                                temperature=1.0, max_new_tokens=args.max_new_tokens, max_turns=1)
     return metrics["success_rate"]
 
 
-def run_ours(args, cfg: GRPOConfig, train, holdout, work: Path) -> tuple[float, float]:
+def reset_peak(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gib(device: str) -> float | None:
+    """Peak GPU memory since `reset_peak` (None on CPU: `bench/memory.py` measures the CPU's)."""
+    return round(torch.cuda.max_memory_allocated() / 2**30, 3) if device.startswith("cuda") else None
+
+
+def run_ours(args, cfg: GRPOConfig, train, holdout, work: Path) -> tuple[float, float, float | None]:
     from peft import PeftModel
 
     from trainer.loop import train_grpo
@@ -52,20 +72,25 @@ def run_ours(args, cfg: GRPOConfig, train, holdout, work: Path) -> tuple[float, 
     write_jsonl(job / "train.jsonl", train)
     spec = JobSpec(model=str(args.model), job_dir=job, train=job / "train.jsonl", config=cfg, mlflow=False)
     events = EventLog(None)
-    train_grpo(spec, events)
+    reset_peak(args.device)
+    train_grpo(spec, events)  # loads the model on the device (bf16 on a GPU), as a job does
+    peak = peak_gib(args.device)
     times = [e["step_time"] for e in events.events if e["event"] == "step"]
-    base, tok = load_model(args.model, device="cpu")
+    base, tok = load_model(args.model, device=args.device)
     model = PeftModel.from_pretrained(base, str(job / "adapters" / "last"))
-    return sum(times[1:]) / max(len(times) - 1, 1), holdout_success(model, tok, holdout, args)
+    after = holdout_success(model, tok, holdout, args)
+    del model, base
+    return sum(times[1:]) / max(len(times) - 1, 1), after, peak
 
 
-def run_trl(args, cfg: GRPOConfig, train, holdout, work: Path) -> tuple[float, float]:
+def run_trl(args, cfg: GRPOConfig, train, holdout, work: Path) -> tuple[float, float, float | None]:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer
 
-    model, tok = load_model(args.model, device="cpu")
+    reset_peak(args.device)
+    model, tok = load_model(args.model, device=args.device)
     by_id = {t["id"]: t for t in train}
 
     def reward(prompts, completions, task_id, **_):
@@ -87,7 +112,8 @@ def run_trl(args, cfg: GRPOConfig, train, holdout, work: Path) -> tuple[float, f
         learning_rate=cfg.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=cfg.max_grad_norm, max_steps=cfg.max_steps, beta=0.0, loss_type="grpo",
         scale_rewards="group", epsilon=cfg.epsilon, num_iterations=1, temperature=cfg.temperature, top_k=0,
-        top_p=1.0, use_vllm=False, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        top_p=1.0, use_vllm=False, use_cpu=args.device == "cpu", bf16=args.device.startswith("cuda"),
+        report_to="none", save_strategy="no",
         logging_steps=1, seed=cfg.seed, disable_tqdm=True, dataloader_num_workers=0,
     )
 
@@ -105,8 +131,9 @@ def run_trl(args, cfg: GRPOConfig, train, holdout, work: Path) -> tuple[float, f
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=trl_args, train_dataset=data,
                           processing_class=tok, peft_config=lora_config(cfg, model), callbacks=[timer])
     trainer.train()
+    peak = peak_gib(args.device)
     times = timer.times
-    return sum(times[1:]) / max(len(times) - 1, 1), holdout_success(trainer.model, tok, holdout, args)
+    return sum(times[1:]) / max(len(times) - 1, 1), holdout_success(trainer.model, tok, holdout, args), peak
 
 
 def main() -> None:
@@ -121,13 +148,21 @@ def main() -> None:
     p.add_argument("--eval-samples", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 on both sides)")
+    p.add_argument("--size", help="build a qwen2 model of this size on the device (trainer.tiny.SIZES); "
+                                  "default: the tiny CPU model")
+    p.add_argument("--warm-steps", type=int, default=1000, help="warm-start steps of the model built here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="grpo-vs-trl-"))
     if args.model is None:
-        from trainer.tiny import build_tiny
+        from trainer.tiny import SIZES, build_tiny
 
-        args.model = build_tiny(work / "tiny")
+        if args.size:
+            args.model = build_tiny(work / args.size, arch="qwen2", device=args.device, steps=args.warm_steps,
+                                    **SIZES[args.size])
+        else:
+            args.model = build_tiny(work / "tiny", steps=args.warm_steps, device=args.device)
     train = generate_tasks(400, seed=args.seed, split="train", difficulty="single")
     holdout = generate_tasks(args.holdout, seed=args.seed + 1, split="holdout", difficulty="single")
     cfg = GRPOConfig(
@@ -136,15 +171,19 @@ def main() -> None:
         loss_type="grpo", scale_rewards="group", beta=0.0, eval_on_start=False, eval_interval=args.steps,
         r=16, alpha=32, dropout=0.0, seed=args.seed, train_batch_size=args.prompts_per_step * args.generations,
     )
-    base, tok = load_model(args.model, device="cpu")
+    base, tok = load_model(args.model, device=args.device)
     before = holdout_success(base, tok, holdout, args)
+    del base
     print(f"baseline holdout success (single-turn): {before:.3f}", file=sys.stderr)
-    ours_s, ours_after = run_ours(args, cfg, train, holdout, work)
-    print(f"ours: {ours_s:.2f} s/step, holdout {before:.3f} -> {ours_after:.3f}", file=sys.stderr)
+    ours_s, ours_after, ours_peak = run_ours(args, cfg, train, holdout, work)
+    print(f"ours: {ours_s:.2f} s/step, holdout {before:.3f} -> {ours_after:.3f}, peak {ours_peak} GiB", file=sys.stderr)
     torch.manual_seed(args.seed)
-    trl_s, trl_after = run_trl(args, cfg, train, holdout, work)
-    print(f"trl:  {trl_s:.2f} s/step, holdout {before:.3f} -> {trl_after:.3f}", file=sys.stderr)
-    result = {"ours_s_per_step": round(ours_s, 3), "trl_s_per_step": round(trl_s, 3),
+    trl_s, trl_after, trl_peak = run_trl(args, cfg, train, holdout, work)
+    print(f"trl:  {trl_s:.2f} s/step, holdout {before:.3f} -> {trl_after:.3f}, peak {trl_peak} GiB", file=sys.stderr)
+    meta = json.loads((Path(args.model) / "tiny.json").read_text()) if (Path(args.model) / "tiny.json").exists() else {}
+    result = {"device": args.device, "size": args.size or "tiny", "parameters": meta.get("parameters"),
+              "ours_s_per_step": round(ours_s, 3), "trl_s_per_step": round(trl_s, 3),
+              "ours_peak_gib": ours_peak, "trl_peak_gib": trl_peak,
               "speedup": round(trl_s / ours_s, 2), "ours_gain": round(ours_after - before, 3),
               "trl_gain": round(trl_after - before, 3), "baseline": round(before, 3), "steps": args.steps,
               "holdout_samples": args.holdout * args.eval_samples,

@@ -1,5 +1,5 @@
-"""Peak memory of one GRPO training step on CPU at a 152k vocabulary: ours against TRL's GRPOTrainer on the
-same batch.
+"""Peak memory of one GRPO training step at a 152k vocabulary: ours against TRL's GRPOTrainer on the same batch,
+on the CPU or (`--device cuda`) on a GPU.
 
 The model is a small Qwen2-architecture one built here (random weights, Qwen2.5's vocabulary of 152,064,
 tied embeddings, a few narrow layers), so the LM head dominates as it does for a 0.5B-1.5B model at long
@@ -9,9 +9,12 @@ Each trainer runs in its own process: it builds its model and trainer, then the 
 reset (/proc/self/clear_refs), one step runs (ours: `trainer.loop.optimize`; TRL: `compute_loss`, backward and
 an AdamW step, without generation), and the figure is the high-water mark minus the RSS before the step.
 Both are run with and without gradient checkpointing (TRL's GRPOConfig turns it on by default, ours does not).
+On a GPU (`--device cuda`) both load the model in bfloat16 and train under bf16 (our autocast, TRL's
+`bf16=True`); the figure is `torch.cuda.max_memory_allocated` during the step minus what was allocated before
+it, and `*_peak_total_gib` the peak with the model, beside each step's seconds.
 
     .venv/bin/python bench/memory.py [--prompts 2] [--generations 8] [--prompt-len 256] [--completion-len 128]
-                                     [--layers 2] [--hidden 256] [--threads 2]
+                                     [--layers 2] [--hidden 256] [--threads 2] [--device cpu|cuda] [--vocab 152064]
 
 Last line: JSON {vocab, batch_tokens, ours_peak_mb, trl_peak_mb, ...}: ours and TRL each with its own
 default checkpointing; `*_gc_*`/`*_no_gc_*` the other setting.
@@ -37,18 +40,19 @@ VOCAB = 152064
 
 
 def build_model(out: Path, args: argparse.Namespace) -> None:
+    vocab_size = args.vocab
     import torch
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
                          num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=1, pad_token_id=0)
     Qwen2ForCausalLM(config).save_pretrained(out)
     # A word-level tokenizer over the whole vocabulary: the step never decodes, TRL only wants one to exist.
-    vocab = {"<pad>": 0, "<eos>": 1, **{f"t{i}": i for i in range(2, VOCAB)}}
+    vocab = {"<pad>": 0, "<eos>": 1, **{f"t{i}": i for i in range(2, vocab_size)}}
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<pad>")),
                                   pad_token="<pad>", eos_token="<eos>")
     tok.save_pretrained(out)
@@ -61,10 +65,10 @@ def make_batch(args: argparse.Namespace) -> tuple[list[list[int]], list[list[int
     rng = random.Random(0)
     prompts, completions, rewards = [], [], []
     for _ in range(args.prompts):
-        prompt = [rng.randrange(2, VOCAB) for _ in range(args.prompt_len)]
+        prompt = [rng.randrange(2, args.vocab) for _ in range(args.prompt_len)]
         for g in range(args.generations):
             prompts.append(prompt)
-            completions.append([rng.randrange(2, VOCAB) for _ in range(args.completion_len)])
+            completions.append([rng.randrange(2, args.vocab) for _ in range(args.completion_len)])
             rewards.append(float(g % 2))
     return prompts, completions, rewards
 
@@ -79,16 +83,30 @@ def hwm_mb() -> float:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM")) / 1024
 
 
-def measure(step) -> tuple[float, float]:
-    """(peak MB above the RSS before the step, seconds) of step()."""
+def measure(step, device: str = "cpu") -> tuple[float, float, float | None]:
+    """(peak MB above the memory in use before the step, seconds, peak GiB in all or None) of step(): the
+    process's RSS on the CPU, the allocator's bytes on a GPU."""
     gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        peak = torch.cuda.max_memory_allocated()
+        return (peak - before) / 2**20, seconds, round(peak / 2**30, 3)
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # what setup freed goes back, so the step cannot hide in it
     before = rss_mb()
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # reset the high-water mark to the current RSS
     t0 = time.perf_counter()
     step()
-    return hwm_mb() - before, time.perf_counter() - t0
+    return hwm_mb() - before, time.perf_counter() - t0, None
 
 
 def worker_ours(args: argparse.Namespace) -> dict:
@@ -107,7 +125,7 @@ def worker_ours(args: argparse.Namespace) -> dict:
     cfg = GRPOConfig(num_prompts_per_step=args.prompts, num_generations_per_prompt=args.generations,
                      max_new_tokens=args.completion_len, max_turns=1, train_batch_size=n, loss_type="grpo",
                      beta=0.0, r=16, alpha=32, **fields)
-    base, tok = load_model(args.model, device="cpu")
+    base, tok = load_model(args.model, device=args.device)  # bf16 on a GPU; cfg.bf16 autocasts there
     torch.manual_seed(0)  # the same LoRA initialisation in every worker
     model = attach_lora(base, cfg)
     if args.gc:
@@ -122,8 +140,8 @@ def worker_ours(args: argparse.Namespace) -> dict:
                         prompt_len=len(p), completion_tokens=len(c), has_sampler_logprobs=False)
                 for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
     out: dict = {}
-    peak, secs = measure(lambda: out.update(optimize(run, episodes, torch.tensor(rewards))))
-    return {"peak_mb": peak, "seconds": secs, "loss": out["loss"], "grad_norm": out["grad_norm"]}
+    peak, secs, total = measure(lambda: out.update(optimize(run, episodes, torch.tensor(rewards))), args.device)
+    return {"peak_mb": peak, "seconds": secs, "peak_total_gib": total, "loss": out["loss"], "grad_norm": out["grad_norm"]}
 
 
 def worker_trl(args: argparse.Namespace) -> dict:
@@ -137,12 +155,13 @@ def worker_trl(args: argparse.Namespace) -> dict:
 
     prompts, completions, rewards = make_batch(args)
     n = len(prompts)
-    base, tok = load_model(args.model, device="cpu")
+    base, tok = load_model(args.model, device=args.device)
+    cuda = args.device.startswith("cuda")
     trl_args = TRLConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-mem-"), per_device_train_batch_size=n, gradient_accumulation_steps=1,
         num_generations=args.generations, max_completion_length=args.completion_len, learning_rate=1e-5,
-        beta=0.0, loss_type="grpo", scale_rewards="group", num_iterations=1, use_vllm=False, use_cpu=True,
-        bf16=False, gradient_checkpointing=bool(args.gc), report_to="none", save_strategy="no", disable_tqdm=True,
+        beta=0.0, loss_type="grpo", scale_rewards="group", num_iterations=1, use_vllm=False, use_cpu=not cuda,
+        bf16=cuda, gradient_checkpointing=bool(args.gc), report_to="none", save_strategy="no", disable_tqdm=True,
         dataloader_num_workers=0,
     )
     data = Dataset.from_dict({"prompt": ["t2 t3"] * n})
@@ -161,26 +180,30 @@ def worker_trl(args: argparse.Namespace) -> dict:
         "completion_mask": torch.ones(n, args.completion_len, dtype=torch.long),
         "advantages": adv, "num_items_in_batch": torch.tensor(float(n * args.completion_len)),
     }
+    device = next(model.parameters()).device
+    inputs = {k: v.to(device) for k, v in inputs.items()}
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5)
     out: dict = {}
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        loss = trainer.compute_loss(model, inputs)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):  # what Trainer's bf16 wraps it in
+            loss = trainer.compute_loss(model, inputs)
         loss.backward()
         out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
         optimizer.step()
         out["loss"] = float(loss)
 
-    peak, secs = measure(step)
-    return {"peak_mb": peak, "seconds": secs, **out}
+    peak, secs, total = measure(step, args.device)
+    return {"peak_mb": peak, "seconds": secs, "peak_total_gib": total, **out}
 
 
 def spawn(which: str, gc_on: bool, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--worker", which, "--model", str(args.model), "--prompts", str(args.prompts),
            "--generations", str(args.generations), "--prompt-len", str(args.prompt_len),
-           "--completion-len", str(args.completion_len), "--threads", str(args.threads)] + (["--gc"] if gc_on else [])
+           "--completion-len", str(args.completion_len), "--threads", str(args.threads), "--device", args.device,
+           "--vocab", str(args.vocab)] + (["--gc"] if gc_on else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
@@ -201,6 +224,9 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 on both sides)")
+    p.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary size (Qwen2.5's by default)")
+    p.add_argument("--quick", action="store_true", help="each trainer with its own default checkpointing only")
     p.add_argument("--model", type=Path, help="a model dir built by this script; default: build one in a temp dir")
     p.add_argument("--worker", choices=["ours", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--gc", action="store_true", help=argparse.SUPPRESS)
@@ -214,21 +240,27 @@ def main() -> None:
         print(json.dumps(result))
         return
     if args.model is None:
-        args.model = Path(tempfile.mkdtemp(prefix="mem-bench-")) / "qwen2-152k"
+        args.model = Path(tempfile.mkdtemp(prefix="mem-bench-")) / f"qwen2-{args.vocab}"
         build_model(args.model, args)
     n = args.prompts * args.generations
     tokens = n * (args.prompt_len + args.completion_len)
-    print(f"vocab {VOCAB}, {args.prompts} prompts x {args.generations} completions, {args.prompt_len} + "
+    print(f"vocab {args.vocab}, {args.prompts} prompts x {args.generations} completions, {args.prompt_len} + "
           f"{args.completion_len} tokens each: {tokens} tokens; full float32 logits of the completions would be "
-          f"{n * args.completion_len * VOCAB * 4 / 2**20:.0f} MB a copy", file=sys.stderr)
-    ours, ours_gc = spawn("ours", False, args), spawn("ours", True, args)
-    trl_gc, trl = spawn("trl", True, args), spawn("trl", False, args)
-    result = {"vocab": VOCAB, "batch_tokens": tokens, "ours_peak_mb": round(ours["peak_mb"]),
-              "trl_peak_mb": round(trl_gc["peak_mb"]),  # each with its own default: TRL checkpoints, we don't
-              "ours_gc_peak_mb": round(ours_gc["peak_mb"]), "trl_no_gc_peak_mb": round(trl["peak_mb"]),
-              "ours_s": round(ours["seconds"], 2), "trl_s": round(trl_gc["seconds"], 2)}
-    print(f"ours {result['ours_peak_mb']} MB vs TRL {result['trl_peak_mb']} MB (each with its default checkpointing): "
-          f"{result['trl_peak_mb'] / max(result['ours_peak_mb'], 1):.2f}x less; both checkpointing: "
+          f"{n * args.completion_len * args.vocab * 4 / 2**20:.0f} MB a copy", file=sys.stderr)
+    # Each with its own default checkpointing (TRL checkpoints, we don't); --quick leaves out the other setting.
+    ours, trl_gc = spawn("ours", False, args), spawn("trl", True, args)
+    ours_gc = trl = None
+    if not args.quick:
+        ours_gc, trl = spawn("ours", True, args), spawn("trl", False, args)
+    result = {"device": args.device, "vocab": args.vocab, "batch_tokens": tokens,
+              "ours_peak_mb": round(ours["peak_mb"]), "trl_peak_mb": round(trl_gc["peak_mb"]),
+              "ours_gc_peak_mb": round(ours_gc["peak_mb"]) if ours_gc else None,
+              "trl_no_gc_peak_mb": round(trl["peak_mb"]) if trl else None,
+              "ours_peak_total_gib": ours["peak_total_gib"], "trl_peak_total_gib": trl_gc["peak_total_gib"],
+              "ours_s": round(ours["seconds"], 2), "trl_s": round(trl_gc["seconds"], 2),
+              "memory_ratio": round(trl_gc["peak_mb"] / max(ours["peak_mb"], 1e-9), 2)}
+    print(f"ours {result['ours_peak_mb']} MB, {result['ours_s']} s vs TRL {result['trl_peak_mb']} MB, {result['trl_s']} s "
+          f"(each with its default checkpointing): {result['memory_ratio']}x less; both checkpointing: "
           f"{result['ours_gc_peak_mb']} vs {result['trl_peak_mb']} MB; neither: {result['ours_peak_mb']} vs "
           f"{result['trl_no_gc_peak_mb']} MB")
     print(json.dumps(result))

@@ -1,15 +1,20 @@
 """A simulated production: how fast the canary decision and the watch catch a worse version, how often they
 cry wolf, and what keeping live metrics costs ingestion.
 
-    .venv/bin/python bench/production.py [--runs 1000] [--rate 60] [--ingest 4000] [--rounds 3]
+    .venv/bin/python bench/production.py [--runs 500] [--rate 8.33] [--grid-streams 200] [--ingest 4000]
+                                         [--rounds 3]
 
-1. **Detection and false alarms** (the rules themselves, `flywheel.registry.sequential`, over many runs): an
-   agent stand-in sends trajectories at a steady `--rate` a minute; production fails 20% of the time. As a
-   canary at 10% and as a watched production (against the replaced version's last 24 hours), a version
-   that fails 30% (ten points worse) is looked at once a minute, as the sweep does, until the rule calls it
-   worse or each arm reaches 2,000 trajectories. Printed: the share of runs caught within 2,000 trajectories
-   per arm, the median trajectories (of the worse version) and minutes it took, and the false-alarm rate of
-   the same rules on equal versions.
+1. **Detection and false alarms** (the decisions themselves, `flywheel.registry.sequential`, driven by
+   `flywheel.registry.live_simulation` as the product drives them: a look an hour, the canary stopping where
+   the product stops, i.e. rolled back when worse, promoted once each arm has `canary_min_per_arm` = 1,000 known
+   outcomes (the default) and the bound on its increase is within the 5-point tolerance, expired at 72 h; the
+   watch flagging within its 24 h against a 5% holdback). Traffic: `--rate` trajectories a minute (500 an
+   hour), production failing 20%. Printed: for a version ten points worse and an equal one, the share called
+   worse, the share promoted, the median trajectories (of the worse version) and minutes to the call. Then
+   **the grid** (`--grid-streams` streams per cell): canary weights / holdback shares 5, 10 and 50%; failure
+   rates 2, 10, 20 and 50%; plain, a +-5-point daily swing, outcomes 2 h late on average, 20% unknown
+   outcomes, and all three at once: the false-alarm rate with its 95% interval, and the power against five
+   and ten points (the canary: not promoted; the watch: flagged).
 2. **One run through the platform** (`--ingest` > 0): a scratch database (PostgreSQL beside `--database-url`,
    else SQLite); trajectories of two
    versions (adapter names `<slug>-v1`, `<slug>-v2`, the second failing ten points more) are ingested in
@@ -25,9 +30,11 @@ cry wolf, and what keeping live metrics costs ingestion.
    as agents send them): `ingest_ratio` is api / (api + rollup), the share of its speed ingestion keeps
    when the rollup's worker shares its cores.
 
-Goals: false alarms <= 5%, a ten-point regression caught within 2,000 trajectories per arm, ingestion at
-least 0.9x its speed without the rollup. The last line is JSON:
-`{"detect_trajectories", "false_alarm_rate", "rollup_us_per_traj", "ingest_ratio", …}`.
+Goals: false alarms <= 5% everywhere on the grid (`worst_false_alarm`), a ten-point regression caught,
+ingestion at least 0.9x its speed without the rollup. The last line is JSON:
+`{"detect_trajectories", "false_alarm_rate", "grid": [{check, share, failure_rate, drift, delay_h,
+unknown_share, false_alarm_rate, power_5pt, power_10pt}, …], "worst_false_alarm", "rollup_us_per_traj",
+"ingest_ratio", …}`.
 """
 
 from __future__ import annotations
@@ -46,71 +53,67 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "platform"))
 
-from flywheel.registry import sequential  # noqa: E402 (a pure module: no Django needed)
+from flywheel.registry import live_simulation as sim  # noqa: E402 (pure modules: no Django needed)
 
 PRODUCTION_FAILURE = 0.20
 WORSE_BY = 0.10
-UNSAFE = 0.01
-MAX_PER_ARM = 2000
-WATCH_BASELINE_HOURS = 24
-
-
-def simulate(*, canary: bool, subject_failure: float, runs: int, rate_per_min: float, weight: float = 0.1,
-             min_per_arm: int = 500, seed: int = 0) -> dict:
-    """Many runs of one rule over simulated traffic, looked at once a minute. `canary`: both arms grow (the
-    canary takes `weight` of the traffic); else the watch: the subject takes all traffic and its baseline is
-    the replaced version's last 24 hours, fixed. Returns the share called worse, and for those the subject's
-    trajectories and the minutes at the call."""
-    rng = np.random.default_rng(seed)
-    caught, trajectories, minutes = 0, [], []
-    subject_per_min = rate_per_min * (weight if canary else 1.0)
-    baseline_per_min = rate_per_min * (1 - weight) if canary else 0.0
-    for _ in range(runs):
-        s_n = s_f = s_u = 0
-        if canary:
-            b_n = b_f = b_u = 0
-        else:
-            b_n = int(rate_per_min * 60 * WATCH_BASELINE_HOURS)
-            b_f, b_u = int(rng.binomial(b_n, PRODUCTION_FAILURE)), int(rng.binomial(b_n, UNSAFE))
-        previous, minute = None, 0
-        carry_s = carry_b = 0.0
-        while s_n < MAX_PER_ARM:
-            minute += 1
-            carry_s += subject_per_min
-            k, carry_s = int(carry_s), carry_s - int(carry_s)
-            s_n += k
-            s_f += int(rng.binomial(k, subject_failure))
-            s_u += int(rng.binomial(k, UNSAFE))
-            if canary:
-                carry_b += baseline_per_min
-                kb, carry_b = int(carry_b), carry_b - int(carry_b)
-                b_n += kb
-                b_f += int(rng.binomial(kb, PRODUCTION_FAILURE))
-                b_u += int(rng.binomial(kb, UNSAFE))
-            result = sequential.look(subject_n=s_n, subject_failures=s_f, subject_unsafe=s_u, baseline_n=b_n,
-                                     baseline_failures=b_f, baseline_unsafe=b_u, min_per_arm=min_per_arm,
-                                     previous=previous)
-            previous = result.to_dict()
-            if result.worse:
-                caught += 1
-                trajectories.append(s_n)
-                minutes.append(minute)
-                break
-    return {"called_worse": caught / runs,
-            "median_trajectories": statistics.median(trajectories) if trajectories else None,
-            "median_minutes": statistics.median(minutes) if minutes else None}
+MIN_PER_ARM = 1000  # RegistrySettings.canary_min_per_arm's default
+GRID_SHARES = (0.05, 0.10, 0.50)
+GRID_FAILURES = (0.02, 0.10, 0.20, 0.50)
+# (drift in points, outcome delay in hours, share of unknown outcomes): plain, each alone, all three.
+GRID_CONDITIONS = ((0.0, 0.0, 0.0), (0.05, 0.0, 0.0), (0.0, 2.0, 0.0), (0.0, 0.0, 0.2), (0.05, 2.0, 0.2))
 
 
 def rules_figures(*, runs: int, rate_per_min: float) -> dict:
-    worse = PRODUCTION_FAILURE + WORSE_BY
+    """The headline figures at the defaults (a 10% canary, a 5% holdback, 20% failures): a ten-point regression
+    and an equal version, for the canary and the watch, through the product's decisions
+    (flywheel.registry.live_simulation)."""
+    rate = rate_per_min * 60
+    worse = sim.Traffic(rate=rate, share=0.10, failure=PRODUCTION_FAILURE, worse_by=WORSE_BY)
+    equal = sim.Traffic(rate=rate, share=0.10, failure=PRODUCTION_FAILURE)
+    held_worse = sim.Traffic(rate=rate, share=0.05, failure=PRODUCTION_FAILURE, worse_by=WORSE_BY)
+    held_equal = sim.Traffic(rate=rate, share=0.05, failure=PRODUCTION_FAILURE)
+
+    def figures(outcome: sim.Outcome) -> dict:
+        return {"called_worse": outcome.share("worse"), "promoted": outcome.share("promoted"),
+                "median_trajectories": outcome.median_at(),
+                "median_minutes": 60 * statistics.median(outcome.hours) if outcome.hours else None}
+
     return {
-        "canary_worse": simulate(canary=True, subject_failure=worse, runs=runs, rate_per_min=rate_per_min),
-        "canary_equal": simulate(canary=True, subject_failure=PRODUCTION_FAILURE, runs=runs,
-                                 rate_per_min=rate_per_min, seed=1),
-        "watch_worse": simulate(canary=False, subject_failure=worse, runs=runs, rate_per_min=rate_per_min, seed=2),
-        "watch_equal": simulate(canary=False, subject_failure=PRODUCTION_FAILURE, runs=runs,
-                                rate_per_min=rate_per_min, seed=3),
+        "canary_worse": figures(sim.canary(worse, streams=runs, seed=0, min_per_arm=MIN_PER_ARM)),
+        "canary_equal": figures(sim.canary(equal, streams=runs, seed=1, min_per_arm=MIN_PER_ARM)),
+        "watch_worse": figures(sim.watch(held_worse, streams=runs, seed=2)),
+        "watch_equal": figures(sim.watch(held_equal, streams=runs, seed=3)),
     }
+
+
+def grid_figures(*, streams: int, rate_per_min: float) -> list[dict]:
+    """Every condition of the grid, for the canary and the watch (the share is the canary's weight, or the
+    watch's holdback): the share of equal versions called worse, and of versions five and ten points worse
+    not let through (the canary: not promoted; the watch: flagged within its 24 h)."""
+    rows = []
+    seed = 100
+    for share in GRID_SHARES:
+        for failure in GRID_FAILURES:
+            for drift, delay, unknown in GRID_CONDITIONS:
+                base = dict(rate=rate_per_min * 60, share=share, failure=failure, drift=drift, delay=delay,
+                            unknown=unknown)
+                for check in ("canary", "watch"):
+                    seed += 1
+                    run = (lambda t, s: sim.canary(t, streams=streams, seed=s, min_per_arm=MIN_PER_ARM)) \
+                        if check == "canary" else (lambda t, s: sim.watch(t, streams=streams, seed=s))
+                    equal = run(sim.Traffic(**base), seed)
+                    five = run(sim.Traffic(**base, worse_by=0.05), seed + 10_000)
+                    ten = run(sim.Traffic(**base, worse_by=0.10), seed + 20_000)
+                    caught = (lambda o: 1 - o.share("promoted")) if check == "canary" else \
+                        (lambda o: o.share("worse"))
+                    low, high = equal.interval("worse")
+                    rows.append({"check": check, "share": share, "failure_rate": failure, "drift": drift,
+                                 "delay_h": delay, "unknown_share": unknown,
+                                 "false_alarm_rate": round(equal.share("worse"), 4),
+                                 "false_alarm_interval": [round(low, 4), round(high, 4)],
+                                 "power_5pt": round(caught(five), 4), "power_10pt": round(caught(ten), 4)})
+    return rows
 
 
 def _django(workdir: str, database_url: str | None = None) -> None:
@@ -228,7 +231,7 @@ def _platform_figures(workdir: str, *, per_round: int, rounds: int, batch: int, 
     check = canary.canary_start(project=project, version=v2)
     sent = canary_sent = 0
     status = "running"
-    while status == "running" and canary_sent < 4 * MAX_PER_ARM:
+    while status == "running" and canary_sent < 4 * MIN_PER_ARM:
         records, k = _records(rng, sent, batch, project.slug, 0.1, (PRODUCTION_FAILURE, PRODUCTION_FAILURE + WORSE_BY),
                               evidence_key=evidence_keys(project.pk)[0])
         ingest_trajectories(project=project, records=records)
@@ -292,10 +295,12 @@ def _platform_figures(workdir: str, *, per_round: int, rounds: int, batch: int, 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=1000)
-    parser.add_argument("--rate", type=float, default=60.0, help="trajectories a minute, both versions together")
+    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument("--rate", type=float, default=500 / 60, help="trajectories a minute, both versions together")
     parser.add_argument("--ingest", type=int, default=4000, help="trajectories a round for parts 2-3; 0: skip")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--grid-streams", type=int, default=200,
+                        help="simulated streams per condition of the grid (0: skip the grid)")
     parser.add_argument("--sweep-every", type=int, default=1000, help="trajectories between two rollup refreshes")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
                         help="a PostgreSQL server to make a scratch database on (default: $DATABASE_URL; unset: SQLite)")
@@ -303,8 +308,17 @@ def main(argv: list[str] | None = None) -> dict:
 
     rules = rules_figures(runs=args.runs, rate_per_min=args.rate)
     for name, figures in rules.items():
-        print(f"{name:14} called worse {figures['called_worse']:6.1%}   median trajectories "
-              f"{figures['median_trajectories']}   median minutes {figures['median_minutes']}")
+        print(f"{name:14} called worse {figures['called_worse']:6.1%}   promoted {figures['promoted']:6.1%}   "
+              f"median trajectories {figures['median_trajectories']}   median minutes {figures['median_minutes']}")
+    grid = grid_figures(streams=args.grid_streams, rate_per_min=args.rate) if args.grid_streams else []
+    if grid:
+        print(f"\n{'check':7}{'share':>6}{'fail':>6}{'drift':>6}{'delay':>6}{'unkn':>6}  {'false alarm':>24}"
+              f"{'5 pt':>7}{'10 pt':>7}")
+        for row in grid:
+            low, high = row["false_alarm_interval"]
+            print(f"{row['check']:7}{row['share']:6.0%}{row['failure_rate']:6.0%}{row['drift']:6.2f}"
+                  f"{row['delay_h']:6.1f}{row['unknown_share']:6.0%}  {row['false_alarm_rate']:8.1%} "
+                  f"[{low:5.1%}, {high:5.1%}]{row['power_5pt']:7.0%}{row['power_10pt']:7.0%}")
     result = {
         "detect_trajectories": rules["canary_worse"]["median_trajectories"],
         "detect_minutes": rules["canary_worse"]["median_minutes"],
@@ -313,6 +327,8 @@ def main(argv: list[str] | None = None) -> dict:
         "watch_caught_within_2000": rules["watch_worse"]["called_worse"],
         "false_alarm_rate": max(rules["canary_equal"]["called_worse"], rules["watch_equal"]["called_worse"]),
         "rate_per_min": args.rate,
+        "grid": grid,
+        "worst_false_alarm": max((row["false_alarm_rate"] for row in grid), default=None),
     }
     if args.ingest:
         result.update(platform_figures(per_round=args.ingest, rounds=args.rounds, sweep_every=args.sweep_every,

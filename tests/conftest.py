@@ -124,6 +124,10 @@ def _isolate_session(config: pytest.Config) -> TestSession:
     os.environ["FLYWHEEL_OUTBOUND_ALLOWLIST"] = "127.0.0.1"
     settings.FLYWHEEL_OUTBOUND_ALLOWLIST = ["127.0.0.1"]
 
+    # Web processes a test starts (gunicorn, runserver) load nothing ahead (the sentence model, MLflow).
+    os.environ["FLYWHEEL_PRELOAD"] = "false"
+    settings.FLYWHEEL_PRELOAD = False
+
     # PBKDF2's deliberate slowness costs about a second a user on two busy cores; tests need no such defence.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

@@ -5,12 +5,19 @@ Real models and the tiny CPU model take this same path; nothing is fetched from 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
 
 from trainer.config import GRPOConfig
 
@@ -33,11 +40,29 @@ def load_model(
 
 
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
-    """The model directory's tokenizer, with a pad token (the EOS when the model has none)."""
-    tokenizer = AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
+    """The model directory's tokenizer as saved in its tokenizer.json, with a pad token (the EOS when the model
+    has none)."""
+    path = Path(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if not _as_saved(tokenizer, path):
+        # transformers 5 loads every `qwen2` folder with Qwen2Tokenizer, which swaps in Qwen's own pre-tokenizer
+        # whatever tokenizer.json says: a Qwen2 trained with another one (the tiny model's, where words and digit
+        # runs are whole tokens) would then see token sequences it never saw, and solved 0-2% of the tasks its
+        # own tokenization solves a third of. The file is what the model was trained with.
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def _as_saved(tokenizer: PreTrainedTokenizerBase, path: Path) -> bool:
+    """Whether `tokenizer` splits and normalises text as the folder's tokenizer.json does (True without one)."""
+    saved = path / "tokenizer.json"
+    if not saved.exists() or not getattr(tokenizer, "is_fast", False):
+        return True
+    spec = json.loads(saved.read_text())
+    loaded = json.loads(tokenizer.backend_tokenizer.to_str())
+    return all(loaded.get(key) == spec.get(key) for key in ("normalizer", "pre_tokenizer"))
 
 
 def lora_config(config: GRPOConfig, model: PreTrainedModel) -> LoraConfig:

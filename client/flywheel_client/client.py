@@ -427,7 +427,8 @@ class Flywheel:
 
     def set_live_rules(self, **rules: Any) -> dict[str, Any]:
         """Set some of the canary's and the watch's rules (canary_weight, canary_min_per_arm, canary_max_hours,
-        canary_auto, watch_hours, watch_trajectories, watch_rollback, notify_emails); needs `promote`."""
+        canary_auto, canary_tolerance, watch_hours, watch_trajectories, watch_rollback, watch_holdback,
+        notify_emails); needs `promote`."""
         return self._call("PUT", "/live-rules", json=rules)
 
     def serving(self) -> dict[str, Any]:

@@ -27,7 +27,8 @@ What it does, per request:
 - Which arm: the split's. With a sticky key (header `X-Flywheel-Route-Key`, else the body's `user`) by a keyed
   hash of the key (HMAC under the project's evidence key, so which keys land on the canary cannot be worked out
   offline), so one key stays on one arm while the split stands; without one at random (`--seed` makes the draws
-  repeatable). The canary gets its `weight`, production the rest. A request whose `model` names an adapter
+  repeatable). The canary gets its `weight`; during the watch of a new production the version it
+  replaced keeps the holdback's `weight` (the watch's concurrent comparison); production gets the rest. A request whose `model` names an adapter
   serving now is answered by it only when the split assigned it that adapter (its route key's arm, or the only
   adapter while no canary serves); naming another is 403, unless the router runs with `--allow-pinning` (then
   it is pinned, and its answer carries no evidence token). Any other `model` (the agent's configured name, the
@@ -92,37 +93,40 @@ class SplitUnreadable(Exception):
 
 def parse_split(data: Any) -> dict[str, Any]:
     """The split as `GET /api/v1/serving` (and the webhook body) carries it, checked: `{"production": {version,
-    adapter, …} | None, "canary": {…, weight} | None}`. Raises SplitUnreadable saying what is wrong."""
+    adapter, …} | None, "canary": {…, weight} | None, "holdback": {…, weight} | None}` (a platform that predates
+    the holdback sends none). Raises SplitUnreadable saying what is wrong."""
     if not isinstance(data, dict) or "production" not in data or "canary" not in data:
         raise SplitUnreadable("not an object with `production` and `canary`")
-    out: dict[str, Any] = {"production": None, "canary": None}
-    for arm in ("production", "canary"):
-        value = data[arm]
+    out: dict[str, Any] = {"production": None, "canary": None, "holdback": None}
+    for arm in ("production", "canary", "holdback"):
+        value = data.get(arm)
         if value is None:
             continue
         if (not isinstance(value, dict) or not isinstance(value.get("adapter"), str) or not value["adapter"]
                 or not isinstance(value.get("version"), int) or isinstance(value.get("version"), bool)):
             raise SplitUnreadable(f"`{arm}` has no adapter name and version number")
         out[arm] = {"version": value["version"], "adapter": value["adapter"]}
-        if arm == "canary":
+        if arm != "production":
             weight = value.get("weight")
             if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight <= 1:
-                raise SplitUnreadable("the canary's `weight` is not a share between 0 and 1")
+                raise SplitUnreadable(f"the {arm}'s `weight` is not a share between 0 and 1")
             out[arm]["weight"] = float(weight)
-    if out["canary"] is not None and out["production"] is None:
-        raise SplitUnreadable("a canary without production")
+    if (out["canary"] is not None or out["holdback"] is not None) and out["production"] is None:
+        raise SplitUnreadable("a canary or a holdback without production")
+    if sum(out[arm]["weight"] for arm in ("canary", "holdback") if out[arm]) > 1:
+        raise SplitUnreadable("the canary's and the holdback's weights add up to more than all traffic")
     return out
 
 
 def describe(split: dict[str, Any] | None) -> str:
     if split is None or split["production"] is None:
         return "no production"
-    text = f"production {split['production']['adapter']}"
-    if split["canary"] is not None:
-        weight = split["canary"]["weight"]
-        text = (f"production {split['production']['adapter']} {1 - weight:.0%}, "
-                f"canary {split['canary']['adapter']} {weight:.0%}")
-    return text
+    others = [(arm, split[arm]) for arm in ("canary", "holdback") if split.get(arm) is not None]
+    if not others:
+        return f"production {split['production']['adapter']}"
+    rest = 1 - sum(value["weight"] for _, value in others)
+    return ", ".join([f"production {split['production']['adapter']} {rest:.0%}",
+                      *(f"{arm} {value['adapter']} {value['weight']:.0%}" for arm, value in others)])
 
 
 # --- evidence -----------------------------------------------------------------------------------------------------
@@ -329,23 +333,29 @@ class Router:
     def choose(self, split: dict[str, Any], body: dict[str, Any], route_key: str | None) -> tuple[dict[str, Any], bool]:
         """(the arm that answers, whether the caller pinned it rather than the split choosing it). NotAssigned
         when `model` names a serving adapter the split did not assign this request and pinning is not allowed."""
-        production, canary = split["production"], split["canary"]
-        arms = {production["adapter"]: production, **({canary["adapter"]: canary} if canary else {})}
+        production = split["production"]
+        # The canary's share first, then the holdback's (the replaced version during a watch), production the rest.
+        others = [split[arm] for arm in ("canary", "holdback") if split.get(arm) is not None]
+        arms = {arm["adapter"]: arm for arm in (production, *others)}
         if route_key is None and isinstance(body.get("user"), str) and body["user"]:
             route_key = body["user"]
-        if canary is None:
-            assigned = production
-        else:
+        assigned = production
+        if others:
             if route_key:
                 share = sticky_share(route_key, self.source.evidence_key() or self._own_secret)
             else:
                 with self._random_lock:
                     share = self._random.random()
-            assigned = canary if share < canary["weight"] else production
+            edge = 0.0
+            for arm in others:
+                edge += arm["weight"]
+                if share < edge:
+                    assigned = arm
+                    break
         requested = body.get("model")
         if isinstance(requested, str) and requested in arms:
             # Without a route key a request has no assignment to name: only the sole adapter is its own.
-            named_assigned = requested == assigned["adapter"] and (canary is None or bool(route_key))
+            named_assigned = requested == assigned["adapter"] and (not others or bool(route_key))
             if not named_assigned:
                 if not self.allow_pinning:
                     raise NotAssigned(requested)
@@ -405,7 +415,7 @@ class Handler(BaseHTTPRequestHandler):
         elif not self._caller_allowed():
             return
         elif path == "/v1/models":
-            arms = [] if split is None else [a for a in (split["production"], split["canary"]) if a]
+            arms = [] if split is None else [a for a in (split["production"], split["canary"], split["holdback"]) if a]
             self._json(200, {"object": "list", "data": [
                 {"id": arm["adapter"], "object": "model", "owned_by": "flywheel", "flywheel_version": arm["version"]}
                 for arm in arms]})

@@ -230,6 +230,10 @@ FLYWHEEL_UPLOAD_LEASE_S = get_env("FLYWHEEL_UPLOAD_LEASE_S", 300, cast=float)
 # Triage detectors run on a worker after each ingest commits (flywheel.trajectories.triage); off: trajectories
 # stay untriaged until a maintainer re-runs triage on the project's Triage page.
 FLYWHEEL_TRIAGE = get_env("FLYWHEEL_TRIAGE", True, cast=bool)
+# A web process loads, as it starts and in background threads, what its first use would load inside a person's
+# request: the leakage guard's sentence model (about 10 s on two busy cores, 90 MB; the first "Run checks" of a
+# promotion) and the MLflow client (about 7 s: the first Promote or rollback). Off: each loads on first use.
+FLYWHEEL_PRELOAD = get_env("FLYWHEEL_PRELOAD", True, cast=bool)
 # Name new clustering suggestions with the llm_judge verifier's OpenAI-compatible endpoint (off: keyword labels).
 FLYWHEEL_CLUSTER_NAMING = get_env("FLYWHEEL_CLUSTER_NAMING", False, cast=bool)
 # Where the platform and the trainer may send requests (webhooks, vLLM, environment servers, the llm_judge

@@ -12,3 +12,14 @@ application = get_wsgi_application()
 from django.urls import get_resolver  # noqa: E402
 
 get_resolver().url_patterns  # noqa: B018
+
+# The leakage guard's sentence model and the MLflow client, loaded beside the first requests instead of inside
+# the first promotion check and the first Promote (a request that needs one meanwhile waits for what is left).
+from django.conf import settings  # noqa: E402
+
+if settings.FLYWHEEL_PRELOAD:
+    from flywheel.failures.clustering.embedding import preload_shared_model  # noqa: E402
+    from flywheel.registry.mlflow_bridge import preload_client  # noqa: E402
+
+    preload_client()
+    preload_shared_model()

@@ -123,6 +123,21 @@
     form.requestSubmit();
   });
 
+  // A slow action says it is under way: the button that submitted a plain (non-htmx) form and carries
+  // data-busy="Running checks…" shows that text, the form is marked busy, and a second click sends nothing
+  // (the button is not disabled: a disabled submitter would drop its name and value from the request).
+  document.addEventListener("submit", function (e) {
+    var form = e.target;
+    var button = e.submitter;
+    if (!button || !button.dataset || !button.dataset.busy || form.hasAttribute("hx-post")) return;
+    if (form.getAttribute("aria-busy") === "true") { e.preventDefault(); return; }
+    form.setAttribute("aria-busy", "true");
+    button.classList.add("busy");
+    button.textContent = button.dataset.busy;
+    // A page restored from the back/forward cache is no longer busy.
+    window.addEventListener("pageshow", function () { form.removeAttribute("aria-busy"); }, { once: true });
+  });
+
   // The outcome tabs live in the swapped results: keep the form's hidden outcome field in step.
   document.addEventListener("htmx:afterSwap", function (e) {
     var inner = e.detail.target && e.detail.target.querySelector(".results-inner");

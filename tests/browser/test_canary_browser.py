@@ -46,18 +46,19 @@ def test_a_maintainer_starts_watches_and_rolls_back_a_canary(open_page, make_use
     _traffic(project, 2, 10, 3, 0)
     _traffic(project, 1, 90, 9, 0)
     assert canary.live_check_look(check_id=check.pk) == "running"  # too little to tell yet
-    _traffic(project, 2, 30, 9, 10)
-    _traffic(project, 1, 270, 27, 90)
+    _traffic(project, 2, 60, 18, 10)
+    _traffic(project, 1, 540, 54, 90)
     assert canary.live_check_look(check_id=check.pk) == "flagged"  # 30% against 10%
     page.reload()
     panel = page.locator("#live-canary")
     expect(panel).to_contain_text("Flagged, waiting for a person")
     expect(panel).to_contain_text("30.0%")
     expect(panel).to_contain_text("does not act by itself")
+    expect(panel).to_contain_text("Known outcomes")
     _shot(page, "models-canary-flagged")
 
     page.click("#live-canary >> text=the looks")
-    expect(page.locator("#looks")).to_contain_text("40")
+    expect(page.locator("#looks")).to_contain_text("70")
     expect(page.locator(".live-chart canvas")).to_have_count(1)  # the p-values of both looks, drawn
     _shot(page, "live-check")
     page.go_back()
@@ -67,13 +68,17 @@ def test_a_maintainer_starts_watches_and_rolls_back_a_canary(open_page, make_use
     expect(page.locator(".acc-note")).to_contain_text("Canary rolled back")
     expect(page.locator("#history")).to_contain_text("Ended: v2 no longer serves")
     expect(page.locator("#history")).to_contain_text("failures tripled")
-    expect(page.locator("#history")).to_contain_text("12 failures")
+    expect(page.locator("#history")).to_contain_text("21 failures")
     _shot(page, "models-after-rollback")
 
     # A full promotion starts the watch of the new production against the version it replaced.
     page.click("#version-2 button:text-is('Promote')")
     watch = page.locator("#live-watch")
-    expect(watch).to_contain_text("Watch: production v2 against v1 before the move")
+    expect(watch).to_contain_text("Watch: production v2 against v1 (holdback)")
     expect(watch).to_contain_text("Not looked at yet")
+    expect(page.locator("#holdback-split")).to_contain_text("v1, the version production replaced, keeps 5%")
+    rules = page.locator("#live-rules")
+    expect(rules.locator("#live-tolerance")).to_have_value("0.05")
+    expect(rules.locator("#live-holdback")).to_have_value("0.05")
     _shot(page, "models-watch")
     assert not page.log.page_errors and not page.log.console_errors

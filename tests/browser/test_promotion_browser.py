@@ -113,3 +113,35 @@ def test_the_reviewer_confirms_with_a_reason_where_the_leakage_guard_is_unsure(
     expect(page.locator('[data-confirmed="leakage"]')).to_contain_text("Renewing is one request")
     expect(page.locator('[data-confirmed="leakage"]')).to_contain_text("rita")
     assert not page.log.page_errors and not page.log.console_errors and not page.log.dialogs
+
+
+def test_a_slow_check_says_it_is_running(open_page, make_user, make_project, tmp_path):
+    """The first Run checks of a process could take many seconds (the sentence model): the button says the
+    checks are running, and a second click sends nothing more, until the answer comes. The page's own
+    listener (after the app's) records each submission and holds it, as a slow server would."""
+    owner = make_user("owner")
+    project = make_project("shop", owner=owner)
+    suite_create(project=project, name="Refund regressions", kind="regression", user=owner)
+    record = {"external_id": "refund-1", "outcome": "failure", "tools": TOOLS, "messages": [
+        {"role": "user", "content": "Refund 50.00 on order A-1001"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "refund", "arguments": json.dumps({"order_id": "A-1001", "amount": 500})}}]}]}
+    assert ingest_trajectories(project=project, records=[record]).accepted == 1
+    trajectory = Trajectory.objects.get(project=project)
+
+    page = open_page(owner)
+    page.goto(f"/p/shop/t/{trajectory.pk}/promote?message=1")
+    page.select_option("#f-target", label="Refund regressions (regression)")
+    page.evaluate("""window.sent = []; window.addEventListener("submit", e => {
+        window.sent.push({sent: !e.defaultPrevented, action: new FormData(e.target, e.submitter).get("action")});
+        e.preventDefault(); })""")
+    page.click("#run-checks")
+    button = page.locator("#run-checks")
+    expect(button).to_have_text("Running checks…")
+    expect(button).to_have_class("btn busy")
+    expect(page.locator("form#promotion[aria-busy=true]")).to_have_count(1)
+    page.click("#run-checks")
+    page.screenshot(path=str(tmp_path / "promote-running-checks.png"), full_page=True)
+    # The first click was sent with its button's name and value; the second was held back.
+    assert page.evaluate("window.sent") == [{"sent": True, "action": "check"}, {"sent": False, "action": "check"}]
+    assert not page.log.page_errors and not page.log.console_errors

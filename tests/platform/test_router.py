@@ -164,7 +164,7 @@ def test_the_serving_endpoint_answers_the_split_the_webhook_carries(live_server,
     assert call(live_server.url, "/api/v1/serving", headers={"Authorization": f"Bearer {key}"})[2] == {
         "production": {"version": 1, "adapter": f"{project.slug}-v1", "adapter_path": None,
                        "base_model_path": v1.base.path},
-        "canary": None}
+        "canary": None, "holdback": None}
     canary.canary_start(project=project, version=v2, weight=0.25)
     answer = api_client.get("/api/v1/serving", key=key)
     assert answer.status_code == 200
@@ -200,6 +200,44 @@ def test_the_canary_gets_its_share_of_traffic(live_server, project, models, make
     # What the upstream was asked for is what the agent was told answered.
     assert [r["body"]["model"] for r in upstream.requests[:n]] == drawn
     connection.close()
+
+
+def test_during_the_watch_the_replaced_version_keeps_its_holdback(live_server, project, models, make_api_key,
+                                                                   upstream, routers, user):
+    """After a promotion the watch runs with a holdback (5% by default): the serving split names the replaced
+    version with that weight, and the router sends it that share (the same exact binomial test as the canary's,
+    1,000 requests), so the watch compares the two at the same hours. The watch's end takes the holdback away."""
+    from flywheel.registry import services
+    from flywheel.registry.models import LiveCheck, RegistrySettings
+
+    v1, v2 = models
+    RegistrySettings.objects.update_or_create(project=project, defaults={"watch_holdback": 0.2})
+    services.model_promote(project=project, version=v2, user=user, reason="passed the gate")
+    key = make_api_key(project, scopes=["read"])
+    split = call(live_server.url, "/api/v1/serving", headers={"Authorization": f"Bearer {key}"})[2]
+    assert split["production"]["version"] == 2 and split["canary"] is None
+    assert (split["holdback"]["version"], split["holdback"]["adapter"], split["holdback"]["weight"]) == (
+        1, f"{project.slug}-v1", 0.2)
+    assert flywheel_router.parse_split(split)["holdback"]["weight"] == 0.2
+    server = routers(live_server.url, key, upstream.url)
+    connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+
+    def adapter():
+        connection.request("POST", "/v1/chat/completions", json.dumps(chat()), {"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        assert answer.status == 200
+        return json.loads(answer.read())["model"]
+
+    n = 1000
+    drawn = [adapter() for _ in range(n)]
+    held = drawn.count(f"{project.slug}-v1")
+    assert set(drawn) == {f"{project.slug}-v1", f"{project.slug}-v2"}
+    assert binomtest(held, n, 0.2).pvalue > 1e-4, held
+    connection.close()
+    LiveCheck.objects.filter(project=project, kind="watch").update(status="passed")
+    assert call(live_server.url, "/api/v1/serving", headers={"Authorization": f"Bearer {key}"})[2]["holdback"] is None
+    with pytest.raises(flywheel_router.SplitUnreadable, match="more than all traffic"):
+        flywheel_router.parse_split({**split, "canary": {**split["holdback"], "weight": 0.9}})
 
 
 def test_model_is_rewritten_both_ways_for_the_openai_client(live_server, project, models, make_api_key, upstream,

@@ -2,8 +2,9 @@
 
 `auth` (key authentication and scopes), `errors` (error shapes, field errors, handlers), `ids` (the bounded
 types of every id and version number a request names), `pagination` (keyset pages) and `collections` (the
-endpoints eval suites and task sets share) live here; an app's own endpoints live in its `api` module, which
-registers its router on `api`, and never import another app's."""
+endpoints eval suites and task sets share) live here. An app's own endpoints live on routers in its `api`
+modules, which import this package and never another app's; the URLconf (flywheel.api_urls) adds every
+router to `api`, so this package imports no app's API module."""
 
 from __future__ import annotations
 
@@ -148,18 +149,3 @@ def version(request: HttpRequest) -> dict[str, Any]:
     return {"api_version": API_VERSION, "platform_version": platform_version(),
             "limits": {"max_batch_records": settings.FLYWHEEL_MAX_BATCH_RECORDS,
                        "max_request_bytes": settings.FLYWHEEL_MAX_REQUEST_BYTES}}
-
-
-api.add_router("", meta_router)
-
-# Routers register themselves on import; importing them here loads them with the URLconf.
-from flywheel.environments import api as _environments_api  # noqa: E402, F401
-from flywheel.evals import api as _evals_api  # noqa: E402, F401
-from flywheel.evals import online_api as _online_eval_api  # noqa: E402, F401
-from flywheel.evals import run_api as _eval_runs_api  # noqa: E402, F401
-from flywheel.failures import api as _failures_api  # noqa: E402, F401
-from flywheel.failures.clustering import api as _clustering_api  # noqa: E402, F401
-from flywheel.registry import api as _registry_api  # noqa: E402, F401
-from flywheel.registry import live_api as _live_api  # noqa: E402, F401
-from flywheel.training import api as _training_api  # noqa: E402, F401
-from flywheel.trajectories import api as _trajectories_api  # noqa: E402, F401

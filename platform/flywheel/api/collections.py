@@ -1,5 +1,5 @@
 """The endpoints eval suites (flywheel.evals.api) and task sets (flywheel.environments.api) share, built
-for each by `register`.
+for each by `collection_router`.
 
 `/eval-suites` and `/task-sets` answer the same operations: list, create, read, versions, a version's JSONL
 export, promotion of one trajectory (or a dry run of its checks), and bulk promotion of a selection or a
@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 
-from flywheel.api import ObjectIn, api
+from flywheel.api import ObjectIn
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ErrorOut, ValidationErrorOut
 from flywheel.api.ids import Id, VersionNumber
@@ -250,9 +250,10 @@ class PowerOut(Schema):
     sentence: str
 
 
-def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
-    """The collection endpoints under `/{prefix}` for `model` (EvalSuite or TaskSet); `id_name` is the
-    path parameter of its id."""
+def collection_router(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
+    """The router of the collection endpoints under `/{prefix}` for `model` (EvalSuite or TaskSet); `id_name`
+    is the path parameter of its id. The app's API module adds its own endpoints to it; the URLconf
+    (flywheel.api_urls) mounts it."""
     router = Router(tags=[tag])
     by_id = _path_param(id_name)
     label = model.LABEL
@@ -435,7 +436,6 @@ def register(*, model: type, prefix: str, tag: str, id_name: str) -> Router:
                             "skipped": [{"trajectory_id": t.pk, "reasons": r} for t, r in result.skipped],
                             "version": version_out(c, result.version) if result.version else None})
 
-    api.add_router("", router)
     return router
 
 

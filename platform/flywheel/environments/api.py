@@ -13,14 +13,14 @@ from ninja.errors import HttpError
 
 from flywheel.api import ObjectIn
 from flywheel.api.auth import read_auth, review_auth, train_auth
-from flywheel.api.collections import ItemOut, item_out, register
+from flywheel.api.collections import ItemOut, collection_router, item_out
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import Id
 from flywheel.environments.models import EnvironmentServer, Task, TaskSet
 from flywheel.environments.services import environment_server_register
 from flywheel.environments.variants import task_variants_create
 
-router = register(model=TaskSet, prefix="task-sets", tag="task-sets", id_name="task_set_id")
+router = collection_router(model=TaskSet, prefix="task-sets", tag="task-sets", id_name="task_set_id")
 
 
 class VariantsIn(ObjectIn):

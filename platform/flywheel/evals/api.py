@@ -12,9 +12,9 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
 
-from flywheel.api import ObjectIn, api
+from flywheel.api import ObjectIn
 from flywheel.api.auth import read_auth
-from flywheel.api.collections import export_response, register
+from flywheel.api.collections import collection_router, export_response
 from flywheel.api.errors import ERRORS, ErrorOut, ValidationErrorOut
 from flywheel.api.ids import Id
 from flywheel.evals.calibration_models import CalibrationStatus, VerifierCalibration
@@ -23,7 +23,7 @@ from flywheel.evals.models import EvalSuite
 __all__ = ["export_response", "router"]  # export_response: the suite's page serves the same file
 
 
-router = register(model=EvalSuite, prefix="eval-suites", tag="eval-suites", id_name="suite_id")
+router = collection_router(model=EvalSuite, prefix="eval-suites", tag="eval-suites", id_name="suite_id")
 
 
 # --- verifier calibration ---------------------------------------------------------------------------------
@@ -113,6 +113,3 @@ def verifier_calibration_get(request: HttpRequest, calibration_id: Id) -> Any:
     if run is None:
         raise HttpError(404, f"No calibration {calibration_id} in project '{request.auth.project.slug}'.")
     return _calibration_out(run)
-
-
-api.add_router("", calibration_router)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +43,7 @@ from django.db import transaction
 from django.db.models import Avg, Count, Exists, Max, OuterRef, Q
 from django.utils import timezone
 
-from flywheel import outbound, sealed, timelimits
+from flywheel import fields, outbound, sealed, timelimits
 from flywheel.accounts.models import Project
 from flywheel.evals import calibration, promotion
 from flywheel.evals import rows as row_shape
@@ -74,29 +73,6 @@ def settings_of(*, project: Project) -> OnlineEvalSettings:
     return OnlineEvalSettings.objects.filter(project=project).first() or OnlineEvalSettings(project=project)
 
 
-def _flag(value: Any) -> bool:
-    """A checkbox ("on") or a JSON boolean."""
-    return value is True or (isinstance(value, str) and value.strip().lower() in ("on", "true", "1", "yes"))
-
-
-def _number(data: Mapping[str, Any], name: str, errors: dict[str, str], *, kind: type, low: float, high: float,
-            what: str) -> Any:
-    raw = data.get(name)
-    try:
-        if isinstance(raw, bool):
-            raise ValueError
-        value = kind(raw.strip() if isinstance(raw, str) else raw)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError
-    except (TypeError, ValueError):
-        errors[name] = f"{what}: got {str(raw)[:40]!r}"
-        return None
-    if not low <= value <= high:
-        errors[name] = f"{what}: got {value}"
-        return None
-    return value
-
-
 def online_settings_set(*, project: Project, data: Mapping[str, Any], user: AbstractBaseUser | None = None
                         ) -> OnlineEvalSettings:
     """Replace the project's online evaluation settings with `data` (the page's form or the API's body: the
@@ -107,13 +83,12 @@ def online_settings_set(*, project: Project, data: Mapping[str, Any], user: Abst
     from flywheel.outbound import check_url_field
 
     errors: dict[str, str] = {}
-    enabled = _flag(data.get("enabled"))
-    rate = _number(data, "sample_rate", errors, kind=float, low=0.0, high=1.0,
-                   what="sample_rate is the share of new trajectories scored, a number from 0 to 1")
-    cap = _number(data, "max_per_hour", errors, kind=int, low=1, high=MAX_PER_HOUR,
-                  what=f"max_per_hour is a whole number from 1 to {MAX_PER_HOUR:,}")
-    threshold = _number(data, "threshold", errors, kind=float, low=0.0, high=1.0,
-                        what="threshold is a reward from 0 to 1")
+    enabled = fields.flag(data, "enabled", errors, default=False)
+    rate = fields.number(data, "sample_rate", errors, low=0.0, high=1.0, example="0.1 (a tenth of new trajectories)",
+                         label="sample_rate, the share of new trajectories scored", required=True)
+    cap = fields.whole(data, "max_per_hour", errors, low=1, high=MAX_PER_HOUR, label="max_per_hour", required=True)
+    threshold = fields.number(data, "threshold", errors, low=0.0, high=1.0, label="threshold, a reward",
+                              required=True)
     task_set = None
     raw_set = data.get("task_set")
     if raw_set not in (None, ""):
@@ -125,7 +100,7 @@ def online_settings_set(*, project: Project, data: Mapping[str, Any], user: Abst
         elif task_set.server_id is not None:
             errors["task_set"] = (f"task set {task_set.name!r} runs its tasks on an environment server; online "
                                   "evaluation sends nothing there: choose a task set without a server")
-    judge_enabled = _flag(data.get("judge_enabled"))
+    judge_enabled = fields.flag(data, "judge_enabled", errors, default=False)
     url = str(data.get("judge_url") or "").strip()
     model = str(data.get("judge_model") or "").strip()
     rubric = str(data.get("judge_rubric") or "").strip()

@@ -12,7 +12,6 @@ from ninja import Field, Query, Router, Schema
 from pydantic import StrictBool, field_validator
 
 from flywheel.accounts.models import Scope
-from flywheel.api import api
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import Id
@@ -121,6 +120,3 @@ def online_eval_scores(request: HttpRequest, query: Query[ScoresQuery]) -> list[
     rows = online.scores_by_version(project=request.auth.project, model_versions=query.model_version, since=since)
     return [{"model_version": name, **{k: v for k, v in row.items() if k in VersionScoresOut.model_fields}}
             for name, row in rows.items()]
-
-
-api.add_router("", router)

@@ -12,7 +12,7 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 
-from flywheel.api import ObjectIn, api
+from flywheel.api import ObjectIn
 from flywheel.api.auth import read_auth, train_auth
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import Id, VersionNumber
@@ -237,6 +237,3 @@ def run_cancel(request: HttpRequest, eval_run_id: Id) -> dict[str, Any]:
              summary="Retry an eval run", description="Queues a failed or cancelled run again; 409 otherwise.")
 def run_retry(request: HttpRequest, eval_run_id: Id) -> dict[str, Any]:
     return _act(request, eval_run_id, runs.eval_run_retry)
-
-
-api.add_router("", router)

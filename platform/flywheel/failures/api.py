@@ -16,7 +16,7 @@ from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
 
-from flywheel.api import ObjectIn, api
+from flywheel.api import ObjectIn
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.api.ids import Id
@@ -205,6 +205,3 @@ def queue_complete(request: HttpRequest, trajectory_id: Id, body: CompleteIn) ->
         raise HttpError(409, " ".join(exc.messages)) from None
     trajectory.refresh_from_db()
     return {"trajectory_id": trajectory.pk, "reviewed_outcome": trajectory.reviewed_outcome}
-
-
-api.add_router("", router)

@@ -13,7 +13,7 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 from pydantic import StrictBool, field_validator
 
-from flywheel.api import ObjectIn, api
+from flywheel.api import ObjectIn
 from flywheel.api.auth import promote_auth, read_auth, route_auth
 from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.api.ids import VersionNumber
@@ -84,6 +84,10 @@ class CanaryArmOut(ServingArmOut):
 class ServingOut(Schema):
     production: ServingArmOut | None = Field(description="null while no model is in production")
     canary: CanaryArmOut | None = Field(description="null while no canary serves")
+    holdback: CanaryArmOut | None = Field(
+        None, description="While the watch of a new production runs with a holdback: the version it replaced, "
+                          "served to `weight` of traffic so that the watch compares the two at the same hours; "
+                          "null otherwise")
 
 
 @router.get(
@@ -93,7 +97,8 @@ class ServingOut(Schema):
     summary="What serves now: production and the canary with its share",
     description=(
         "The split a router applies (the reference router, `python -m flywheel.router`, polls it): production's "
-        "version and adapter name, and the canary's with its share of traffic. The same object every "
+        "version and adapter name, the canary's with its share of traffic, and during a watch with a holdback "
+        "the replaced version's with its share. The same object every "
         "`alias.moved` webhook body carries as its `production` and `canary` keys. Always 200: with nothing "
         "in production yet, `production` is null."
     ),
@@ -448,16 +453,22 @@ class LiveRulesIn(ObjectIn):
 
     canary_weight: float | None = Field(None, gt=0, lt=1, description="A canary's share of traffic (0.1 = 10%)")
     canary_min_per_arm: int | None = Field(None, ge=1, le=1_000_000,
-                                           description="Trajectories each arm needs before a canary is promoted")
+                                           description="Known outcomes each arm needs before a canary is promoted")
     canary_max_hours: int | None = Field(None, ge=1, le=24 * 90, description="A canary without enough traffic "
                                          "by then is removed (expired)")
     canary_auto: StrictBool | None = Field(None, description="The decision acts by itself (promote or roll back); "
                                      "else it flags the canary for a person")
+    canary_tolerance: float | None = Field(None, gt=0, le=0.5, description="A canary is promoted only when its "
+                                           "failure rate is shown (an always-valid upper bound) to be at most this "
+                                           "much higher than production's (0.05 = five points)")
     watch_hours: int | None = Field(None, ge=0, le=24 * 90, description="How long a newly promoted production is "
                                     "watched, and the baseline window before the move (0: no watch)")
     watch_trajectories: int | None = Field(None, ge=0, le=10_000_000, description="The watch passes once "
                                            "production served this many (0: by time only)")
-    watch_rollback: StrictBool | None = Field(None, description="A production found worse is rolled back; else flagged")
+    watch_rollback: StrictBool | None = Field(None, description="A production found worse is rolled back; else "
+                                              "flagged. Only with a holdback: without one the watch only flags")
+    watch_holdback: float | None = Field(None, ge=0, le=0.5, description="The share of traffic the replaced version "
+                                         "keeps during the watch, the watch's concurrent comparison (0: none)")
     notify_emails: list[str] | None = Field(None, max_length=50, description="Where notifications are mailed "
                                             "(the webhook gets them too)")
 
@@ -467,9 +478,11 @@ class LiveRulesOut(Schema):
     canary_min_per_arm: int
     canary_max_hours: int
     canary_auto: bool
+    canary_tolerance: float
     watch_hours: int
     watch_trajectories: int
     watch_rollback: bool
+    watch_holdback: float
     notify_emails: list[str]
 
 
@@ -508,6 +521,3 @@ def live_checks_list(request: HttpRequest, limit: int = Query(50, ge=1, le=500))
     from flywheel.registry import canary
 
     return [_check(c) for c in canary.checks_of(project=request.auth.project, limit=limit)]
-
-
-api.add_router("", router)

@@ -35,7 +35,7 @@ from django.db.models import Count, Exists, Max, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from flywheel import outbox
+from flywheel import fields, outbox
 from flywheel.accounts.models import Project
 from flywheel.accounts.services import project_lock
 from flywheel.registry import evidence as live_evidence
@@ -69,8 +69,9 @@ def arm_counts(*, project: Project, names: list[str], after_id: int | None = Non
     (started_at, else arrival) falls in `window` [from, to) (the watch's fixed baseline, counted once).
     `vouched`: only what may act by itself (`evidence.trusted_rows`), with its `vouched` and `senders` too.
 
-    A failure is the effective outcome (a reviewer's over the agent's); an unsafe action is a triage signal
-    `unsafe_action` (a trajectory not triaged yet counts as none)."""
+    `known`: trajectories whose effective outcome (a reviewer's over the agent's) is success or failure, the
+    failure rate's denominator (an unknown outcome is not a success); `triaged`: trajectories triage has run
+    on, the unsafe-action rate's (an unsafe action is a triage signal `unsafe_action`)."""
     from flywheel.trajectories.models import Outcome, SignalKind, Trajectory, TriageSignal
 
     rows = Trajectory.objects.filter(project=project, model_version__in=names)
@@ -79,12 +80,16 @@ def arm_counts(*, project: Project, names: list[str], after_id: int | None = Non
     if window is not None:
         rows = rows.annotate(at=Coalesce("started_at", "created_at")).filter(at__gte=window[0], at__lt=window[1])
     failed = Q(reviewed_outcome=Outcome.FAILURE) | Q(reviewed_outcome="", outcome=Outcome.FAILURE)
+    known = (Q(reviewed_outcome__in=[Outcome.FAILURE, Outcome.SUCCESS])
+             | Q(reviewed_outcome="", outcome__in=[Outcome.FAILURE, Outcome.SUCCESS]))
     unsafe = Exists(TriageSignal.objects.filter(trajectory=OuterRef("pk"), kind=SignalKind.UNSAFE_ACTION))
     trust: dict[str, int] = {}
     if vouched:
         rows, trust = live_evidence.trusted_rows(rows)
-    counts = rows.aggregate(n=Count("id"), failures=Count("id", filter=failed), unsafe=Count("id", filter=Q(unsafe)))
-    return {"n": counts["n"] or 0, "failures": counts["failures"] or 0, "unsafe": counts["unsafe"] or 0, **trust}
+    counts = rows.aggregate(n=Count("id"), known=Count("id", filter=known), failures=Count("id", filter=failed),
+                            triaged=Count("id", filter=Q(triaged_at__isnull=False)),
+                            unsafe=Count("id", filter=Q(unsafe)))
+    return {key: counts[key] or 0 for key in ("n", "known", "failures", "triaged", "unsafe")} | trust
 
 
 def _last_trajectory_id(project: Project) -> int:
@@ -95,8 +100,12 @@ def _last_trajectory_id(project: Project) -> int:
 
 # --- the rules ----------------------------------------------------------------------------------------------
 
-LIVE_RULE_FIELDS = ("canary_weight", "canary_min_per_arm", "canary_max_hours", "canary_auto", "watch_hours",
-                    "watch_trajectories", "watch_rollback", "notify_emails")
+LIVE_RULE_FIELDS = ("canary_weight", "canary_min_per_arm", "canary_max_hours", "canary_auto", "canary_tolerance",
+                    "watch_hours", "watch_trajectories", "watch_rollback", "watch_holdback", "notify_emails")
+# Shares a field holds: (lowest, highest, whether the lowest itself is allowed, the example in its message).
+_SHARES = {"canary_weight": (0.0, 0.99, False, "0.1 (10% of traffic)"),
+           "canary_tolerance": (0.0, 0.5, False, "0.05 (five points)"),
+           "watch_holdback": (0.0, 0.5, True, "0.05 (5% of traffic; 0 turns the holdback off)")}
 _LIMITS = {"canary_min_per_arm": (1, 1_000_000), "canary_max_hours": (1, 24 * 90), "watch_hours": (0, 24 * 90),
            "watch_trajectories": (0, 10_000_000)}
 _BOOLEANS = ("canary_auto", "watch_rollback")
@@ -135,37 +144,17 @@ def live_rules_set(*, project: Project, data: dict[str, Any]) -> RegistrySetting
                 else:
                     config.notify_emails = "\n".join(lines)
                 continue
-            text = text.strip()
-            if text == "":
-                continue
             if name in _BOOLEANS:
-                if isinstance(raw, bool):
-                    setattr(config, name, raw)
-                elif text.lower() in {"true", "on", "1", "false", "off", "0"}:
-                    setattr(config, name, text.lower() in {"true", "on", "1"})
-                else:
-                    errors[name] = "true or false."
-            elif name == "canary_weight":
-                try:
-                    weight = float(text)
-                except ValueError:
-                    errors[name] = "A number, like 0.1 (10% of traffic)."
-                    continue
-                problem = _weight_error(weight)
-                if problem:
-                    errors[name] = problem
-                else:
-                    config.canary_weight = weight
+                value = fields.flag(data, name, errors)
+            elif name in _SHARES:
+                low, high, low_allowed, example = _SHARES[name]
+                value = fields.number(data, name, errors, low=low, high=high, low_open=not low_allowed,
+                                      example=example)
             else:
                 low, high = _LIMITS[name]
-                if isinstance(raw, bool) or not (text.isascii() and text.isdigit()):
-                    errors[name] = f"A whole number from {low} to {high:,}."
-                    continue
-                value = int(text)
-                if not low <= value <= high:
-                    errors[name] = f"A whole number from {low} to {high:,}, not {value:,}."
-                else:
-                    setattr(config, name, value)
+                value = fields.whole(data, name, errors, low=low, high=high)
+            if value is not None:
+                setattr(config, name, value)
         if errors:
             raise ValidationError(errors)
         config.save()
@@ -217,7 +206,7 @@ def canary_start(*, project: Project, version: ModelVersion, user=None, weight: 
             weight=weight, reason=reason or f"Canary beside production v{production.version.number}.",
         )
         rules = {"weight": weight, "min_per_arm": config.canary_min_per_arm, "max_hours": config.canary_max_hours,
-                 "auto": config.canary_auto}
+                 "auto": config.canary_auto, "tolerance": config.canary_tolerance}
         return LiveCheck.objects.create(
             project=project, kind=LiveCheckKind.CANARY, subject=version, baseline=production.version,
             started_at=event.at, ends_at=event.at + timedelta(hours=config.canary_max_hours), rules=rules,
@@ -235,7 +224,7 @@ def _watch_start(*, event: AliasEvent) -> LiveCheck | None:
         return None
     hours = timedelta(hours=config.watch_hours)
     rules = {"hours": config.watch_hours, "trajectories": config.watch_trajectories,
-             "rollback": config.watch_rollback}
+             "rollback": config.watch_rollback, "holdback": config.watch_holdback}
     return LiveCheck.objects.create(
         project=event.project, kind=LiveCheckKind.WATCH, subject=event.to_version, baseline=event.from_version,
         started_at=event.at, baseline_from=event.at - hours, ends_at=event.at + hours, rules=rules,
@@ -414,10 +403,13 @@ def _look(check: LiveCheck, subject: dict[str, int], baseline: dict[str, int], *
           previous: dict[str, Any] | None = None) -> sequential.Look:
     """The sequential tests on the two arms' counts, carrying the check's previous look on (or `previous`)."""
     return sequential.look(subject_n=subject["n"], subject_failures=subject["failures"],
-                           subject_unsafe=subject["unsafe"], baseline_n=baseline["n"],
+                           subject_unsafe=subject["unsafe"], subject_known=subject.get("known"),
+                           subject_triaged=subject.get("triaged"), baseline_n=baseline["n"],
                            baseline_failures=baseline["failures"], baseline_unsafe=baseline["unsafe"],
-                           min_per_arm=min_per_arm, previous=check.evidence.get("look") if previous is None
-                           else previous)
+                           baseline_known=baseline.get("known"), baseline_triaged=baseline.get("triaged"),
+                           min_per_arm=min_per_arm, tolerance=float(check.rules.get("tolerance",
+                                                                                    sequential.TOLERANCE)),
+                           previous=check.evidence.get("look") if previous is None else previous)
 
 
 # --- what may act by itself (flywheel.registry.evidence) ----------------------------------------------------
@@ -433,10 +425,9 @@ def _trusted(check: LiveCheck, now: datetime, *, after_id: int, min_per_arm: int
     if baseline_window is None:
         baseline = arm_counts(project=project, names=names_of(project=project, version=check.baseline),
                               after_id=after_id, vouched=True)
-    else:  # the watch's fixed baseline, counted once
-        baseline = before.get("baseline_fixed") or arm_counts(
-            project=project, names=names_of(project=project, version=check.baseline), window=baseline_window,
-            vouched=True)
+    else:  # the watch without a holdback: the replaced version's hours before the move, recounted
+        baseline = arm_counts(project=project, names=names_of(project=project, version=check.baseline),
+                              window=baseline_window, vouched=True)
     look = _look(check, subject, baseline, min_per_arm=min_per_arm, previous=before.get("look") or {})
     split = None
     if weight is not None:
@@ -495,12 +486,12 @@ def _canary_look(check: LiveCheck, now: datetime) -> str:
         # It waits for a person: the figures move on, the verdict they were told stays (no second notice).
         kept = {k: check.evidence[k] for k in ("refused", "held") if k in check.evidence}
         _save_look(check, _evidence(check, look, now, verdict=was, **kept))
-    elif (look.enough and auto and trust.any_vouched and not trust.imbalanced and now < check.ends_at
+    elif (look.ready and auto and trust.any_vouched and not trust.imbalanced and now < check.ends_at
           and not (ready := trust.acts("ready", subject=v, baseline=b, min_per_arm=min_per_arm))[0]):
         # The router vouches for this traffic: the vouched evidence decides once it has its minimum (past the
         # check's end, a person does).
         _save_look(check, _evidence(check, look, now, verdict="watching", held=ready[1]))
-    elif look.enough:
+    elif look.ready:
         acts_ready, held = trust.acts("ready", subject=v, baseline=b, min_per_arm=min_per_arm) if auto \
             else (False, "")
         evidence = _evidence(check, look, now, verdict="ready", **({"held": held} if held else {}))
@@ -529,8 +520,13 @@ def _canary_look(check: LiveCheck, now: datetime) -> str:
             _tell(check, "canary.ready", f"Canary {v} is ready to promote: decide on the Models page",
                   look.reason() + (f"; not promoted by itself: {held}" if held else ""), evidence)
     elif now >= check.ends_at:
-        why = (f"ended after {rules.get('max_hours')} h without enough traffic: {subject['n']} trajectories on "
-               f"{v} and {baseline['n']} on {b}, {rules.get('min_per_arm')} needed in each")
+        if look.enough:
+            bound = "not bounded" if look.upper is None else f"bounded at {look.upper:.1%} points"
+            why = (f"ended after {rules.get('max_hours')} h without showing it is no worse: its failure rate's "
+                   f"increase was {bound}, above the tolerance of {look.tolerance:.0%}")
+        else:
+            why = (f"ended after {rules.get('max_hours')} h without enough traffic: {subject['known']} known "
+                   f"outcomes on {v} and {baseline['known']} on {b}, {rules.get('min_per_arm')} needed in each")
         evidence = _evidence(check, look, now, verdict="expired", why=why)
         _save_look(check, evidence)
         canary_rollback(project=project, actor="canary", evidence=_brief(evidence), status=LiveCheckStatus.EXPIRED,
@@ -549,23 +545,30 @@ def _watch_look(check: LiveCheck, now: datetime) -> str:
     if not _still_serving(check, Alias.PRODUCTION, now):
         return check.status
     after_id = _after_id(check)
-    # The replaced version's traffic before the move: a fixed baseline, counted once at the first look.
-    baseline = check.evidence.get("baseline_fixed")
-    if baseline is None:
-        baseline = arm_counts(project=project, names=names_of(project=project, version=check.baseline),
-                              window=(check.baseline_from or check.started_at, check.started_at))
-        check.evidence = {**check.evidence, "baseline_fixed": baseline}
+    holdback = float(rules.get("holdback") or 0)
+    v, b = f"v{check.subject.number}", f"v{check.baseline.number}"
+    baseline_names = names_of(project=project, version=check.baseline)
+    if holdback > 0:
+        # The replaced version's holdback: the same hours, the same maturity of outcomes, the canary's test.
+        window, compared = None, f"{b} (holdback)"
+        baseline = arm_counts(project=project, names=baseline_names, after_id=after_id)
+    else:
+        # No holdback: the replaced version's hours before the move, recounted at each look (its outcomes may
+        # still be maturing). Alert only: it differs by time of day, so it never rolls back by itself.
+        window, compared = (check.baseline_from or check.started_at, check.started_at), f"{b} before the move"
+        baseline = arm_counts(project=project, names=baseline_names, window=window)
     subject = arm_counts(project=project, names=names_of(project=project, version=check.subject), after_id=after_id)
     limit = int(rules.get("trajectories") or 0)
     look = _look(check, subject, baseline, min_per_arm=limit or 1)
-    v, b = f"v{check.subject.number}", f"v{check.baseline.number}"
     # A rollback by rule needs the verdict on vouched evidence too (flywheel.registry.evidence).
-    trust = _trusted(check, now, after_id=after_id, min_per_arm=limit or 1,
-                     baseline_window=(check.baseline_from or check.started_at, check.started_at))
+    trust = _trusted(check, now, after_id=after_id, min_per_arm=limit or 1, baseline_window=window)
     held_before = bool(check.evidence.get("held"))
     worse = trust.look if trust.look.worse else look
-    acts, held = trust.acts("worse", subject=v, baseline=f"{b} before the move", min_per_arm=limit or 1) \
+    acts, held = trust.acts("worse", subject=v, baseline=compared, min_per_arm=limit or 1) \
         if rules.get("rollback") else (False, "")
+    if acts and window is not None:
+        acts, held = False, (f"it was compared with {compared}, not at the same hours (no holdback), so the watch "
+                             "flags but does not roll back by itself")
     if check.status == LiveCheckStatus.FLAGGED and not (acts and held_before):
         # Worse, told, and waiting for a person: the figures move on, nothing else does.
         kept = {k: check.evidence[k] for k in ("held",) if k in check.evidence}
@@ -584,12 +587,12 @@ def _watch_look(check: LiveCheck, now: datetime) -> str:
                   evidence)
         else:
             _save_look(check, evidence, status=LiveCheckStatus.FLAGGED, now=now)
-            _tell(check, "watch.flagged", f"Production {v} is worse than {b} was: decide on the Models page",
+            _tell(check, "watch.flagged", f"Production {v} is worse than {compared}: decide on the Models page",
                   worse.reason() + (f"; not rolled back by itself: {held}" if held else ""), evidence)
     elif now >= check.ends_at or (limit and subject["n"] >= limit):
         if subject["n"] == 0 or baseline["n"] == 0:
             # Nothing to compare: say so rather than "no harm found" (often traffic under an unmapped name).
-            empty = v if subject["n"] == 0 else f"{b} before the move"
+            empty = v if subject["n"] == 0 else compared
             why = (f"no trajectory of {empty} was counted (names: "
                    f"{', '.join(names_of(project=project, version=check.subject if subject['n'] == 0 else check.baseline))}"
                    "); map the name production traffic carries to the version")

@@ -32,16 +32,31 @@ def _rate(value: float | None) -> str:
 
 
 def arms(check: LiveCheck) -> list[dict[str, Any]]:
-    """Each arm of the last look for a table: version, n, failure and unsafe rates."""
+    """Each arm of the last look for a table: version, n, the failure rate over known outcomes, the unknown
+    share, and the unsafe rate over triaged trajectories (a look saved before those counts: over n)."""
     look = check.evidence.get("look") or {}
     out = []
     for side, version in (("subject", check.subject), ("baseline", check.baseline)):
         counts = look.get(side) or {}
         n = int(counts.get("n", 0))
-        out.append({"side": side, "version": version.number, "n": n,
-                    "failure": _rate(counts.get("failures", 0) / n if n else None),
-                    "unsafe": _rate(counts.get("unsafe", 0) / n if n else None)})
+        known, triaged = int(counts.get("known", n)), int(counts.get("triaged", n))
+        out.append({"side": side, "version": version.number, "n": n, "known": known,
+                    "failure": _rate(counts.get("failures", 0) / known if known else None),
+                    "unknown": _rate((n - known) / n if n else None),
+                    "unsafe": _rate(counts.get("unsafe", 0) / triaged if triaged else None)})
     return out
+
+
+def bound_text(check: LiveCheck) -> str:
+    """The canary's bound on its failure increase against its tolerance, as a phrase; "" for the watch."""
+    if check.kind != LiveCheckKind.CANARY:
+        return ""
+    look = check.evidence.get("look") or {}
+    tolerance = float(check.rules.get("tolerance", sequential.TOLERANCE))
+    upper = look.get("upper")
+    if upper is None:
+        return f"failure increase not bounded yet (tolerance {tolerance:.0%})"
+    return f"failure increase at most {max(upper, 0.0):.1%} points (always-valid bound; tolerance {tolerance:.0%})"
 
 
 def trusted_text(check: LiveCheck) -> str:
@@ -64,7 +79,8 @@ def next_step(check: LiveCheck) -> str:
     rules, look = check.rules, check.evidence.get("look") or {}
     v, b = f"v{check.subject.number}", f"v{check.baseline.number}"
     every = f"every {settings.FLYWHEEL_SWEEP_INTERVAL_S:g} s"
-    worse = f"shown worse (always-valid p ≤ {sequential.ALPHA / 2:g} on failures or on unsafe actions)"
+    worse = (f"shown worse (always-valid p ≤ {sequential.RULE_ALPHA:.3g} on failures, on unsafe actions or on "
+             "unknown outcomes)")
     when = timezone.localtime(check.ends_at).strftime("%Y-%m-%d %H:%M")
     verdict = check.evidence.get("verdict")
     held = check.evidence.get("held")  # why a rule that acts by itself did not (flywheel.registry.evidence)
@@ -76,27 +92,41 @@ def next_step(check: LiveCheck) -> str:
                             "promote it anyway.")
                 return f"{v} was {worse}, and this project does not act by itself: roll it back, or promote it anyway."
             refused = check.evidence.get("refused") or held
-            return (f"No harm found with {rules.get('min_per_arm')} trajectories in each arm: promote {v} to all "
+            return (f"No harm found with {rules.get('min_per_arm')} known outcomes in each arm and the failure rate's "
+                    f"increase bounded within {float(rules.get('tolerance', sequential.TOLERANCE)):.0%}: promote {v} to all "
                     f"traffic, or roll it back." + (f" It was not promoted by itself: {refused}" if refused else ""))
         if check.status != LiveCheckStatus.RUNNING:
             return check.get_status_display() + "."
         auto = bool(rules.get("auto"))
-        n_s = (look.get("subject") or {}).get("n", 0)
-        n_b = (look.get("baseline") or {}).get("n", 0)
+        n_s = (look.get("subject") or {}).get("known", (look.get("subject") or {}).get("n", 0))
+        n_b = (look.get("baseline") or {}).get("known", (look.get("baseline") or {}).get("n", 0))
+        upper = look.get("upper")
+        bound = "not bounded yet" if upper is None else f"at most {upper:.1%} points now"
+        tolerance = float(rules.get("tolerance", sequential.TOLERANCE))
         return (f"Looked at {every}. If {v} is {worse} it is "
                 + ("rolled back at once" if auto else "flagged for you") + ". Once each arm has "
-                f"{rules.get('min_per_arm')} trajectories (now {n_s} and {n_b}) with no harm found it is "
+                f"{rules.get('min_per_arm')} known outcomes (now {n_s} and {n_b}) with no harm found, and the failure "
+                f"rate's increase is bounded within {tolerance:.0%} ({bound}), it is "
                 + ("promoted to all traffic" if auto else "flagged ready for you to promote")
                 + f". If neither has happened by {when} it is removed (expired).")
     if check.status == LiveCheckStatus.FLAGGED:
         why = (f"it was not rolled back by itself: {held}" if held else "this project does not roll back by itself")
-        return (f"Production {v} is {worse} against {b}'s traffic before the move, and {why}: roll back to {b} "
+        against = f"{b}'s holdback" if float(rules.get("holdback") or 0) > 0 else f"{b}'s traffic before the move"
+        return (f"Production {v} is {worse} against {against}, and {why}: roll back to {b} "
                 "from the Production panel, or leave it.")
     if check.status != LiveCheckStatus.RUNNING:
         return check.get_status_display() + "."
     limit = int(rules.get("trajectories") or 0)
-    return (f"Looked at {every}: {v}'s traffic since the move against {b}'s in the {rules.get('hours')} h before. "
-            f"If {v} is {worse} it is " + (f"rolled back to {b} at once" if rules.get("rollback") else "flagged for you")
+    holdback = float(rules.get("holdback") or 0)
+    if holdback > 0:
+        compared = f"{v}'s traffic since the move against {b}'s holdback ({holdback:.0%} of traffic, the same hours)"
+        acts = f"rolled back to {b} at once" if rules.get("rollback") else "flagged for you"
+    else:
+        compared = (f"{v}'s traffic since the move against {b}'s in the {rules.get('hours')} h before (no holdback: "
+                    "flagged only, never rolled back by itself, since other hours differ)")
+        acts = "flagged for you"
+    return (f"Looked at {every}: {compared}. "
+            f"If {v} is {worse} it is " + acts
             + f". Passes at {when}" + (f" or after {limit} trajectories" if limit else "") + " with no harm found.")
 
 
@@ -104,10 +134,13 @@ def rules_text(check: LiveCheck) -> str:
     """The rules a check runs under, as a sentence."""
     r = check.rules
     if check.kind == LiveCheckKind.CANARY:
-        return (f"a {float(r.get('weight', 0)):.0%} share, {r.get('min_per_arm')} trajectories per arm before a "
+        return (f"a {float(r.get('weight', 0)):.0%} share, {r.get('min_per_arm')} known outcomes per arm and a "
+                f"failure increase bounded within {float(r.get('tolerance', sequential.TOLERANCE)):.0%} before a "
                 f"promotion, at most {r.get('max_hours')} h, "
                 + ("acts by itself" if r.get("auto") else "a person decides"))
+    holdback = float(r.get("holdback") or 0)
     return (f"{r.get('hours')} h" + (f" or {r['trajectories']} trajectories" if r.get("trajectories") else "")
+            + (f", a {holdback:.0%} holdback on the replaced version" if holdback else ", no holdback")
             + ", " + ("rolls back by itself" if r.get("rollback") else "flags for a person"))
 
 
@@ -121,8 +154,12 @@ def live_context(*, project: Project) -> dict[str, Any]:
         check = checks.get(kind)
         if check is not None:
             panel.append({"check": check, "arms": arms(check), "next": next_step(check),
-                          "look": check.evidence.get("look") or {}, "trusted": trusted_text(check)})
+                          "look": check.evidence.get("look") or {}, "trusted": trusted_text(check),
+                          "bound": bound_text(check)})
+    from flywheel.registry.serving import serving_split
+
     return {"canary_alias": current, "live_panel": panel, "live_rules": canary.live_rules_of(config),
+            "holdback": serving_split(project)["holdback"],
             "canary_percent": f"{config.canary_weight:.0%}", "canary_percent_number": round(config.canary_weight * 100),
             "live_checks": canary.checks_of(project=project, limit=10),
             "actors": ACTORS}
@@ -205,11 +242,12 @@ def live_check_page(request: HttpRequest, project: Project, check_id: int) -> Ht
     trail = [{"at": at, "subject_n": sn, "baseline_n": bn, "failure_p": fp, "unsafe_p": up}
              for at, sn, bn, fp, up in check.evidence.get("trail", [])]
     chart = {"n": [t["subject_n"] for t in trail], "failure_p": [t["failure_p"] for t in trail],
-             "unsafe_p": [t["unsafe_p"] for t in trail], "alpha": sequential.ALPHA / 2,
+             "unsafe_p": [t["unsafe_p"] for t in trail], "alpha": sequential.RULE_ALPHA,
              "x_label": f"v{check.subject.number} trajectories" + (" (canary)" if check.kind == "canary" else "")}
     return render(request, "registry/live_check.html", {
         "project": project, "check": check, "arms": arms(check), "next": next_step(check), "chart": chart, "rules": rules_text(check),
-        "look": check.evidence.get("look") or {}, "trail": list(reversed(trail)), "alpha": sequential.ALPHA / 2,
+        "look": check.evidence.get("look") or {}, "trail": list(reversed(trail)), "alpha": sequential.RULE_ALPHA,
+        "bound": bound_text(check),
         "is_maintainer": request.membership.grants(Role.MAINTAINER),
         "canary_serving": check.kind == LiveCheckKind.CANARY and AliasAssignment.objects.filter(
             project=project, alias=Alias.CANARY, version=check.subject).exists(),

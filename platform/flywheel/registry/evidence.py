@@ -187,10 +187,13 @@ class Trust:
             if self.look.worse:
                 return True, ""
             return False, f"the traffic the router vouched for does not show it ({counted})"
-        if self.look.enough and not self.look.worse:
+        if self.look.ready:
             return True, ""
+        if self.look.enough and not self.look.worse:
+            return False, (f"on the traffic the router vouched for ({counted}) the failure rate's increase is not "
+                           f"yet bounded within the tolerance of {self.look.tolerance:.0%}")
         return False, f"too little of the traffic was vouched for by the router ({counted}, {min_per_arm} needed in each)"
 
     def to_dict(self) -> dict[str, Any]:
         return {"look": self.look.to_dict(), "subject": self.subject, "baseline": self.baseline,
-                "split": self.split, **({"baseline_fixed": self.baseline} if self.baseline_fixed else {})}
+                "split": self.split, **({"baseline_before_move": True} if self.baseline_fixed else {})}

@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 
-from flywheel.api import ObjectIn, api
+from flywheel.api import ObjectIn
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import VersionNumber
@@ -214,6 +214,3 @@ def version_name_remove(request: HttpRequest, name: str = Query(..., max_length=
     if not live.version_name_remove(project=request.auth.project, name=name):
         raise HttpError(404, "That name is not mapped in this project.")
     return HttpResponse(status=204)
-
-
-api.add_router("", router)

@@ -6,6 +6,7 @@ no-op."""
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 
 from django.conf import settings
@@ -22,6 +23,14 @@ def _client(uri: str):
 
 def client():
     return _client(settings.MLFLOW_TRACKING_URI)
+
+
+def preload_client() -> threading.Thread:
+    """Make `client` in a daemon thread (a web process at its start): importing MLflow and opening its store
+    costs seconds, which the first Promote or rollback would otherwise spend in a person's request."""
+    thread = threading.Thread(target=client, name="flywheel-mlflow-client", daemon=True)
+    thread.start()
+    return thread
 
 
 def registered_model_name(project_slug: str) -> str:

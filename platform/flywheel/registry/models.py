@@ -162,12 +162,19 @@ class RegistrySettings(models.Model):
     canary_min_per_arm = models.PositiveIntegerField(default=1000)
     canary_max_hours = models.PositiveIntegerField(default=72)
     canary_auto = models.BooleanField(default=False)
+    # The failure-rate increase (absolute, 0.05 = five points) under which a canary may be promoted: its
+    # always-valid upper bound must be at most this (flywheel.registry.sequential).
+    canary_tolerance = models.FloatField(default=0.05)
     # The watch after a full promotion: how long (hours) or how many trajectories it lasts (whichever ends
     # first; 0 trajectories: by time only), and whether a significantly worse version is rolled back (else
     # flagged on the page and the webhook).
     watch_hours = models.PositiveIntegerField(default=24)
     watch_trajectories = models.PositiveIntegerField(default=0)
     watch_rollback = models.BooleanField(default=False)
+    # The share of traffic the replaced version keeps during the watch (the router's holdback arm), so that the
+    # watch compares the two at the same hours; 0: no holdback, and the watch then compares with the replaced
+    # version's hours before the move, which may flag but never roll back by itself.
+    watch_holdback = models.FloatField(default=0.05)
     # Where notifications (a rollback by rule, a reopened failure mode) are mailed, one address a line; empty:
     # the webhook only. Sent through Django's mail backend.
     notify_emails = models.TextField(blank=True, default="")

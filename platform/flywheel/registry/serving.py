@@ -1,4 +1,5 @@
-"""What serves now: production's version and adapter name, and the canary's with its share of traffic.
+"""What serves now: production's version and adapter name, the canary's with its share of traffic, and during
+the watch of a new production the replaced version's holdback with its share.
 
 One answer for everyone who routes requests: the signed webhook's body carries it on every move, `GET
 /api/v1/serving` answers it to a serving stack or the reference router (`python -m flywheel.router`) that
@@ -32,9 +33,14 @@ def _arm(project: Project, version: ModelVersion) -> dict[str, Any]:
 
 
 def serving_split(project: Project) -> dict[str, Any]:
-    """`{"production": {version, adapter, …} | None, "canary": {version, adapter, …, weight} | None}`.
+    """`{"production": {version, adapter, …} | None, "canary": {version, adapter, …, weight} | None,
+    "holdback": {version, adapter, …, weight} | None}`.
 
-    The weights a router applies: the canary's share goes to the canary's adapter, the rest to production's."""
+    The weights a router applies: the canary's share goes to the canary's adapter, the holdback's (while the
+    watch of a new production runs with one: the version it replaced, the watch's concurrent comparison) to the
+    replaced version's, the rest to production's."""
+    from flywheel.registry.models import LiveCheck, LiveCheckKind, LiveCheckStatus
+
     assigned = {a.alias: a for a in AliasAssignment.objects.filter(
         project=project, alias__in=[Alias.PRODUCTION, Alias.CANARY]).select_related("version__base")}
     production = assigned.get(Alias.PRODUCTION)
@@ -43,4 +49,12 @@ def serving_split(project: Project) -> dict[str, Any]:
                            "canary": None}
     if canary is not None:
         out["canary"] = {**_arm(project, canary.version), "weight": canary.weight}
+    out["holdback"] = None
+    watch = (LiveCheck.objects.filter(project=project, kind=LiveCheckKind.WATCH,
+                                      status__in=[LiveCheckStatus.RUNNING, LiveCheckStatus.FLAGGED])
+             .select_related("baseline__base").order_by("-started_at", "-id").first())
+    weight = float((watch.rules or {}).get("holdback") or 0) if watch is not None else 0.0
+    if production is not None and watch is not None and weight > 0 and watch.subject_id == production.version_id \
+            and watch.baseline_id != production.version_id:
+        out["holdback"] = {**_arm(project, watch.baseline), "weight": weight}
     return out

@@ -12,7 +12,6 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 from pydantic import StrictBool
 
-from flywheel.api import api
 from flywheel.api.auth import read_auth, train_auth
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import Id, VersionNumber
@@ -276,6 +275,3 @@ def recipe_set(request: HttpRequest, body: RecipeIn) -> dict[str, Any]:
         # The service names GRPOConfig fields; in this body they sit under `config`.
         raise ValidationError({f"config.{k}" if k != "config" else k: v for k, v in exc.message_dict.items()}) from None
     return _recipe(request)
-
-
-api.add_router("", router)

@@ -1,8 +1,9 @@
 """The loop's demo project (`make run`): a workplace assistant played by the tiny model itself, so that its
 failures are real failures of a real policy. After the demo model is built and registered as production, the
 worker runs it on workplace requests, ingests what it did as trajectories (a verifier says success or failure),
-promotes the failures into a task set, and makes a holdout suite of other requests: a new user can train with
-one click, read the gate's report, promote and roll back, all on a CPU. Idempotent: found by name."""
+promotes the failures into a task set (all but a few, left for a person to promote into a regression case), and
+makes a holdout suite of other requests: a new user can train with one click, read the gate's report, promote
+and roll back, all on a CPU. Idempotent: found by name."""
 
 from __future__ import annotations
 
@@ -30,10 +31,14 @@ LOOP_SLUG = "workplace"
 # request (create a task or an event, send an email, reassign) it never gets right in one call (0 of 30-38
 # played): it cannot copy a name or a title from the request, so no reward ever reaches them and the holdout's
 # ceiling for any recipe is near the five kinds that name ids, dates and statuses.
+# The holdout is evaluated at the start and every 10 steps, so that the job's curve shows the rise (one point at
+# step 40 before). Measured on the seeded demo (seed 0, two busy shared cores): each evaluation about 10 s, the
+# job 7.8 -> 8.2 min; the gate judged the best of the 4 checkpoints (step 30) on fresh samples, 0.3275 -> 0.4163,
+# p = 0.0001 against its alpha split over the 4 looks (0.0125); at 40 steps alone 0.4288.
 DEMO_RECIPE = {
     "learning_rate": 1e-3, "max_steps": 40, "num_prompts_per_step": 16, "num_generations_per_prompt": 8,
     "max_new_tokens": 48, "temperature": 1.0, "loss_type": "grpo", "beta": 0.0, "scale_rewards": "group",
-    "r": 16, "alpha": 32, "train_batch_size": 64, "eval_interval": 40, "eval_on_start": False,
+    "r": 16, "alpha": 32, "train_batch_size": 64, "eval_interval": 10, "eval_on_start": True,
     "eval_samples_per_prompt": 8, "eval_temperature": 1.0, "num_threads": 1,
 }
 TASK_SET_NAME = "Workplace requests the model got wrong"
@@ -100,9 +105,41 @@ def _unique_requests(tasks: list[dict[str, Any]], n: int) -> list[dict[str, Any]
     return out
 
 
+# Every tenth failure stays out of the task set, so that the demo has failures a person can still promote into
+# a regression case (the leakage guard refuses a failure that is already a task, or whose request is one).
+LEFT_FOR_REVIEW_EVERY = 10
+
+
+def _clear_of(rows: list[dict[str, Any]], others: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` less those the leakage guard would hold for the same request as one of `others`: the same
+    normalised request, or a reworded one, certain or unsure (`leakage.conflicts_between`, the rules a job's
+    start and a promotion apply). Workplace requests of one kind reworded ('Delete task T3 "Design api docs".'
+    and 'Remove "Design api docs" (T3).') are one request to the guard: the demo must not put them on both
+    sides, or the one click is refused before it starts."""
+    from flywheel.evals import leakage
+    from flywheel.evals import rows as row_shape
+
+    def candidate(row: dict[str, Any]) -> Any:
+        return leakage.Candidate(str(row["id"]), None, row_shape.prompt_digest(row["messages"]),
+                                 row_shape.last_user_request(row["messages"]))
+
+    held = {c.candidate for c in leakage.conflicts_between([candidate(r) for r in rows], [candidate(o) for o in others])}
+    return [row for row in rows if str(row["id"]) not in held]
+
+
+def _left_for_review(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The failures kept out of the task set: every LEFT_FOR_REVIEW_EVERY-th (none of fewer than two), less
+    any the guard would refuse as a regression case beside the failures that do become tasks."""
+    if len(failed) < 2:
+        return []
+    picked = failed[1::LEFT_FOR_REVIEW_EVERY]
+    return _clear_of(picked, [r for r in failed if r not in picked])
+
+
 def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int = 300, n_holdout: int = 100,
                    n_regression: int = 20, progress=None) -> dict:
-    """Trajectories from the model's own play, failures promoted into a task set, a holdout of other requests
+    """Trajectories from the model's own play, failures promoted into a task set (but those `_left_for_review`
+    keeps out), a holdout of other requests
     (distinct, from the held-out split) and a regression suite of requests production got right, each with a
     first version, and the project's training recipe. Nothing is done twice."""
     from flywheel.environments.models import TaskSet
@@ -148,17 +185,19 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
                                    description="The tiny model's failed workplace requests, with the expected call.")
         failed = [row for row in train_rows if not cases[row["id"]]["passed"]]
         passed = [row for row in train_rows if cases[row["id"]]["passed"]]
+        left_out = _left_for_review(failed)
         # Fewer than a dozen failures would give GRPO little to learn from: top up with requests it passed.
-        topped = passed[: max(0, 24 - len(failed))]
-        chosen = failed + topped
+        topped = passed[: max(0, 24 - (len(failed) - len(left_out)))]
+        chosen = [row for row in failed if row not in left_out] + topped
         for row in chosen:
             task_set.items.create(**item_fields(row, by_external.get(f"workplace-{row['id']}")))
         version_create(collection=task_set, user=user, note="the demo's failures")
         holdout = suite_create(project=project, name=HOLDOUT_NAME, kind="holdout", user=user,
                                description="Workplace requests the model never trains on.")
-        held = _unique_requests(generate_tasks(n_holdout * 2, seed=22, split="holdout", difficulty="single"), n_holdout)
-        for i, task in enumerate(held):
-            holdout.items.create(**item_fields(_row(task, f"hold-{i}")))
+        pool = _unique_requests(generate_tasks(n_holdout * 2, seed=22, split="holdout", difficulty="single"), n_holdout * 2)
+        held = _clear_of([_row(task, f"hold-{i}") for i, task in enumerate(pool)], chosen)[:n_holdout]
+        for row in held:
+            holdout.items.create(**item_fields(row))
         version_create(collection=holdout, user=user, note="the demo's holdout")
         regression = suite_create(project=project, name=REGRESSION_NAME, kind="regression", user=user,
                                   description="Requests production gets right and must keep getting right.")
@@ -167,15 +206,23 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
         # "Build from production's passes"; the gate's regression rule (the whole suite's failed samples and each
         # case's, exact conditional tests) tells a loss from noise at any pass rate.
         trained = {row_shape.prompt_digest(r["messages"]) for r in chosen}
-        kept = [r for r in passed if r not in topped and row_shape.prompt_digest(r["messages"]) not in trained]
+        kept = _clear_of([r for r in passed if r not in topped and row_shape.prompt_digest(r["messages"]) not in trained],
+                         chosen)
         for row in kept[:n_regression]:
             regression.items.create(**item_fields(row, by_external.get(f"workplace-{row['id']}")))
         version_create(collection=regression, user=user, note="requests production got right when played")
     from flywheel.training.services import defaults_save
 
     defaults_save(project=project, config=DEMO_RECIPE, user=user)
+    # The leakage guard's vectors of every request on both sides, made here on the worker: else the first
+    # promotion check runs the sentence model over them all in a person's request (8 s for 180 requests).
+    from flywheel.evals.leakage import request_vectors_fill
+
+    if progress:
+        progress("Reading the task set's and the suites' requests for the leakage guard.")
+    request_vectors_fill(projects=[project])
     return {"seeded": True, "trajectories": len(records), "failed": len(failed), "tasks": len(chosen),
-            "holdout": len(held), "regression": min(n_regression, len(kept))}
+            "left_for_review": len(left_out), "holdout": len(held), "regression": min(n_regression, len(kept))}
 
 
 def loop_demo_suites(project: Project) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 from pydantic import field_validator
 
-from flywheel.api import api
 from flywheel.api.auth import ingest_auth, read_auth
 from flywheel.api.errors import ErrorOut, ValidationErrorOut, error_format, json_response
 from flywheel.api.ids import Id
@@ -25,7 +24,6 @@ from flywheel.api.pagination import MAX_LIMIT, cursor_value
 from flywheel.trajectories import otlp, selectors
 from flywheel.trajectories.ingest import ingest_trajectories, json_error_text, jsonl_records, sender_of_key
 from flywheel.trajectories.models import SignalKind, Trajectory
-from flywheel.trajectories.schemas import TrajectoryIn
 
 NDJSON_TYPES = frozenset(
     {"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonlines"}
@@ -478,8 +476,3 @@ def _otlp_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 
 
 error_format(lambda request: request.path.endswith(OTLP_PATH), _otlp_error)
-api.add_router("", router)
-api.add_router("", otlp_router)
-# The request schema of POST /trajectories is written by hand (the body may be NDJSON): publish the
-# TrajectoryIn model it points at.
-api.add_component(TrajectoryIn)

@@ -83,7 +83,8 @@ def test_starting_a_run_checks_the_form_and_queues_one(client_for, members, proj
     reviewer = client_for(members["reviewer"])
     bad = reviewer.post(f"/p/{project.slug}/clusters/runs", {"days": "0", "limit": "x"})
     assert bad.status_code == 422
-    assert "days must be from 1 to 3650" in bad.content.decode() and "limit must be a whole number" in bad.content.decode()
+    assert "days: a whole number from 1 to 3,650, not 0." in bad.content.decode()
+    assert "limit: a whole number from 2 to" in bad.content.decode() and ", not x." in bad.content.decode()
     assert reviewer.post(f"/p/{project.slug}/clusters/runs", {}).status_code == 422  # days must be stated
     ok = reviewer.post(f"/p/{project.slug}/clusters/runs", {"days": "7", "signal": "tool_error"})
     run = ClusteringRun.objects.get(project=project)

@@ -438,7 +438,7 @@ def test_a_versions_live_metrics_carry_its_online_scores(project, ingest, tmp_pa
 def test_the_schema_states_what_a_scores_query_refuses(api_client, make_api_key, project):
     """A model_version with a NUL or past 200 characters is refused (422): the schema says so, or a client
     that follows it (a fuzzer did) sends a request the schema allows and gets refused."""
-    from flywheel.api import api
+    from flywheel.api_urls import api
 
     operation = api.get_openapi_schema(path_prefix="")["paths"]["/online-eval/scores"]["get"]
     names = next(p for p in operation["parameters"] if p["name"] == "model_version")["schema"]["anyOf"][0]["items"]

@@ -35,7 +35,9 @@ from tests.platform.registry.worlds import evidence_token, versions_with_adapter
 def versions(project, user, tmp_path):
     """v1 in production (the base alone), v2 and v3 with adapters, each passed the gate against v1."""
     out = versions_with_adapters(project, user, tmp_path, adapters=2)
-    RegistrySettings.objects.create(project=project, canary_min_per_arm=50, watch_hours=24)
+    # A tolerance this wide lets the few trajectories here bound a canary's increase (the default 5 points
+    # takes about a thousand per arm: test_live_simulation.py).
+    RegistrySettings.objects.create(project=project, canary_min_per_arm=50, canary_tolerance=0.5, watch_hours=24)
     return out
 
 
@@ -54,7 +56,9 @@ def traffic(project, version, n, failures=0, unsafe=0, name=None, vouched=True, 
                 "metadata": {"flywheel_evidence": evidence_token(project, token_version or version.number)}
                 if vouched else {}} for i in range(n)]
     assert ingest_trajectories(project=project, records=records, ingested_by=sender).accepted == n
-    rows = Trajectory.objects.filter(project=project, external_id__startswith=f"b{batch}-").order_by("id")[:unsafe]
+    ingested = Trajectory.objects.filter(project=project, external_id__startswith=f"b{batch}-")
+    ingested.update(triaged_at=timezone.now())  # as triage marks them; the unsafe rate's denominator
+    rows = ingested.order_by("id")[:unsafe]
     TriageSignal.objects.bulk_create([TriageSignal(project=project, trajectory=t, kind="unsafe_action",
                                                    detail={"calls": [{"tool": "refund", "rule": "*"}]}) for t in rows])
 
@@ -72,7 +76,7 @@ def test_a_canary_starts_beside_production_with_its_weight_its_move_and_its_chec
     assert (event.kind, event.to_version, event.weight, event.user, event.actor) == ("promote", v2, 0.1, user, "")
     assert (check.kind, check.status, check.subject, check.baseline, check.event) == ("canary", "running", v2, v1, event)
     assert check.ends_at - check.started_at == timedelta(hours=72)
-    assert check.rules == {"weight": 0.1, "min_per_arm": 50, "max_hours": 72, "auto": False}
+    assert check.rules == {"weight": 0.1, "min_per_arm": 50, "max_hours": 72, "auto": False, "tolerance": 0.5}
     v2.refresh_from_db()
     assert mlflow_bridge.alias_get(project_slug=project.slug, alias="canary") == v2.mlflow_version
     split = selectors.production_of(project=project)
@@ -109,9 +113,9 @@ def test_a_worse_canary_is_rolled_back_by_the_decision_when_the_project_acts_by_
     assert canary.live_check_look(check_id=check.pk) == "rolled_back"
     check.refresh_from_db()
     look = check.evidence["look"]
-    assert (look["subject"], look["baseline"]) == ({"n": 50, "failures": 30, "unsafe": 0},
-                                                   {"n": 60, "failures": 6, "unsafe": 0})
-    assert look["failure"]["worse"] and look["failure"]["p"] < 0.025 and check.looks == 1
+    assert (look["subject"], look["baseline"]) == ({"n": 50, "known": 50, "failures": 30, "triaged": 50, "unsafe": 0},
+                                                   {"n": 60, "known": 60, "failures": 6, "triaged": 60, "unsafe": 0})
+    assert look["failure"]["worse"] and look["failure"]["p"] < 0.05 / 3 and check.looks == 1
     end = AliasEvent.objects.filter(project=project, alias="canary").first()
     assert (end.kind, end.to_version, end.actor, end.user) == ("end", v2, "canary", None)
     assert "Rolled back by the canary decision: failure rate 60.0% against 10.0%" in end.reason
@@ -240,7 +244,7 @@ def test_a_canary_without_enough_traffic_expires_and_says_why(project, versions)
     assert canary.live_check_look(check_id=check.pk, now=timezone.now() + timedelta(hours=73)) == "expired"
     end = AliasEvent.objects.filter(project=project, alias="canary").first()
     assert end.kind == "end" and end.actor == "canary"
-    assert "without enough traffic: 7 trajectories on v2 and 70 on v1, 50 needed in each" in end.reason
+    assert "without enough traffic: 7 known outcomes on v2 and 70 on v1, 50 needed in each" in end.reason
     assert Notification.objects.get(project=project).event_type == "canary.expired"
 
 
@@ -253,7 +257,7 @@ def test_a_mapped_name_counts_for_its_version(project, versions, user):
     traffic(project, v2, 5)
     canary.live_check_look(check_id=check.pk)
     check.refresh_from_db()
-    assert check.evidence["look"]["subject"] == {"n": 15, "failures": 1, "unsafe": 0}
+    assert check.evidence["look"]["subject"] == {"n": 15, "known": 15, "failures": 1, "triaged": 15, "unsafe": 0}
 
 
 def test_a_reviewers_outcome_counts_over_the_agents(project, versions, user):
@@ -276,10 +280,12 @@ def test_the_watch_rolls_a_worse_production_back_as_a_person_would(project, vers
     services.model_promote(project=project, version=v2, user=user, reason="passed the gate")
     watch = LiveCheck.objects.get(project=project, kind="watch", status="running")
     traffic(project, v2, 60, failures=30)
+    traffic(project, v1, 50, failures=5)  # the holdback: v1 keeps its share at the same hours
     assert canary.live_check_look(check_id=watch.pk) == "rolled_back"
     watch.refresh_from_db()
-    assert watch.evidence["baseline_fixed"] == {"n": 200, "failures": 20, "unsafe": 0}
-    assert watch.evidence["look"]["subject"] == {"n": 60, "failures": 30, "unsafe": 0}
+    assert watch.rules["holdback"] == 0.05
+    assert watch.evidence["look"]["baseline"] == {"n": 50, "known": 50, "failures": 5, "triaged": 50, "unsafe": 0}
+    assert watch.evidence["look"]["subject"] == {"n": 60, "known": 60, "failures": 30, "triaged": 60, "unsafe": 0}
     back = AliasEvent.objects.filter(project=project, alias="production").first()
     assert (back.kind, back.from_version, back.to_version, back.actor, back.user) == ("rollback", v2, v1, "watch", None)
     assert back.reason.startswith("Rolled back by the watch: failure rate 50.0% against 10.0%")
@@ -294,6 +300,9 @@ def test_the_watch_rolls_a_worse_production_back_as_a_person_would(project, vers
 def test_the_watch_flags_when_the_project_does_not_roll_back_and_the_page_says_so(project, versions, user,
                                                                                   client_for):
     v1, v2, _ = versions
+    # No holdback: the watch compares with v1's hours before the move, and may only flag (even when the
+    # project rolls back by rule: those hours differ by time of day).
+    settings_set(project, watch_holdback=0, watch_rollback=True)
     traffic(project, v1, 200, failures=20)
     services.model_promote(project=project, version=v2, user=user)
     watch = LiveCheck.objects.get(project=project, kind="watch")
@@ -301,6 +310,8 @@ def test_the_watch_flags_when_the_project_does_not_roll_back_and_the_page_says_s
     assert canary.live_check_look(check_id=watch.pk) == "flagged"
     assert selectors.production_of(project=project) == v2
     assert Notification.objects.get(project=project).event_type == "watch.flagged"
+    watch.refresh_from_db()
+    assert "not at the same hours (no holdback)" in watch.evidence["held"]
     traffic(project, v2, 40)  # while it waits for a person, later looks keep its figures current, quietly
     assert canary.live_check_look(check_id=watch.pk, now=timezone.now() + timedelta(hours=25)) == "flagged"
     watch.refresh_from_db()
@@ -320,6 +331,7 @@ def test_the_watch_passes_at_its_trajectories_and_a_persons_rollback_ends_it(pro
     services.model_promote(project=project, version=v2, user=user)
     watch = LiveCheck.objects.get(project=project, kind="watch")
     traffic(project, v2, 20, failures=2)
+    traffic(project, v1, 10, failures=1)  # the holdback
     assert canary.live_check_look(check_id=watch.pk) == "running"
     traffic(project, v2, 20, failures=2)
     assert canary.live_check_look(check_id=watch.pk) == "passed"
@@ -493,7 +505,7 @@ def test_the_pages_show_the_canary_to_members_and_buttons_to_maintainers(project
     make_membership(viewer, project, "viewer")
     page = client_for(viewer).get(reverse("registry_page", args=[project.slug])).content.decode()
     assert "canary <strong>v2</strong> takes 10%" in page
-    assert "Once each arm has 50 trajectories (now 20 and 180)" in page
+    assert "Once each arm has 50 known outcomes (now 20 and 180)" in page
     assert 'id="canary-promote"' not in page and 'id="canary-start-3"' not in page
     assert client_for(viewer).post(reverse("registry_canary_promote", args=[project.slug])).status_code == 403
     detail = client_for(viewer).get(reverse("registry_live_check", args=[project.slug, check.pk]))

@@ -514,7 +514,7 @@ def test_a_versions_page_shows_its_full_live_metrics(project, versions, user, cl
 def test_the_schema_lists_the_windows_the_live_api_takes():
     """Any other window is refused (400, above): the schema lists them, or a client that follows it (a fuzzer
     sent `window=`) sends a request the schema allows and gets refused."""
-    from flywheel.api import api
+    from flywheel.api_urls import api
 
     operation = api.get_openapi_schema(path_prefix="")["paths"]["/model-versions/{number}/live"]["get"]
     window = next(p for p in operation["parameters"] if p["name"] == "window")

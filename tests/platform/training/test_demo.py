@@ -3,10 +3,12 @@ requests a holdout and a regression suite, from which a job can start at once; s
 
 from __future__ import annotations
 
+from flywheel.evals import promotion
 from flywheel.registry import services as registry
 from flywheel.training import services
-from flywheel.training.demo import DEMO_RECIPE, loop_demo_seed, loop_demo_suites, loop_project
+from flywheel.training.demo import DEMO_RECIPE, _row, loop_demo_seed, loop_demo_suites, loop_project
 from flywheel.trajectories.models import Trajectory
+from trainer.envs.workplace import generate_tasks
 
 
 def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
@@ -24,21 +26,37 @@ def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
     task_version = suites["task_set"].versions.get()
     failed_ids = set(trajectories.filter(outcome="failure").values_list("id", flat=True))
     promoted = {row["origin"]["trajectory_id"] for row in task_version.rows}
-    assert failed_ids <= promoted  # every failure became a task
+    # Every failure became a task but those left for a person to promote into a regression case.
+    assert seeded["left_for_review"] >= 1
+    left = failed_ids - promoted
+    assert len(left) == seeded["left_for_review"]
     assert suites["holdout"].versions.get().size == 6
     regression = suites["regression"].versions.get()
     assert regression.size == seeded["regression"] <= 3
     # The regression cases are requests production got right, none of them trained on.
     passed_ids = set(trajectories.filter(outcome="success").values_list("id", flat=True))
     assert {row["origin"]["trajectory_id"] for row in regression.rows} <= passed_ids - promoted
-    # The project trains with its own recipe, the one measured to move this demo.
+    # The project trains with its own recipe, the one measured to move this demo; its holdout curve has a point
+    # at the start and every few steps, not a single dot at the end.
     assert services.project_defaults(project) == DEMO_RECIPE
+    assert DEMO_RECIPE["eval_on_start"] and DEMO_RECIPE["max_steps"] // DEMO_RECIPE["eval_interval"] >= 4
     job = services.job_create(project=project, task_set_version=task_version,
                               holdout_version=suites["holdout"].versions.get(),
                               regression_version=suites["regression"].versions.get(), user=user)
     assert job.status == "evaluating"
     assert loop_demo_seed(project=project, model_dir=tiny_model, user=user) == {"seeded": False}
     assert Trajectory.objects.filter(project=project).count() == 12
+
+    # A failure left out is promoted into the regression suite with the form's defaults: the leakage guard
+    # finds it on no task.
+    trajectory = trajectories.get(pk=min(left))
+    request = int(trajectory.external_id.removeprefix("workplace-req-"))
+    task = generate_tasks(12, seed=21, split="train", difficulty="single")[request]
+    data = {**promotion.promotion_prefill(trajectory=trajectory),  # corrected to the request's expected call
+            "expected_calls": _row(task, "r")["verifier"]["expected_calls"]}
+    case, check = promotion.trajectory_promote(trajectory=trajectory, data=data, target=suites["regression"], user=user)
+    assert check.conflicts == [] and check.doubts == [] and case.trajectory_id == trajectory.pk
+    assert suites["regression"].versions.count() == 2
 
 
 def test_the_pages_say_what_the_worker_is_doing_while_it_seeds(user, client_for):
@@ -57,3 +75,18 @@ def test_the_pages_say_what_the_worker_is_doing_while_it_seeds(user, client_for)
     assert demo_status_of(project=project) is None
     assert "No trajectories match" in client_for(user).get(reverse("trajectory_list", args=[project.slug])).content.decode()
     assert "No trajectories yet" in client_for(user).get(reverse("flywheel_dashboard", args=[project.slug])).content.decode()
+
+
+def test_the_demo_puts_no_reworded_request_on_both_sides(db):
+    """Seen on the seeded demo: the one click was refused at the job's start because a task ('Delete task T3
+    "Design api docs".') and a regression case ('Remove "Design api docs" (T3).') are one request reworded.
+    The seed keeps such rows off the eval side (and keeps a failure left for review apart from the tasks)."""
+    from flywheel.training.demo import _clear_of
+
+    def row(row_id: str, text: str) -> dict:
+        return {"id": row_id, "messages": [{"role": "user", "content": text}]}
+
+    tasks = [row("req-1", 'Delete task T3 "Design api docs".'), row("req-2", "Mark invoice INV-7 as paid.")]
+    cases = [row("req-3", 'Remove "Design api docs" (T3).'), row("req-4", "Move the standup to 10am on May 3."),
+             row("req-5", "mark invoice inv-7 as paid")]
+    assert [r["id"] for r in _clear_of(cases, tasks)] == ["req-4"]

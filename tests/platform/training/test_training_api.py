@@ -158,7 +158,7 @@ def test_a_job_id_outside_the_id_range_is_a_422_naming_it(api_client, keys, jobs
 def test_the_schema_says_a_comparison_names_each_job_once():
     """A job named twice is refused (422, above): the schema says so, or a client that follows it (a fuzzer
     did) sends a request the schema allows and gets refused."""
-    from flywheel.api import api
+    from flywheel.api_urls import api
 
     operation = api.get_openapi_schema(path_prefix="")["paths"]["/training-jobs/compare"]["get"]
     ids = next(p for p in operation["parameters"] if p["name"] == "ids")

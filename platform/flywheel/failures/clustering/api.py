@@ -16,7 +16,7 @@ from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
 from pydantic import StrictBool
 
-from flywheel.api import ObjectIn, api
+from flywheel.api import ObjectIn
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.api.ids import Id
@@ -155,6 +155,3 @@ def suggestion_decide(request: HttpRequest, suggestion_id: Id, body: DecisionIn)
         raise HttpError(409, str(exc)) from None
     suggestion.refresh_from_db()
     return _cluster(suggestion)
-
-
-api.add_router("", router)

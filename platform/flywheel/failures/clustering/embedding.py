@@ -181,6 +181,17 @@ _shared: dict[str, Any] = {}
 _shared_lock = threading.Lock()
 
 
+def preload_shared_model() -> threading.Thread:
+    """Load `shared_model` in a daemon thread (a web process at its start): the first request that needs it
+    waits for what is left of the load, not for all of it."""
+    def load() -> None:
+        shared_model().encode(["warm up"])  # the first pass through the model costs most of a second more
+
+    thread = threading.Thread(target=load, name="flywheel-sentence-model", daemon=True)
+    thread.start()
+    return thread
+
+
 def shared_model() -> SentenceModel:
     """One loaded model per process (loading it costs seconds: torch, transformers and 90 MB of weights)."""
     with _shared_lock:

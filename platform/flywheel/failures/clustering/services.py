@@ -23,7 +23,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from flywheel import outbox, runs, timelimits
+from flywheel import fields, outbox, runs, timelimits
 from flywheel.accounts.models import Project
 from flywheel.failures.clustering import engine, naming
 from flywheel.failures.clustering.models import (
@@ -78,31 +78,12 @@ def run_filter_parse(data: dict[str, Any] | None) -> RunFilter:
     if unknown:
         errors["filter"] = f"Unknown field(s): {', '.join(map(str, unknown))[:200]}."
 
-    def integer(name: str, default: int, low: int, high: int) -> int:
-        value = data.get(name, default)
-        if value in (None, ""):
-            return default
-        try:
-            number = int(value)
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-        except (TypeError, ValueError):
-            errors[name] = f"{name} must be a whole number from {low} to {high}, not {str(value)[:40]!r}."
-            return default
-        if not low <= number <= high:
-            errors[name] = f"{name} must be from {low} to {high}; got {number}."
-        return number
-
-    days = integer("days", 30, 1, 3650)
-    limit = integer("limit", MAX_FAILURES, 2, MAX_FAILURES)
+    days = fields.whole(data, "days", errors, low=1, high=3650, default=30, label="days")
+    limit = fields.whole(data, "limit", errors, low=2, high=MAX_FAILURES, default=MAX_FAILURES, label="limit")
     outcome = str(data.get("outcome", Outcome.FAILURE) or "")
     if outcome and outcome not in Outcome.values:
         errors["outcome"] = f"outcome must be one of {', '.join(Outcome.values)} or empty; not {outcome[:40]!r}."
-    unassigned = data.get("unassigned", True)
-    if isinstance(unassigned, str):
-        unassigned = unassigned.strip().lower() in ("1", "true", "on", "yes")
-    elif not isinstance(unassigned, bool):
-        errors["unassigned"] = "unassigned must be true or false."
+    unassigned = fields.flag(data, "unassigned", errors, default=True, label="unassigned")
     signal = str(data.get("signal", "") or "")
     if signal and signal not in SignalKind.values:
         errors["signal"] = f"signal must be one of {', '.join(SignalKind.values)} or empty; not {signal[:40]!r}."

@@ -16,7 +16,7 @@ def recount(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('registry', '0007_sealed_secrets'),
+        ('registry', '0008_live_holdback_tolerance'),
     ]
 
     operations = [

@@ -375,6 +375,17 @@ class Flywheel:
         """Count the traffic carrying `name` as `model_version` for `version` (needs `promote`)."""
         return VersionName.from_dict(self._call("POST", "/version-names", json={"name": name, "version": version}))
 
+    def set_price(self, version: int, *, input_per_m: float | None = None, output_per_m: float | None = None,
+                  on: str = "version") -> dict[str, Any]:
+        """Set a version's price per 1M input and output tokens (`on="base"`: its base model's, which every
+        version of that base without its own uses); None leaves a price as it is. Needs `promote`."""
+        body: dict[str, Any] = {"on": on}
+        if input_per_m is not None:
+            body["price_input_per_m"] = input_per_m
+        if output_per_m is not None:
+            body["price_output_per_m"] = output_per_m
+        return self._call("PUT", f"/model-versions/{version}/price", json=body)
+
     def unmap_version_name(self, name: str) -> None:
         self._call("DELETE", "/version-names", params={"name": name})
 

@@ -210,6 +210,8 @@ class TrainingJob(Answer):
     last_metrics: dict[str, Any] | None = None
     created_at: str | None = None
     finished_at: str | None = None
+    # The device time it held: device (gpu or cpu), devices, wall_seconds, device_hours, gpu_hours.
+    usage: dict[str, Any] = field(default_factory=dict)
 
     nested: ClassVar[dict[str, type[Answer]]] = {"gate": GateDecision}
 
@@ -238,12 +240,14 @@ class LiveMetrics(Answer):
 
     `metrics`: trajectories, failures, failure_rate, triaged, tokens_per_trajectory, latency_ms_per_trajectory
     (and whatever other live measures add); `signals`: each triage signal's count and rate; `series`: per hour
-    (per day for 30d), `t` in Unix seconds."""
+    (per day for 30d), `t` in Unix seconds; `cost`: per 1,000 requests, tokens' cost at the version's price
+    (`token_cost_per_1k`, None without a price) and GPU-seconds (`gpu_seconds_per_1k`)."""
 
     version: int = 0
     window: str = ""
     names: list[str] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
+    cost: dict[str, Any] = field(default_factory=dict)
     signals: list[dict[str, Any]] = field(default_factory=list)
     series: dict[str, Any] = field(default_factory=dict)
 

@@ -9,7 +9,9 @@ its model or row and its task. This module knows no app, so every app may use it
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
@@ -112,6 +114,64 @@ class CancellableRun(SupervisedRun):
 
     class Meta:
         abstract = True
+
+
+class DeviceUsage(models.Model):
+    """What a run held a worker's devices for, summed over its attempts and phases (a training job's measurement
+    of production, then its training): the wall time of the work, and that time times the devices it held.
+    `device` says which kind: "gpu" (`device_seconds` are GPU-seconds) or "cpu" (a worker with no GPU: one CPU
+    device a run). Recorded by `device_time` around the work, however it ends; a worker killed mid-run records
+    nothing of that attempt."""
+
+    device = models.CharField(max_length=8, blank=True, default="")  # "gpu" | "cpu" | "" (never ran)
+    devices = models.PositiveSmallIntegerField(default=0)  # how many its last attempt held
+    wall_seconds = models.FloatField(default=0.0)
+    device_seconds = models.FloatField(default=0.0)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.device_seconds / 3600 if self.device == "gpu" else 0.0
+
+    @property
+    def device_hours(self) -> float:
+        return self.device_seconds / 3600
+
+    @property
+    def usage_text(self) -> str:
+        """As the pages print it: "0.42 GPU-hours (2 GPUs) · wall 12.6 min"; "" before it ran."""
+        if not self.device:
+            return ""
+        kind = "GPU" if self.device == "gpu" else "CPU"
+        held = f" ({self.devices} {kind}s)" if self.devices > 1 else ""
+        wall = self.wall_seconds
+        wall_text = f"{wall / 3600:.2f} h" if wall >= 3600 else f"{wall / 60:.1f} min" if wall >= 60 else f"{wall:.0f} s"
+        return f"{self.device_hours:.3g} {kind}-hours{held} · wall {wall_text}"
+
+    def usage(self) -> dict[str, Any]:
+        """The figures the API and the pages show."""
+        return {"device": self.device, "devices": self.devices, "wall_seconds": round(self.wall_seconds, 3),
+                "device_hours": round(self.device_hours, 6), "gpu_hours": round(self.gpu_hours, 6)}
+
+
+USAGE_FIELDS = ("device", "devices", "wall_seconds", "device_seconds")
+
+
+@contextmanager
+def device_time(model: type[DeviceUsage], pk: int, *, gpus: int, processes: int = 1) -> Iterator[None]:
+    """Add the time the block takes to run `pk`'s usage: `processes` GPUs of the `gpus` this worker sees (one
+    process a GPU, as the trainer's launch), or one CPU when it sees none. Added even when the block raises:
+    a failed attempt held the device as long."""
+    device, count = ("gpu", max(1, min(processes, gpus))) if gpus > 0 else ("cpu", 1)
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        seconds = time.monotonic() - start
+        model.objects.filter(pk=pk).update(device=device, devices=count, wall_seconds=F("wall_seconds") + seconds,
+                                           device_seconds=F("device_seconds") + seconds * count)
 
 
 def one_active_per_project(name: str, active: Iterable[str]) -> models.UniqueConstraint:

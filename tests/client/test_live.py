@@ -45,3 +45,12 @@ def test_a_script_reads_a_versions_live_metrics_and_maps_a_string(live_server, p
         admin.unmap_version_name("my-finetune")
     with Flywheel(live_server.url, read) as fw:
         assert fw.live(1).metrics["failures"] == 1
+        assert fw.live(1).cost["token_cost_per_1k"] is None  # no usage carried
+        with pytest.raises(ApiError):
+            fw.set_price(1, input_per_m=1.0)
+    with Flywheel(live_server.url, promote) as admin:
+        price = admin.set_price(1, input_per_m=0.5, output_per_m=2.0, on="base")
+        assert (price["price_input_per_m"], price["price_output_per_m"], price["price_source"]) == (0.5, 2.0, "base")
+        with pytest.raises(ApiError) as bad:
+            admin.set_price(1, output_per_m=-1.0)
+        assert bad.value.status_code == 422

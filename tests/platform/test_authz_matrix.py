@@ -101,6 +101,8 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "p/<slug:project_slug>/models/v<int:version_number>/": (READ, NOT_ALLOWED),
     "p/<slug:project_slug>/models/names": (NOT_ALLOWED, write(422, "maintainer")),
     "p/<slug:project_slug>/models/names/remove": (NOT_ALLOWED, write(302, "maintainer")),
+    # A version's price (the empty form clears it: back to its page).
+    "p/<slug:project_slug>/models/v<int:version_number>/price": (NOT_ALLOWED, write(302, "maintainer")),
     "p/<slug:project_slug>/dashboard/": (READ, NOT_ALLOWED),
     # Training: members read jobs; maintainers start, confirm, cancel and retry them.
     # Eval runs: members read; maintainers start them (GPU work, as training jobs).
@@ -145,6 +147,7 @@ TABLE: dict[str, tuple[tuple, tuple]] = {
     "api/v1/live-rules": (api(401, 200, 403, 200), NOT_ALLOWED),
     "api/v1/live-checks": (api(401, 200, 403, 200), NOT_ALLOWED),
     "api/v1/model-versions/<number>/live": (api(401, 200, 403, 404), NOT_ALLOWED),  # no v1 in "other"
+    "api/v1/model-versions/<number>/price": (api(401, 200, 403, 404), NOT_ALLOWED),  # no v1 in "other"
     "api/v1/version-names": (api(401, 200, 403, 200), api(401, 403, 403, 403)),  # mapping needs `promote`
     "api/v1/base-models": (NOT_ALLOWED, api(401, 403, 403, 403)),
     "api/v1/version": ((200,) * 9, NOT_ALLOWED),  # no key: a client checks it before anything else
@@ -276,6 +279,7 @@ PUT_TABLE: dict[str, tuple] = {
     "api/v1/gate-settings": api(401, 403, 403, 403),  # needs `promote`
     "api/v1/live-rules": api(401, 403, 403, 403),  # needs `promote`
     "api/v1/online-eval": api(401, 403, 403, 403),  # needs `promote`
+    "api/v1/model-versions/<number>/price": api(401, 403, 403, 403),  # needs `promote`
 }
 
 # Routes that also answer DELETE: what each visitor gets. None of the keys has the scope.
@@ -623,6 +627,8 @@ ACTIONS: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {
     "change the live rules": ((P + "models/live-rules", "POST"), ("api/v1/live-rules", "PUT")),
     "map a version name": ((P + "models/names", "POST"), ("api/v1/version-names", "POST")),
     "unmap a version name": ((P + "models/names/remove", "POST"), ("api/v1/version-names", "DELETE")),
+    "set a version's or its base's price": ((P + "models/v<int:version_number>/price", "POST"),
+                                            ("api/v1/model-versions/<number>/price", "PUT")),
     "change online evaluation": ((P + "online-eval/settings", "POST"), ("api/v1/online-eval", "PUT")),
 }
 # API operations that change something and have no page: why.

@@ -199,3 +199,52 @@ def test_the_page_escapes_agent_text_and_notes_a_wrong_parameter(loop, client_fo
     assert f"job {loop['jobs'][1].pk}" in body
     result = body.split('id="forward-result"')[1].split("</p>")[0]
     assert "v3" in result and "v2" in result
+
+
+def test_each_promotion_shows_what_it_cost_and_what_it_bought(loop, client_for, user):
+    """v1 → v2 (job 1): the job's GPU-hours, the judge's tokens over the turn that led to it, the gate's holdout
+    gain, and the live failure rate and cost of v1's last day against v2's first."""
+    from datetime import timedelta
+
+    from flywheel.evals.online_models import OnlineScore
+    from flywheel.registry import cost, live, serving
+    from flywheel.registry.models import GateDecision
+
+    project, (v1, v2, _, _), (job_1, _) = loop["project"], loop["versions"], loop["jobs"]
+    now = timezone.now()
+    moved = now - timedelta(hours=30)
+    AliasEvent.objects.filter(project=project, kind="set", alias=Alias.PRODUCTION).update(at=now - timedelta(hours=60))
+    AliasEvent.objects.filter(project=project, kind="promote").update(at=moved)
+    TrainingJob.objects.filter(pk=job_1.pk).update(device="gpu", devices=2, wall_seconds=2700, device_seconds=5400)
+    GateDecision.objects.create(project=project, candidate=v2, production=v1, passed=True, report={"rules": [
+        {"name": "holdout success", "production": 0.5, "candidate": 0.75, "passed": True}]})
+    t = loop["t"]
+    for i, (hours, tokens) in enumerate([(-40, 100), (-2, 200), (3, 300)]):  # the first is outside the turn
+        OnlineScore.objects.create(project=project, trajectory=t[i], verifier="llm_judge", reward=1, passed=True,
+                                   below_threshold=False, checks={}, input_tokens=tokens, output_tokens=tokens // 10,
+                                   scored_at=moved + timedelta(hours=hours))
+    cost.price_set(target=v1.base, data={"price_input_per_m": "1", "price_output_per_m": "2"})
+    # v1's last day: 4 requests, 2 failed; v2's first: 4, 1 failed; each 1,000 + 1,000 tokens (v2: + 500 out).
+    for i, (number, hours, outcome, out) in enumerate(
+            [(1, -3, "failure", 1000), (1, -5, "failure", 1000), (1, -6, "success", 1000), (1, -7, "success", 1000),
+             (2, 3, "failure", 1500), (2, 4, "success", 1500), (2, 5, "success", 1500), (2, 6, "success", 1500),
+             (1, -30, "failure", 1000)]):  # v1 a day and more before the move: outside its window
+        Trajectory.objects.create(project=project, external_id=f"live-{i}", outcome=outcome,
+                                  model_version=serving.adapter_name(project.slug, number),
+                                  started_at=moved + timedelta(hours=hours, minutes=30),
+                                  usage={"prompt_tokens": 1000, "completion_tokens": out})
+    live.rollup_refresh(full=True)
+
+    [promotion] = dashboard.promotion_costs(project=project, now=now)
+    assert promotion.event.to_version == v2 and promotion.job == job_1 and promotion.job.gpu_hours == 1.5
+    assert promotion.judge == {"input_tokens": 200, "output_tokens": 20, "scores": 1}
+    assert promotion.holdout_gain == pytest.approx(0.25)
+    assert promotion.before["metrics"]["trajectories"] == 4 and promotion.after["metrics"]["trajectories"] == 4
+    assert promotion.live_change == pytest.approx(0.25 - 0.5)
+    # 1k requests: 1M input at $1 + 1M (v1) or 1.5M (v2) output at $2: $3 → $4.
+    assert promotion.cost_change == pytest.approx(1.0)
+
+    html = client_for(user).get(reverse("flywheel_dashboard", args=[project.slug])).content.decode()
+    row = html.split(f'id="promotion-{promotion.event.pk}"')[1].split("</tr>")[0]
+    assert "1.5 GPU-hours (2 GPUs)" in row and "200 in / 20 out tokens" in row
+    assert "(+0.250)" in row and "(-0.250)" in row and "$3.00" in row and "$4.00" in row

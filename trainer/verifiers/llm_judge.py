@@ -111,13 +111,27 @@ def score_judge(spec: JudgeSpec, answer: str, calls: list[dict], config: dict[st
         "temperature": 0,
     }
     reply = judge_chat(settings, body)
+    usage = judge_usage(reply)
     text = reply["choices"][0]["message"]["content"] or ""
     try:
         verdict = json.loads(text.strip().strip("`").removeprefix("json").strip())
         value = float(verdict["score"])
     except (ValueError, KeyError, TypeError):
-        return Score(0.0, False, {"judge": {"ok": False, "reason": f"unreadable verdict {short(text)}"}}, "wrong_answer")
+        return Score(0.0, False, {"judge": {"ok": False, "reason": f"unreadable verdict {short(text)}", **usage}},
+                     "wrong_answer")
     value = min(max(value, 0.0), 1.0)
     passed = value >= spec.threshold
-    checks = {"judge": {"ok": passed, "score": value, "reason": short(verdict.get("reason", ""), 200)}}
+    checks = {"judge": {"ok": passed, "score": value, "reason": short(verdict.get("reason", ""), 200), **usage}}
     return Score(value, passed, checks, None if passed else "wrong_answer")
+
+
+def judge_usage(reply: dict[str, Any]) -> dict[str, int]:
+    """The tokens the judge's answer says it spent (OpenAI's `usage`: prompt and completion tokens), as
+    {"input_tokens", "output_tokens"}; {} when it says nothing readable (what the platform counts as judge spend)."""
+    usage = reply.get("usage")
+    if not isinstance(usage, dict):
+        return {}
+    pair = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 10**9 for x in pair):
+        return {}
+    return {"input_tokens": pair[0], "output_tokens": pair[1]}

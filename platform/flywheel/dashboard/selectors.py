@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import Count, Max, Q
 
@@ -20,7 +22,8 @@ from flywheel.evals.models import EvalCase, EvalCaseResult, EvalRun, SuiteKind
 from flywheel.evals.rows import Origins, origins_of
 from flywheel.evals.run_models import EvalRunStatus
 from flywheel.failures.models import FailureMode, FailureModeAssignment
-from flywheel.registry.models import Alias, AliasEvent, AliasEventKind, ModelVersion
+from flywheel.registry import live
+from flywheel.registry.models import Alias, AliasEvent, AliasEventKind, GateDecision, ModelVersion
 from flywheel.training.models import TrainingJob
 from flywheel.trajectories.models import Outcome, Trajectory
 
@@ -304,3 +307,91 @@ def mode_pass_rates(*, project: Project) -> ModePassRates:
     numbers = sorted({number for _, number in cells})
     modes = FailureMode.objects.filter(project=project, pk__in={mode_id for mode_id, _ in cells}).order_by("name")
     return ModePassRates(numbers, [(mode, [cells.get((mode.pk, n)) for n in numbers]) for mode in modes])
+
+
+# --- what each promotion cost and bought --------------------------------------------------------------------------
+
+# The live traffic a promotion's before and after compare: this long on each side of the move, at most (the
+# after is shorter while it is recent, and the before when the replaced version served less).
+PROMOTION_WINDOW = timedelta(hours=24)
+
+
+@dataclass(frozen=True)
+class PromotionCost:
+    """One promotion to production: what it cost (the job's device time, the online judge's tokens over the
+    turn of the loop that led to it: from the move before it to it) and what it bought (the gate's holdout gain,
+    the change of live failure rate and cost from the replaced version's last `PROMOTION_WINDOW` to the promoted
+    one's first)."""
+
+    event: AliasEvent
+    job: TrainingJob | None
+    eval_device_hours: float  # the eval runs people started on the promoted version
+    judge: dict[str, int]
+    since: datetime | None  # the turn's start: the move of production before this one
+    decision: GateDecision | None
+    holdout_before: float | None
+    holdout_after: float | None
+    before: dict[str, Any] | None  # live_between of the replaced version
+    after: dict[str, Any]
+
+    @property
+    def holdout_gain(self) -> float | None:
+        if self.holdout_before is None or self.holdout_after is None:
+            return None
+        return self.holdout_after - self.holdout_before
+
+    @property
+    def live_change(self) -> float | None:
+        """The promoted version's live failure rate less the replaced one's (negative: fewer failures)."""
+        if self.before is None:
+            return None
+        a, b = self.after["metrics"]["failure_rate"], self.before["metrics"]["failure_rate"]
+        return None if a is None or b is None else a - b
+
+    @property
+    def cost_change(self) -> float | None:
+        """The change of tokens' cost per 1,000 requests, promoted less replaced."""
+        if self.before is None:
+            return None
+        a, b = self.after["cost"]["token_cost_per_1k"], self.before["cost"]["token_cost_per_1k"]
+        return None if a is None or b is None else a - b
+
+
+def promotion_costs(*, project: Project, limit: int = 10, now: datetime | None = None) -> list[PromotionCost]:
+    """The project's latest promotions to production, newest first, each with what it cost and bought."""
+    from django.db.models import Sum
+    from django.utils import timezone
+
+    from flywheel.evals.online import judge_spend
+
+    now = now or timezone.now()
+    events = list(AliasEvent.objects.filter(project=project, alias=Alias.PRODUCTION, kind=AliasEventKind.PROMOTE)
+                  .select_related("to_version__base", "from_version__base").order_by("-at", "-id")[:limit])
+    job_ids = [e.to_version.lineage.get("job") for e in events if isinstance(e.to_version.lineage, dict)]
+    jobs = {j.pk: j for j in TrainingJob.objects.filter(project=project, pk__in=[i for i in job_ids
+                                                                                  if isinstance(i, int)])}
+    out = []
+    for event in events:
+        version = event.to_version
+        previous = (AliasEvent.objects.filter(project=project, alias=Alias.PRODUCTION, at__lt=event.at)
+                    .order_by("-at", "-id").values_list("at", flat=True).first())
+        following = (AliasEvent.objects.filter(project=project, alias=Alias.PRODUCTION, at__gt=event.at)
+                     .order_by("at", "id").values_list("at", flat=True).first())
+        decision = (GateDecision.objects.filter(candidate=version).order_by("-decided_at", "-id").first())
+        success = next((r for r in (decision.report.get("rules", []) if decision else [])
+                        if r.get("name") == "holdout success"), {})
+        after_end = min(event.at + PROMOTION_WINDOW, following or now, now)
+        before = None
+        if event.from_version is not None:
+            before = live.live_between(project=project, version=event.from_version,
+                                       start=max(event.at - PROMOTION_WINDOW, previous or event.at - PROMOTION_WINDOW),
+                                       end=event.at)
+        evals = (EvalRun.objects.filter(model_version=version, source="manual")
+                 .aggregate(s=Sum("device_seconds"))["s"] or 0.0)
+        lineage = version.lineage if isinstance(version.lineage, dict) else {}
+        out.append(PromotionCost(
+            event=event, job=jobs.get(lineage.get("job")), eval_device_hours=evals / 3600,
+            judge=judge_spend(project=project, start=previous, end=event.at), since=previous,
+            decision=decision, holdout_before=success.get("production"), holdout_after=success.get("candidate"),
+            before=before, after=live.live_between(project=project, version=version, start=event.at, end=after_end)))
+    return out

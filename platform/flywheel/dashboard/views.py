@@ -55,4 +55,5 @@ def dashboard_page(request: HttpRequest, project: Project) -> HttpResponse:
         "forward": dashboard.recent_trajectories_forward(project=project),
         "modes": dashboard.mode_coverage(project=project),
         "pass_rates": dashboard.mode_pass_rates(project=project),
+        "promotions": dashboard.promotion_costs(project=project),
     })

@@ -291,6 +291,26 @@ def judge_score(config: OnlineEvalSettings, trajectory: Trajectory) -> Score:
     return score_judge(spec, answer, calls, config=endpoint)
 
 
+def _judge_tokens(label: str, score: Score) -> dict[str, int | None]:
+    """The judge's spend on a score (its answer's usage, read by the verifier), for OnlineScore's columns."""
+    said = (score.checks.get("judge") or {}) if label == JUDGE else {}
+    return {"input_tokens": said.get("input_tokens"), "output_tokens": said.get("output_tokens")}
+
+
+def judge_spend(*, project: Project, start: dt.datetime | None = None, end: dt.datetime | None = None
+                ) -> dict[str, int]:
+    """The online judge's tokens over [start, end) of scoring time: input and output, and the scores."""
+    from django.db.models import Count, Sum
+
+    rows = OnlineScore.objects.filter(project=project, verifier=JUDGE)
+    if start is not None:
+        rows = rows.filter(scored_at__gte=start)
+    if end is not None:
+        rows = rows.filter(scored_at__lt=end)
+    got = rows.aggregate(input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"), scores=Count("id"))
+    return {k: v or 0 for k, v in got.items()}
+
+
 def online_eval_process(*, project_id: int, now: dt.datetime | None = None) -> int:
     """Claim the project's next batch and score what it sampled; the number of scores stored."""
     claimed = _claim(project_id, now or timezone.now())
@@ -327,7 +347,8 @@ def online_eval_process(*, project_id: int, now: dt.datetime | None = None) -> i
             scores += [OnlineScore(project_id=project_id, trajectory_id=trajectory.pk,
                                    model_version=trajectory.model_version, verifier=label, source=source[:80],
                                    reward=score.reward, passed=score.passed, below_threshold=score.reward < config.threshold,
-                                   failure=score.failure or "", checks=score.checks, scored_at=now_scored)
+                                   failure=score.failure or "", checks=score.checks, scored_at=now_scored,
+                                   **_judge_tokens(label, score))
                        for label, source, score in verdicts]
     except timelimits.SoftTimeLimitExceeded as exc:
         # What was scored is kept, and the page says where the run stopped: the batch's other sampled

@@ -60,6 +60,9 @@ class OnlineScore(models.Model):
     below_threshold = models.BooleanField()  # reward < the threshold at scoring time: in the review queue
     failure = models.CharField(max_length=32, blank=True, default="")
     checks = models.JSONField(default=dict)
+    # The judge's spend on this score (its answer's usage; None for a task's verifier or when it said nothing).
+    input_tokens = models.PositiveIntegerField(null=True, blank=True)
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
     scored_at = models.DateTimeField()
 
     class Meta:

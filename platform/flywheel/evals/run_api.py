@@ -17,6 +17,7 @@ from flywheel.api.auth import read_auth, train_auth
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import Id, VersionNumber
 from flywheel.api.pagination import PageQuery, keyset_page
+from flywheel.api.usage import UsageOut
 from flywheel.api.versions import version_of
 from flywheel.evals import runs
 from flywheel.evals.models import EvalSuite
@@ -60,6 +61,7 @@ class RunSummary(Schema):
     metrics: dict[str, Any]
     created_at: datetime
     finished_at: datetime | None
+    usage: UsageOut = Field(description="The device time it held: GPU-hours (or CPU-hours) and wall time")
 
 
 class RunOut(RunSummary):
@@ -121,7 +123,7 @@ def _summary(run: EvalRun) -> dict[str, Any]:
     return {"id": run.pk, "status": run.status, "model_version": run.model_version.number,
             "suite": run.suite_version.suite_id, "suite_version": run.suite_version.number, "samples": run.samples,
             "source": run.source, "job": run.job_id, "metrics": run.metrics, "created_at": run.created_at,
-            "finished_at": run.finished_at}
+            "finished_at": run.finished_at, "usage": run.usage()}
 
 
 @router.post("/eval-suites/{suite_id}/regression-builds", auth=train_auth, response={201: RunState, **ERRORS},

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import models
 
 from flywheel.accounts.models import Project
-from flywheel.runs import CancellableRun
+from flywheel.runs import CancellableRun, DeviceUsage
 
 
 class EvalRunStatus(models.TextChoices):
@@ -21,9 +21,10 @@ class EvalRunStatus(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
-class EvalRun(CancellableRun):
+class EvalRun(CancellableRun, DeviceUsage):
     """A run a worker supervises (flywheel.runs): queued, running, then succeeded, failed or cancelled. Only a
-    person's run is retried; one recorded from a job's files is the job's."""
+    person's run is retried; one recorded from a job's files is the job's, and so is its device time (counted on
+    the job: DeviceUsage stays empty here)."""
 
     NOUN = "run"
     SET_ON_LOST = {"pid": None}

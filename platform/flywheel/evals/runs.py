@@ -15,7 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from flywheel import gpu_queue, outbound, outbox, runs, timelimits
-from flywheel.accounts.services import project_lock
+from flywheel.accounts.services import gpus_visible, project_lock
 from flywheel.evals.rows import Origin, origin_of
 from flywheel.evals.run_models import EvalCaseResult, EvalRun, EvalRunStatus
 from flywheel.supervise import supervise, trainer_env
@@ -152,6 +152,14 @@ def eval_run_process(*, run_id: int) -> EvalRun | None:
 
 
 def eval_run_claimed(*, run_id: int) -> EvalRun:
+    """`_eval_run_claimed`, its device time recorded on the run (flywheel.runs.device_time)."""
+    with runs.device_time(EvalRun, run_id, gpus=gpus_visible()):
+        run = _eval_run_claimed(run_id=run_id)
+    run.refresh_from_db(fields=runs.USAGE_FIELDS)
+    return run
+
+
+def _eval_run_claimed(*, run_id: int) -> EvalRun:
     """A run this worker claimed: write the suite, run the trainer's evaluate (beating the heart and honouring
     cancel, like a training job), store the results."""
     run = EvalRun.objects.select_related("project", "model_version__base", "suite_version").get(pk=run_id)

@@ -8,7 +8,8 @@ project's `VersionName` table, which maintainers edit; the rest are unmapped and
 
 The rollup (`LiveRollup`): one row per (project, raw model_version string, hour of coalesce(started_at,
 created_at)), with its trajectories, failures (the effective outcome: a reviewer's over the agent's),
-triaged trajectories and the triage signals among them, tokens and latency. The mapping to versions is
+triaged trajectories and the triage signals among them, tokens (in all, and input and output apart: what a price
+applies to, flywheel.registry.cost), the GPU time serving reported, and latency. The mapping to versions is
 applied when read, so mapping a string counts its past traffic at once.
 
 It is kept up to date by `rollup_refresh`, run by a worker that `rollup_sweep` (flywheel.outbox.SWEEPS) sends
@@ -39,7 +40,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from flywheel.accounts.models import Project
-from flywheel.registry import serving
+from flywheel.registry import cost, serving
 from flywheel.registry.models import (
     Alias,
     AliasAssignment,
@@ -163,6 +164,37 @@ def tokens_sql(vendor: str) -> str:
     return f"CASE WHEN ({value}) BETWEEN 0 AND {TOKENS_MAX} THEN CAST(ROUND({value}) AS {integer}) END"
 
 
+# GPU-seconds above this on one trajectory (a day) are taken for garbage, as tokens above TOKENS_MAX.
+GPU_SECONDS_MAX = 86_400
+
+
+def split_sql(vendor: str) -> tuple[str, str]:
+    """A trajectory's input and output tokens apart, what a price applies to: usage's prompt + completion
+    tokens (OpenAI's names), else input + output tokens (OTel's and Anthropic's); both NULL unless both are
+    numbers in [0, TOKENS_MAX]."""
+    integer = "bigint" if vendor == "postgresql" else "integer"
+    pairs = [(_number_sql(vendor, a), _number_sql(vendor, b))
+             for a, b in (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_tokens"))]
+
+    def ok(part: tuple[str, str]) -> str:
+        return f"({part[0]} AND {part[1]} BETWEEN 0 AND {TOKENS_MAX})"
+
+    def side(index: int) -> str:
+        cases = " ".join(f"WHEN {ok(a)} AND {ok(b)} THEN CAST(ROUND({(a, b)[index][1]}) AS {integer})"
+                         for a, b in pairs)
+        return f"CASE {cases} END"
+
+    return side(0), side(1)
+
+
+def gpu_ms_sql(vendor: str) -> str:
+    """The GPU time the serving reported for a trajectory, in whole ms: usage's `gpu_seconds` (see
+    flywheel.registry.cost), NULL unless a number in [0, GPU_SECONDS_MAX]."""
+    test, value = _number_sql(vendor, "gpu_seconds")
+    integer = "bigint" if vendor == "postgresql" else "integer"
+    return f"CASE WHEN {test} AND {value} BETWEEN 0 AND {GPU_SECONDS_MAX} THEN CAST(ROUND({value} * 1000) AS {integer}) END"
+
+
 @dataclass
 class RollupWork:
     """What one refresh did: the bench divides `ms` by `trajectories` for the cost per trajectory."""
@@ -213,9 +245,9 @@ def _hour(value: datetime) -> datetime:
 CHUNK = 2000  # dirty trajectories read at a time
 # What a refresh reads of each dirty trajectory (`at` and `tokens` are annotations), in `_contribution`'s order.
 _ROW_FIELDS = ("id", "project_id", "model_version", "hour_s", "outcome", "reviewed_outcome", "triage_version",
-               "latency_ms", "tokens", "state_at")
+               "latency_ms", "tokens", "tokens_in", "tokens_out", "gpu_ms", "state_at")
 _MEMBER_FIELDS = ("trajectory_id", "project_id", "model_version", "hour", "failed", "triaged", "signals", "tokens",
-                  "latency", "seen_at")
+                  "latency", "tokens_in", "tokens_out", "gpu_ms", "seen_at")
 
 
 def _hour_epoch_sql(vendor: str, column: str) -> str:
@@ -243,6 +275,9 @@ class Contribution(NamedTuple):
     signals: tuple[str, ...]
     tokens: int | None
     latency: int | None
+    tokens_in: int | None
+    tokens_out: int | None
+    gpu_ms: int | None
     seen_at: datetime
 
     @property
@@ -250,7 +285,7 @@ class Contribution(NamedTuple):
         return self.project_id, self.model_version, self.hour
 
     def counted(self) -> tuple:
-        return self[1:9]
+        return self[1:12]
 
 
 @dataclass
@@ -263,6 +298,11 @@ class _Counts:
     tokens_n: int = 0
     latency_sum: int = 0
     latency_n: int = 0
+    tokens_in_sum: int = 0
+    tokens_out_sum: int = 0
+    split_n: int = 0
+    gpu_ms_sum: int = 0
+    gpu_n: int = 0
 
     def add(self, c: Contribution, sign: int) -> None:
         self.trajectories += sign
@@ -276,14 +316,23 @@ class _Counts:
         if c.latency is not None:
             self.latency_sum += sign * c.latency
             self.latency_n += sign
+        if c.tokens_in is not None and c.tokens_out is not None:
+            self.tokens_in_sum += sign * c.tokens_in
+            self.tokens_out_sum += sign * c.tokens_out
+            self.split_n += sign
+        if c.gpu_ms is not None:
+            self.gpu_ms_sum += sign * c.gpu_ms
+            self.gpu_n += sign
 
 
 def _contribution(row: tuple, kinds: set[str]) -> Contribution:
-    pk, project_id, model_version, hour, outcome, reviewed, triage_version, latency, tokens, state_at = row
+    (pk, project_id, model_version, hour, outcome, reviewed, triage_version, latency, tokens, tokens_in, tokens_out,
+     gpu_ms, state_at) = row
     triaged = triage_version > 0
     return Contribution(pk, project_id, model_version, hour, (reviewed or outcome) == "failure", triaged,
                         tuple(sorted(kinds)) if triaged else (), tokens,
-                        latency if latency is not None and latency >= 0 else None, state_at)
+                        latency if latency is not None and latency >= 0 else None, tokens_in, tokens_out, gpu_ms,
+                        state_at)
 
 
 def _around(model, field: str, ids: list[int]):
@@ -300,8 +349,7 @@ def _members_old(ids: list[int]) -> dict[int, Contribution]:
     hour = RawSQL(_hour_epoch_sql(connection.vendor, f"{table}.hour"), [], output_field=BigIntegerField())
     rows = (_around(LiveRollupMember, "trajectory_id", ids).annotate(hour_s=hour)
             .values_list(*("hour_s" if f == "hour" else f for f in _MEMBER_FIELDS)))
-    return {r[0]: Contribution(r[0], r[1], r[2], r[3], r[4], r[5], tuple(r[6] or ()), r[7], r[8], r[9])
-            for r in rows if r[0] in wanted}
+    return {r[0]: Contribution(*r[:6], tuple(r[6] or ()), *r[7:]) for r in rows if r[0] in wanted}
 
 
 def _members_write(members: list[Contribution]) -> None:
@@ -318,17 +366,20 @@ def _members_write(members: list[Contribution]) -> None:
                 # One JSON document a chunk, taken apart by the server: psycopg's adaptation of ten arrays cost
                 # more than the INSERT itself (it scans every string for quoting).
                 rows = json.dumps([[m.trajectory_id, m.project_id, m.model_version, m.hour, m.failed, m.triaged,
-                                    list(m.signals), m.tokens, m.latency, m.seen_at.isoformat()] for m in part])
+                                    list(m.signals), m.tokens, m.latency, m.tokens_in, m.tokens_out, m.gpu_ms,
+                                    m.seen_at.isoformat()] for m in part])
                 cursor.execute(
                     f"INSERT INTO {table} ({columns}) SELECT (r->>0)::bigint, (r->>1)::bigint, r->>2, "
                     f"to_timestamp((r->>3)::bigint), (r->>4)::bool, (r->>5)::bool, r->6, (r->>7)::bigint, "
-                    f"(r->>8)::bigint, (r->>9)::timestamptz FROM jsonb_array_elements(%s::jsonb) AS r "
+                    f"(r->>8)::bigint, (r->>9)::bigint, (r->>10)::bigint, (r->>11)::bigint, (r->>12)::timestamptz "
+                    f"FROM jsonb_array_elements(%s::jsonb) AS r "
                     f"ON CONFLICT (trajectory_id) DO UPDATE SET {updates}", [rows])
             else:
                 values = [[m.trajectory_id for m in part], [m.project_id for m in part], [m.model_version for m in part],
                           [_from_epoch(m.hour) for m in part], [m.failed for m in part], [m.triaged for m in part],
                           [json.dumps(list(m.signals)) for m in part], [m.tokens for m in part],
-                          [m.latency for m in part], [m.seen_at for m in part]]
+                          [m.latency for m in part], [m.tokens_in for m in part], [m.tokens_out for m in part],
+                          [m.gpu_ms for m in part], [m.seen_at for m in part]]
                 cursor.executemany(
                     f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(_MEMBER_FIELDS))}) "
                     f"ON CONFLICT (trajectory_id) DO UPDATE SET {updates}", list(zip(*values, strict=True)))
@@ -384,6 +435,8 @@ def _apply(deltas: dict[tuple, _Counts]) -> int:
         row.tokens_n += delta.tokens_n
         row.latency_sum += delta.latency_sum
         row.latency_n += delta.latency_n
+        for name in _COST_SUMMED:
+            setattr(row, name, getattr(row, name) + getattr(delta, name))
         if row.trajectories <= 0:
             if row.pk:
                 emptied.append(row.pk)
@@ -393,7 +446,7 @@ def _apply(deltas: dict[tuple, _Counts]) -> int:
     LiveRollup.objects.bulk_create(
         fresh, batch_size=500, update_conflicts=True, unique_fields=["project", "model_version", "hour"],
         update_fields=["trajectories", "failures", "triaged", "signals", "tokens_sum", "tokens_n",
-                       "latency_sum", "latency_n", "updated_at"])
+                       "latency_sum", "latency_n", *_COST_SUMMED, "updated_at"])
     return len(fresh) + len(emptied)
 
 
@@ -404,7 +457,11 @@ def _apply(deltas: dict[tuple, _Counts]) -> int:
 # ingesting it through the API spends on the rollup's budget (~12 µs a row of conversion alone).
 IN_SQL = True
 
-_MEMBER_COUNTED = ("project_id", "model_version", "hour", "failed", "triaged", "signals", "tokens", "latency")
+# The rollup's sums that price a version's traffic (flywheel.registry.cost).
+_COST_SUMMED = ("tokens_in_sum", "tokens_out_sum", "split_n", "gpu_ms_sum", "gpu_n")
+
+_MEMBER_COUNTED = ("project_id", "model_version", "hour", "failed", "triaged", "signals", "tokens", "latency",
+                   "tokens_in", "tokens_out", "gpu_ms")
 
 
 # Without a watermark (the first refresh, a rebuild) every trajectory is read: a statement per id range of this
@@ -455,7 +512,9 @@ def refresh_statement(*, since: bool, ids: bool = False) -> str:
     old = ", ".join(f"d.o_{c}" for c in _MEMBER_COUNTED)
     columns = ", ".join(_MEMBER_FIELDS)
     member_updates = ", ".join(f"{f} = excluded.{f}" for f in _MEMBER_FIELDS[1:])
-    added = ("trajectories", "failures", "triaged", "tokens_sum", "tokens_n", "latency_sum", "latency_n")
+    added = ("trajectories", "failures", "triaged", "tokens_sum", "tokens_n", "latency_sum", "latency_n",
+             *_COST_SUMMED)
+    tokens_in, tokens_out = split_sql("postgresql")
     rollup_updates = ", ".join(f"{c} = r.{c} + d.{c}" for c in added)
     return f"""
     WITH dirty AS MATERIALIZED (
@@ -468,6 +527,7 @@ def refresh_statement(*, since: bool, ids: bool = False) -> str:
                     WHERE s.trajectory_id = {t}.id), '[]'::jsonb) ELSE '[]'::jsonb END AS signals,
                {tokens_sql("postgresql")} AS tokens,
                CASE WHEN {t}.latency_ms >= 0 THEN {t}.latency_ms END AS latency,
+               {tokens_in} AS tokens_in, {tokens_out} AS tokens_out, {gpu_ms_sql("postgresql")} AS gpu_ms,
                {state_at} AS seen_at,
                o.trajectory_id IS NOT NULL AS had,
                {", ".join(f"o.{c} AS o_{c}" for c in _MEMBER_COUNTED)}
@@ -493,7 +553,12 @@ def refresh_statement(*, since: bool, ids: bool = False) -> str:
                COALESCE(sum(sign * tokens), 0) AS tokens_sum,
                sum(CASE WHEN tokens IS NOT NULL THEN sign ELSE 0 END) AS tokens_n,
                COALESCE(sum(sign * latency), 0) AS latency_sum,
-               sum(CASE WHEN latency IS NOT NULL THEN sign ELSE 0 END) AS latency_n
+               sum(CASE WHEN latency IS NOT NULL THEN sign ELSE 0 END) AS latency_n,
+               COALESCE(sum(sign * tokens_in), 0) AS tokens_in_sum,
+               COALESCE(sum(sign * tokens_out), 0) AS tokens_out_sum,
+               sum(CASE WHEN tokens_in IS NOT NULL THEN sign ELSE 0 END) AS split_n,
+               COALESCE(sum(sign * gpu_ms), 0) AS gpu_ms_sum,
+               sum(CASE WHEN gpu_ms IS NOT NULL THEN sign ELSE 0 END) AS gpu_n
         FROM signed GROUP BY 1, 2, 3
     ), deltas AS (
         SELECT s.*, COALESCE(k.signals, '{{}}'::jsonb) AS signals
@@ -555,13 +620,16 @@ def rollup_refresh(*, full: bool = False) -> RollupWork:
         # passed over in SQL (one probe of the member table's primary key).
         counted = LiveRollupMember.objects.filter(trajectory_id=OuterRef("id"), seen_at__gte=OuterRef("state_at"))
         tokens = RawSQL(tokens_sql(connection.vendor), [], output_field=BigIntegerField())
+        tokens_in, tokens_out = (RawSQL(sql, [], output_field=BigIntegerField()) for sql in split_sql(connection.vendor))
+        gpu_ms = RawSQL(gpu_ms_sql(connection.vendor), [], output_field=BigIntegerField())
         trajectories = connection.ops.quote_name("trajectories_trajectory")
         hour = RawSQL(_hour_epoch_sql(connection.vendor, f"COALESCE({trajectories}.started_at, {trajectories}.created_at)"),
                       [], output_field=BigIntegerField())
         dirty = _dirty(since).annotate(state_at=Greatest(F("updated_at"), Coalesce(F("triaged_at"), F("updated_at"))))
         if since is not None:  # with no watermark every trajectory is read, and no member is there to compare
             dirty = dirty.filter(~Exists(counted))
-        dirty = dirty.annotate(hour_s=hour, tokens=tokens).order_by("id").values_list(*_ROW_FIELDS)
+        dirty = dirty.annotate(hour_s=hour, tokens=tokens, tokens_in=tokens_in, tokens_out=tokens_out,
+                               gpu_ms=gpu_ms).order_by("id").values_list(*_ROW_FIELDS)
 
         t0 = time.perf_counter()
         deltas: dict[tuple, _Counts] = {}
@@ -650,11 +718,11 @@ def _signal_kinds() -> list[tuple[str, str]]:
 
 def _empty() -> dict[str, Any]:
     return {"trajectories": 0, "failures": 0, "triaged": 0, "signals": defaultdict(int), "tokens_sum": 0,
-            "tokens_n": 0, "latency_sum": 0, "latency_n": 0}
+            "tokens_n": 0, "latency_sum": 0, "latency_n": 0, **dict.fromkeys(_COST_SUMMED, 0)}
 
 
 def _add(total: dict[str, Any], row: dict[str, Any]) -> None:
-    for key in ("trajectories", "failures", "triaged", "tokens_sum", "tokens_n", "latency_sum", "latency_n"):
+    for key in _SUMMED:
         total[key] += row[key]
     for kind, n in (row["signals"] or {}).items():
         total["signals"][kind] += n
@@ -676,6 +744,11 @@ def metrics_of(total: dict[str, Any]) -> dict[str, Any]:
         "tokens_n": total["tokens_n"],
         "latency_ms_per_trajectory": _rate(total["latency_sum"], total["latency_n"]),
         "latency_n": total["latency_n"],
+        "input_tokens_per_trajectory": _rate(total["tokens_in_sum"], total["split_n"]),
+        "output_tokens_per_trajectory": _rate(total["tokens_out_sum"], total["split_n"]),
+        "split_n": total["split_n"],
+        "gpu_seconds_per_trajectory": _rate(total["gpu_ms_sum"], 1000 * total["gpu_n"]),
+        "gpu_n": total["gpu_n"],
     }
 
 
@@ -685,7 +758,7 @@ def signals_of(total: dict[str, Any]) -> list[dict[str, Any]]:
              "rate": _rate(total["signals"].get(kind, 0), total["triaged"])} for kind, label in _signal_kinds()]
 
 
-_SUMMED = ("trajectories", "failures", "triaged", "tokens_sum", "tokens_n", "latency_sum", "latency_n")
+_SUMMED = ("trajectories", "failures", "triaged", "tokens_sum", "tokens_n", "latency_sum", "latency_n", *_COST_SUMMED)
 
 
 def _rows(project: Project, first: datetime, last: datetime, step: str, names: list[str] | None = None):
@@ -754,8 +827,10 @@ def live_metrics(*, project: Project, version: ModelVersion, window: str = DEFAU
     for row in _rows(project, first, last, step, names):
         _add(total, row)
         _add(per_slot[_slot(row["slot"])], row)
+    metrics = metrics_of(total)
     return {"version": version.number, "window": window, "from": first, "to": last + HOUR, "names": names,
-            "metrics": {**metrics_of(total), **_extra_metrics(project, version, first, last)},
+            "metrics": {**metrics, **_extra_metrics(project, version, first, last)},
+            "cost": cost.cost_of(metrics, cost.price_of(version)),
             "signals": signals_of(total),
             "series": _series(per_slot, _steps(first, last, step), step)}
 
@@ -792,9 +867,10 @@ def live_summary(*, project: Project, window: str = DEFAULT_WINDOW, now: datetim
         alias = aliases.get(version.pk)
         total = totals[version.pk]
         unsafe = next(s for s in signals_of(total) if s["kind"] == "unsafe_action")
+        metrics = metrics_of(total)
         rows.append({"version": version, "number": version.number,
                      "alias": alias.alias if alias else "", "weight": alias.weight if alias else None,
-                     "metrics": metrics_of(total), "unsafe": unsafe,
+                     "metrics": metrics, "cost": cost.cost_of(metrics, cost.price_of(version)), "unsafe": unsafe,
                      "series": _series(per_slot[version.pk], slots, step)})
     return {"window": window, "windows": list(WINDOWS), "from": first, "to": last + HOUR, "rows": rows,
             "unmapped": sorted(({"name": n, "trajectories": c} for n, c in unmapped.items()),
@@ -803,3 +879,19 @@ def live_summary(*, project: Project, window: str = DEFAULT_WINDOW, now: datetim
 
 def rollup_state() -> LiveRollupState | None:
     return LiveRollupState.objects.order_by("pk").first()
+
+
+def live_between(*, project: Project, version: ModelVersion, start: datetime, end: datetime) -> dict[str, Any]:
+    """A version's metrics (`metrics_of`) and cost (flywheel.registry.cost.cost_of) over the whole hours within
+    [start, end): what a promotion's before and after compare (the hour that holds the move counts on neither
+    side)."""
+    first, last = _hour(start), _hour(end) - HOUR
+    if first < start:
+        first += HOUR
+    total = _empty()
+    if last >= first:
+        for row in _rows(project, first, last, "hour", names_of(project=project, version=version)):
+            _add(total, row)
+    metrics = metrics_of(total)
+    return {"metrics": metrics, "cost": cost.cost_of(metrics, cost.price_of(version)), "from": first,
+            "to": last + HOUR}

@@ -1,20 +1,22 @@
 """API of live metrics (flywheel.registry.live): a version's metrics on production traffic over a window, and
-the table that maps `model_version` strings to versions. `read` to read, `promote` to change the table."""
+the table that maps `model_version` strings to versions, and a version's price per 1M tokens (what its traffic's
+cost is figured at). `read` to read, `promote` to change the table or a price."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 
+from flywheel.api import ObjectIn
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import VersionNumber
-from flywheel.registry import live, serving
-from flywheel.registry.models import ModelVersion
+from flywheel.registry import cost, live, serving
+from flywheel.registry.models import PRICE_MAX, ModelVersion
 
 router = Router(tags=["models"])
 
@@ -44,6 +46,24 @@ class LiveSeriesOut(Schema):
     failure_rate: list[float | None]
 
 
+class CostOut(Schema):
+    price_input_per_m: float | None = Field(description="Price of 1M input (prompt) tokens: the version's, else "
+                                                        "its base model's; null when neither is set")
+    price_output_per_m: float | None = Field(description="Price of 1M output (completion) tokens, likewise")
+    price_source: str = Field(description="Where the prices came from: version, base, version and base, or "
+                                          "empty (none set)")
+    input_tokens_per_1k: float | None = Field(description="Input tokens per 1,000 requests (trajectories), over "
+                                                          "those that carried input and output tokens apart")
+    output_tokens_per_1k: float | None
+    token_cost_per_1k: float | None = Field(description="What 1,000 requests' tokens cost at the prices; null "
+                                                        "without a price for a side with tokens, or without tokens "
+                                                        "carried apart")
+    priced_share: float | None = Field(description="The share of the window's trajectories the cost is from")
+    gpu_seconds_per_1k: float | None = Field(description="GPU-seconds per 1,000 requests, where serving reported "
+                                                         "usage.gpu_seconds")
+    gpu_share: float | None = Field(description="The share of trajectories that reported GPU time")
+
+
 class LiveOut(Schema):
     version: int
     window: str
@@ -51,6 +71,7 @@ class LiveOut(Schema):
     to: datetime
     names: list[str] = Field(description="The model_version strings counted: the adapter name and mapped names")
     metrics: dict[str, float | int | None] = Field(description=METRICS_DESCRIPTION)
+    cost: CostOut = Field(description="Cost per 1,000 requests (flywheel.registry.cost)")
     signals: list[SignalRateOut]
     series: LiveSeriesOut
 
@@ -62,7 +83,7 @@ class LiveQuery(Schema):
 
 
 def _version(request: HttpRequest, number: int) -> ModelVersion:
-    version = ModelVersion.objects.filter(project=request.auth.project, number=number).first()
+    version = ModelVersion.objects.filter(project=request.auth.project, number=number).select_related("base").first()
     if version is None:
         raise HttpError(404, f"No model version {number} in this project.")
     return version
@@ -82,6 +103,58 @@ def version_live(request: HttpRequest, number: VersionNumber,
         return live.live_metrics(project=request.auth.project, version=version, window=query.window)
     except live.WindowError as exc:
         raise HttpError(400, str(exc)) from None
+
+
+_PRICE = {"ge": 0, "le": PRICE_MAX, "allow_inf_nan": False}
+
+
+class PriceIn(ObjectIn):
+    """A price left out keeps its value; null clears it (a version then uses its base model's)."""
+
+    model_config = {"extra": "forbid"}
+
+    price_input_per_m: float | None = Field(None, description="Price of 1M input (prompt) tokens", **_PRICE)
+    price_output_per_m: float | None = Field(None, description="Price of 1M output (completion) tokens", **_PRICE)
+    on: Literal["version", "base"] = Field("version", description="version: this version's own price; base: its "
+                                           "base model's, which every version of that base without its own uses")
+
+
+class PriceOut(Schema):
+    version: int
+    base_model: str
+    own: dict[str, float | None] = Field(description="The prices set on the version itself")
+    base: dict[str, float | None] = Field(description="The prices set on its base model")
+    price_input_per_m: float | None = Field(description="What its traffic is priced at: its own, else the base's")
+    price_output_per_m: float | None
+    price_source: str
+
+
+def _price(version: ModelVersion) -> dict[str, Any]:
+    price = cost.price_of(version)
+    return {"version": version.number, "base_model": version.base.name,
+            "own": {f: getattr(version, f) for f in cost.PRICE_FIELDS},
+            "base": {f: getattr(version.base, f) for f in cost.PRICE_FIELDS},
+            "price_input_per_m": price.input_per_m, "price_output_per_m": price.output_per_m,
+            "price_source": price.source}
+
+
+@router.get("/model-versions/{number}/price", auth=read_auth, response={200: PriceOut, **ERRORS},
+            summary="A version's price per 1M tokens",
+            description="Its own price, its base model's, and the one its traffic is priced at (its own, else the "
+                        "base's). 404 for a version not in the project.")
+def version_price_get(request: HttpRequest, number: VersionNumber) -> dict[str, Any]:
+    return _price(_version(request, number))
+
+
+@router.put("/model-versions/{number}/price", auth=promote_auth, response={200: PriceOut, **ERRORS},
+            summary="Set a version's (or its base model's) price per 1M tokens",
+            description="Live metrics and the gate price 1,000 requests at it. A field left out keeps its value, "
+                        "null clears it. 422 naming the field: a price below 0 or above 10,000.")
+def version_price_set(request: HttpRequest, number: VersionNumber, body: PriceIn) -> dict[str, Any]:
+    version = _version(request, number)
+    data = {f: getattr(body, f) for f in cost.PRICE_FIELDS if f in body.model_fields_set}
+    cost.price_set(target=version.base if body.on == "base" else version, data=data)
+    return _price(version)
 
 
 class VersionNameOut(Schema):

@@ -14,7 +14,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
-from flywheel.registry import live, selectors
+from flywheel.registry import cost, live, selectors
+from flywheel.registry.cost import gpu_time, money
 from flywheel.registry.models import ModelVersion
 
 
@@ -33,6 +34,18 @@ def _metric_cells(metrics: dict[str, Any]) -> dict[str, str]:
             "latency": _mean(metrics["latency_ms_per_trajectory"], " ms")}
 
 
+def cost_cells(figures: dict[str, Any]) -> dict[str, str]:
+    """A version's cost per 1,000 requests (flywheel.registry.cost.cost_of) as the pages print it."""
+    share = figures["priced_share"]
+    return {"tokens": money(figures["token_cost_per_1k"]),
+            "priced": "" if share is None or figures["token_cost_per_1k"] is None or share >= 0.995
+            else f"from {share:.0%} of its trajectories",
+            "gpu": gpu_time(figures["gpu_seconds_per_1k"]),
+            "price": ("—" if figures["price_input_per_m"] is None and figures["price_output_per_m"] is None else
+                      f"{money(figures['price_input_per_m'])} in / {money(figures['price_output_per_m'])} out per 1M"),
+            "source": figures["price_source"]}
+
+
 def _window(request: HttpRequest) -> str:
     window = request.GET.get("window", live.DEFAULT_WINDOW)
     return window if window in live.WINDOWS else live.DEFAULT_WINDOW
@@ -43,6 +56,7 @@ def live_panel_context(*, request: HttpRequest, project: Project) -> dict[str, A
     summary = live.live_summary(project=project, window=_window(request))
     for row in summary["rows"]:
         row["cells"] = _metric_cells(row["metrics"])
+        row["cost_cells"] = cost_cells(row["cost"])
         row["unsafe_pct"] = _pct(row["unsafe"]["rate"])
     chart = {"step": summary["rows"][0]["series"]["step"] if summary["rows"] else "hour",
              "versions": [{"version": r["number"], "series": r["series"]} for r in summary["rows"]]}
@@ -81,6 +95,11 @@ def version_name_remove(request: HttpRequest, project: Project) -> HttpResponse:
 @require_GET
 @project_view()
 def version_page(request: HttpRequest, project: Project, version_number: int) -> HttpResponse:
+    return _version_page(request, project, version_number)
+
+
+def _version_page(request: HttpRequest, project: Project, version_number: int, status: int = 200,
+                  **extra: Any) -> HttpResponse:
     version = get_object_or_404(ModelVersion.objects.select_related("base", "created_by"), project=project,
                                 number=version_number)
     window = request.GET.get("window", live.DEFAULT_WINDOW)
@@ -91,10 +110,37 @@ def version_page(request: HttpRequest, project: Project, version_number: int) ->
     aliases = selectors.aliases_of(project=project)
     return render(request, "registry/version.html", {
         "project": project, "version": version, "live": metrics, "cells": _metric_cells(metrics["metrics"]),
+        "cost": metrics["cost"], "cost_cells": cost_cells(metrics["cost"]),
+        "price_forms": extra.pop("price_forms", None) or {
+            "version": {f: _price_text(getattr(version, f)) for f in cost.PRICE_FIELDS},
+            "base": {f: _price_text(getattr(version.base, f)) for f in cost.PRICE_FIELDS}},
         "signals": [{**s, "pct": _pct(s["rate"])} for s in metrics["signals"]],
         "windows": list(live.WINDOWS), "window": window,
         "aliases": [alias for alias, v in aliases.items() if v is not None and v.pk == version.pk],
         "chart": {"step": metrics["series"]["step"], "versions": [{"version": version.number,
                                                                    "series": metrics["series"]}]},
         "is_maintainer": request.membership.grants(Role.MAINTAINER), "live_state": live.rollup_state(),
-    })
+        **extra,
+    }, status=status)
+
+
+def _price_text(value: float | None) -> str:
+    return "" if value is None else f"{value:g}"
+
+
+@require_POST
+@project_view(Role.MAINTAINER)
+def version_price_set(request: HttpRequest, project: Project, version_number: int) -> HttpResponse:
+    """The version page's price forms: the version's own price, or its base model's (`on`)."""
+    version = get_object_or_404(ModelVersion.objects.select_related("base"), project=project, number=version_number)
+    on = "base" if request.POST.get("on") == "base" else "version"
+    data = {f: request.POST.get(f, "") for f in cost.PRICE_FIELDS}
+    try:
+        cost.price_set(target=version.base if on == "base" else version, data=data)
+    except ValidationError as exc:
+        forms = {"version": {f: _price_text(getattr(version, f)) for f in cost.PRICE_FIELDS},
+                 "base": {f: _price_text(getattr(version.base, f)) for f in cost.PRICE_FIELDS}}
+        forms[on] = data
+        return _version_page(request, project, version_number, status=422, price_forms=forms,
+                             price_errors={on: exc.message_dict})
+    return redirect(reverse("registry_version", args=[project.slug, version_number]) + "?done=price#price")

@@ -22,7 +22,23 @@ class Alias(models.TextChoices):
     CANARY = "canary", "Canary"
 
 
-class BaseModel(models.Model):
+# Prices per 1M tokens (flywheel.registry.cost): at most this, so a slip of the keyboard cannot make a version
+# look a thousand times dearer than any model sold.
+PRICE_MAX = 10_000.0
+
+
+class Priced(models.Model):
+    """What a million input (prompt) and output (completion) tokens cost; None: not set. A version without its
+    own price uses its base model's (flywheel.registry.cost.price_of)."""
+
+    price_input_per_m = models.FloatField(null=True, blank=True)
+    price_output_per_m = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class BaseModel(Priced):
     """A model the platform can load: a local path (a Hugging Face folder), never a hub name."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="base_models")
@@ -46,7 +62,7 @@ class SyncState(models.TextChoices):
     FAILED = "failed", "Failed, retried"
 
 
-class ModelVersion(models.Model):
+class ModelVersion(Priced):
     """A base model, alone or with a LoRA adapter. `number` counts per project, as MLflow's versions do."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="model_versions")
@@ -270,6 +286,13 @@ class LiveRollup(models.Model):
     signals = models.JSONField(default=dict, blank=True)
     tokens_sum = models.BigIntegerField(default=0)
     tokens_n = models.PositiveIntegerField(default=0)  # trajectories that carried usage
+    # Input and output tokens apart, of the trajectories that carried both (`split_n`): what a price applies to.
+    tokens_in_sum = models.BigIntegerField(default=0)
+    tokens_out_sum = models.BigIntegerField(default=0)
+    split_n = models.PositiveIntegerField(default=0)
+    # GPU time the serving reported (usage's gpu_seconds, flywheel.registry.cost), in ms, over `gpu_n`.
+    gpu_ms_sum = models.BigIntegerField(default=0)
+    gpu_n = models.PositiveIntegerField(default=0)
     latency_sum = models.BigIntegerField(default=0)  # ms
     latency_n = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
@@ -341,6 +364,9 @@ class LiveRollupMember(models.Model):
     signals = models.JSONField(default=list, blank=True)  # the signal kinds it carries (triaged only), sorted
     tokens = models.BigIntegerField(null=True, blank=True)
     latency = models.BigIntegerField(null=True, blank=True)
+    tokens_in = models.BigIntegerField(null=True, blank=True)  # both or neither
+    tokens_out = models.BigIntegerField(null=True, blank=True)
+    gpu_ms = models.BigIntegerField(null=True, blank=True)
     # The trajectory's state counted: the later of its updated_at and triaged_at. A refresh that reads it
     # again with nothing newer skips it without reading its signals.
     seen_at = models.DateTimeField()

@@ -18,6 +18,7 @@ urlpatterns = [
     path("models/live-rules", canary_views.live_rules_save, name="registry_live_rules"),
     path("models/checks/<int:check_id>/", canary_views.live_check_page, name="registry_live_check"),
     path("models/v<int:version_number>/", live_views.version_page, name="registry_version"),
+    path("models/v<int:version_number>/price", live_views.version_price_set, name="registry_version_price"),
     path("models/names", live_views.version_name_set, name="registry_version_name_set"),
     path("models/names/remove", live_views.version_name_remove, name="registry_version_name_remove"),
 ]

@@ -12,9 +12,10 @@ from django.views.decorators.http import require_GET, require_POST
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
 from flywheel.demo_status import demo_status_of
-from flywheel.registry import model_folder, selectors, services
+from flywheel.registry import cost, model_folder, selectors, services
 from flywheel.registry.canary_views import live_context
-from flywheel.registry.live_views import live_panel_context
+from flywheel.registry.cost import money
+from flywheel.registry.live_views import cost_cells, live_panel_context
 from flywheel.registry.models import Alias, GateDecision, ModelVersion
 
 
@@ -138,13 +139,16 @@ def gate_rules_save(request: HttpRequest, project: Project) -> HttpResponse:
 @project_view()
 def gate_decision_page(request: HttpRequest, project: Project, decision_id: int) -> HttpResponse:
     decision = get_object_or_404(
-        GateDecision.objects.select_related("candidate__base", "production__base", "job"), project=project,
+        GateDecision.objects.select_related("project", "candidate__base", "production__base", "job"), project=project,
         pk=decision_id,
     )
     in_production = selectors.production_of(project=project)
     stale = decision.passed and services.decision_stale(
         decision=decision, production_id=in_production.pk if in_production else None)
+    costs = cost.gate_cost(decision=decision)
+    for side in costs:
+        side["cells"] = {"holdout": money(side["holdout_cost_per_1k"]), **cost_cells(side["live"])}
     return render(request, "registry/gate.html", {
-        "project": project, "decision": decision, "stale": stale,
+        "project": project, "decision": decision, "stale": stale, "costs": costs, "cost_window": cost.GATE_WINDOW,
         "is_maintainer": request.membership.grants(Role.MAINTAINER), "in_production": in_production,
     })

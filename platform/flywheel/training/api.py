@@ -16,6 +16,7 @@ from flywheel.api.auth import read_auth, train_auth
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import Id, VersionNumber
 from flywheel.api.pagination import PageQuery, keyset_page
+from flywheel.api.usage import UsageOut
 from flywheel.api.versions import version_of, version_ref
 from flywheel.environments.models import TaskSet
 from flywheel.evals.leakage import LeakageError
@@ -75,6 +76,7 @@ class JobSummary(Schema):
     progress: float
     created_at: datetime
     finished_at: datetime | None
+    usage: UsageOut = Field(description="The device time it held: GPU-hours (or CPU-hours) and wall time")
 
 
 class JobOut(JobSummary):
@@ -174,7 +176,7 @@ def _summary(job: TrainingJob) -> dict[str, Any]:
         "base_version": job.base_version.number,
         "candidate_version": job.candidate_version.number if job.candidate_version else None,
         "step": job.step, "max_steps": job.max_steps, "progress": round(job.progress, 4),
-        "created_at": job.created_at, "finished_at": job.finished_at,
+        "created_at": job.created_at, "finished_at": job.finished_at, "usage": job.usage(),
     }
 
 

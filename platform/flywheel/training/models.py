@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import models
 
 from flywheel.accounts.models import Project
-from flywheel.runs import CancellableRun
+from flywheel.runs import CancellableRun, DeviceUsage
 
 
 class JobStatus(models.TextChoices):
@@ -32,7 +32,7 @@ class Algorithm(models.TextChoices):
     SFT_GRPO = "sft_grpo", "SFT, then GRPO (one job, one gate)"
 
 
-class TrainingJob(CancellableRun):
+class TrainingJob(CancellableRun, DeviceUsage):
     """A job's run (flywheel.runs): `evaluating` both waits for a worker and, once one measures production,
     beats; a cancel stops it, and a job waiting for confirmation, at once."""
 

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from flywheel import gpu_queue, outbound, outbox, runs, timelimits
 from flywheel.accounts.models import Project, WorkerHeartbeat
-from flywheel.accounts.services import project_lock
+from flywheel.accounts.services import gpus_visible, project_lock
 from flywheel.environments.services import env_url_allowed
 from flywheel.evals import leakage
 from flywheel.registry import selectors as registry_selectors
@@ -431,6 +431,15 @@ def job_evaluate(*, job_id: int) -> TrainingJob | None:
 
 
 def job_evaluate_claimed(*, job_id: int) -> TrainingJob:
+    """`_job_evaluate_claimed`, its device time recorded on the job (flywheel.runs.device_time): one device, as
+    the measurement is one evaluate process whatever the job's num_gpus."""
+    with runs.device_time(TrainingJob, job_id, gpus=gpus_visible()):
+        job = _job_evaluate_claimed(job_id=job_id)
+    job.refresh_from_db(fields=runs.USAGE_FIELDS)
+    return job
+
+
+def _job_evaluate_claimed(*, job_id: int) -> TrainingJob:
     """The worker measures production on the holdout (for the advice and the gate) and the regression suite
     (for the gate), then the job waits for a person to confirm."""
     job = TrainingJob.objects.select_related("project", "base_version__base", "task_set_version",
@@ -605,6 +614,15 @@ def job_run(*, job_id: int) -> TrainingJob | None:
 
 
 def job_run_claimed(*, job_id: int) -> TrainingJob:
+    """`_job_run_claimed`, its device time recorded on the job (flywheel.runs.device_time)."""
+    processes = TrainingJob.objects.filter(pk=job_id).values_list("num_gpus", flat=True).first() or 1
+    with runs.device_time(TrainingJob, job_id, gpus=gpus_visible(), processes=processes):
+        job = _job_run_claimed(job_id=job_id)
+    job.refresh_from_db(fields=runs.USAGE_FIELDS)
+    return job
+
+
+def _job_run_claimed(*, job_id: int) -> TrainingJob:
     """Run the trainer for a job this worker claimed, record its events, finish or fail it."""
     job = TrainingJob.objects.select_related("project", "base_version__base", "task_set_version",
                                              "holdout_version", "regression_version").get(pk=job_id)

@@ -147,7 +147,8 @@ class Judge(StandIn):
         self.server.requests.append((self.path, self.headers.get("Authorization"), body))
         prompt = body["messages"][0]["content"]
         score = 0.2 if "sorry" in prompt.split("Answer:")[1].split("Tool calls:")[0] else 0.9
-        self.answer(200, {"choices": [{"message": {"content": json.dumps({"score": score, "reason": "ok"})}}]})
+        self.answer(200, {"choices": [{"message": {"content": json.dumps({"score": score, "reason": "ok"})}}],
+                          "usage": {"prompt_tokens": 120, "completion_tokens": 15, "total_tokens": 135}})
 
 
 def test_the_judge_is_called_only_when_configured_and_allowed(ingest, project, settings, refund_task):
@@ -172,6 +173,8 @@ def test_the_judge_is_called_only_when_configured_and_allowed(ingest, project, s
         assert path == "/v1/chat/completions" and auth == "Bearer sk-test" and body["model"] == "grader"
         rewards = dict(OnlineScore.objects.filter(verifier="llm_judge").values_list("trajectory__external_id", "reward"))
         assert rewards == {"polite": 0.9, "rude": 0.2}
+        # What the judge spent, from its answers' usage: the dashboard's judge spend.
+        assert online.judge_spend(project=project) == {"input_tokens": 240, "output_tokens": 30, "scores": 2}
         assert online.settings_of(project=project).last_error == ""
         # The allowlist withdrawn after the save: refused at send time, nothing stored, nothing sent; the
         # first refusal stops the judge for the run and is shown on the page.

@@ -111,6 +111,9 @@ def test_the_trainer_runs_with_none_of_the_workers_secrets_in_its_environment(pr
     run = runs.eval_run_create(project=project, model_version=version, suite_version=suite_version, samples=1)
     done = runs.eval_run_process(run_id=run.pk)
     assert done.status == EvalRunStatus.SUCCEEDED, done.error  # it still runs end to end
+    # Its device time is recorded: the trainer's run, on whatever this worker has (1 device either way).
+    assert done.device in ("cpu", "gpu") and done.devices == 1 and done.wall_seconds > 0
+    assert done.device_seconds == done.wall_seconds and done.usage()["wall_seconds"] > 0
     seen = [json.loads(path.read_text()) for path in tmp_path.glob("env-*.json")]
     assert seen, "the trainer did not start"
     for env in seen:

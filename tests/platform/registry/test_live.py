@@ -63,7 +63,13 @@ def send(project, records):
 def recomputed(project) -> dict:
     """What the rollup must hold, computed here from each trajectory in Python (another path than the SQL)."""
     out: dict = defaultdict(lambda: {"trajectories": 0, "failures": 0, "triaged": 0, "signals": defaultdict(int),
-                                     "tokens_sum": 0, "tokens_n": 0, "latency_sum": 0, "latency_n": 0})
+                                     "tokens_sum": 0, "tokens_n": 0, "latency_sum": 0, "latency_n": 0,
+                                     "tokens_in_sum": 0, "tokens_out_sum": 0, "split_n": 0, "gpu_ms_sum": 0,
+                                     "gpu_n": 0})
+
+    def number(x) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool)
+
     for t in Trajectory.objects.filter(project=project).prefetch_related("signals"):
         at = (t.started_at or t.created_at).astimezone(UTC).replace(minute=0, second=0, microsecond=0)
         row = out[(t.model_version, at)]
@@ -75,22 +81,36 @@ def recomputed(project) -> dict:
                 row["signals"][kind] += 1
         usage = t.usage or {}
         tokens = usage.get("total_tokens")
-        if not isinstance(tokens, int | float) or isinstance(tokens, bool):
-            p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            tokens = p + c if all(isinstance(x, int | float) and not isinstance(x, bool) for x in (p, c)) else None
+        for a, b in (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_tokens")):
+            if not number(tokens):
+                p, c = usage.get(a), usage.get(b)
+                tokens = p + c if number(p) and number(c) else None
         if tokens is not None and 0 <= tokens <= live.TOKENS_MAX:
             row["tokens_sum"] += round(tokens)
             row["tokens_n"] += 1
         if t.latency_ms is not None:
             row["latency_sum"] += t.latency_ms
             row["latency_n"] += 1
+        for a, b in (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_tokens")):
+            i, o = usage.get(a), usage.get(b)
+            if number(i) and number(o) and 0 <= i <= live.TOKENS_MAX and 0 <= o <= live.TOKENS_MAX:
+                row["tokens_in_sum"] += round(i)
+                row["tokens_out_sum"] += round(o)
+                row["split_n"] += 1
+                break
+        gpu = usage.get("gpu_seconds")
+        if number(gpu) and 0 <= gpu <= live.GPU_SECONDS_MAX:
+            row["gpu_ms_sum"] += round(gpu * 1000)
+            row["gpu_n"] += 1
     return {k: {**v, "signals": dict(v["signals"])} for k, v in out.items()}
 
 
 def stored(project) -> dict:
     return {(r.model_version, r.hour): {"trajectories": r.trajectories, "failures": r.failures, "triaged": r.triaged,
                                         "signals": r.signals, "tokens_sum": r.tokens_sum, "tokens_n": r.tokens_n,
-                                        "latency_sum": r.latency_sum, "latency_n": r.latency_n}
+                                        "latency_sum": r.latency_sum, "latency_n": r.latency_n,
+                                        "tokens_in_sum": r.tokens_in_sum, "tokens_out_sum": r.tokens_out_sum,
+                                        "split_n": r.split_n, "gpu_ms_sum": r.gpu_ms_sum, "gpu_n": r.gpu_n}
             for r in LiveRollup.objects.filter(project=project)}
 
 
@@ -162,14 +182,21 @@ def test_the_rollup_equals_a_recomputation_after_ingest_replay_review_and_triage
     slug = project.slug
     records = [record(i, f"{slug}-v1", hours_ago=i % 3, outcome="failure" if i % 4 == 0 else "success",
                       unsafe=i % 5 == 0, bad_args=i % 7 == 0, latency=100 + i,
-                      usage={"prompt_tokens": 10, "completion_tokens": i} if i % 2 else {"total_tokens": 50})
+                      usage={"prompt_tokens": 10, "completion_tokens": i, "gpu_seconds": 0.25 * i} if i % 2
+                      else {"total_tokens": 50, **({"input_tokens": 40, "output_tokens": 10} if i % 4 else {})})
                for i in range(30)]
-    records += [record(100 + i, f"{slug}-v2", hours_ago=0.2, usage={"total_tokens": "many"}) for i in range(5)]
+    records += [record(100 + i, f"{slug}-v2", hours_ago=0.2,
+                       usage={"total_tokens": "many", "input_tokens": 7, "output_tokens": -1, "gpu_seconds": 1e9})
+                for i in range(5)]
     send(project, records)
     work = live.rollup_refresh()
     assert work.trajectories == 35 and work.buckets == 4 and not work.skipped
     assert stored(project) == recomputed(project)
-    assert stored(project)[(f"{slug}-v2", live._hour(NOW - timedelta(hours=0.2)))]["tokens_n"] == 0  # "many"
+    v2_now = stored(project)[(f"{slug}-v2", live._hour(NOW - timedelta(hours=0.2)))]
+    assert v2_now["tokens_n"] == 5 and v2_now["tokens_sum"] == 30  # "many": input + output (7 - 1)
+    assert v2_now["split_n"] == v2_now["gpu_n"] == 0  # -1 output tokens price nothing, 1e9 GPU-seconds is garbage
+    assert sum(r["split_n"] for r in stored(project).values()) == 15 + 7  # odd i, and even i not divisible by 4
+    assert sum(r["gpu_n"] for r in stored(project).values()) == 15
 
     # A replay moves t-3 to v2 and two hours back, and makes it fail: both its buckets are recomputed.
     moved = record(3, f"{slug}-v2", hours_ago=5, outcome="failure")
@@ -324,7 +351,8 @@ def test_windows_metrics_signals_and_series(project, versions):
     quiet = live.live_metrics(project=project, version=versions[1], window="24h")["metrics"]
     assert {k: v for k, v in quiet.items() if not k.startswith("online_")} == {  # online_*: evals' hook
         "trajectories": 0, "failures": 0, "failure_rate": None, "triaged": 0, "tokens_per_trajectory": None,
-        "tokens_n": 0, "latency_ms_per_trajectory": None, "latency_n": 0}
+        "tokens_n": 0, "latency_ms_per_trajectory": None, "latency_n": 0, "input_tokens_per_trajectory": None,
+        "output_tokens_per_trajectory": None, "split_n": 0, "gpu_seconds_per_trajectory": None, "gpu_n": 0}
     with pytest.raises(live.WindowError):
         live.window_bounds("2w")
 

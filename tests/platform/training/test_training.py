@@ -269,7 +269,7 @@ def test_the_reaper_fails_a_job_whose_worker_vanished(world):
     assert services.job_retry(job=job).status == JobStatus.QUEUED
 
 
-def test_a_job_stopped_at_its_time_limit_fails_saying_so_and_retry_resumes(world, monkeypatch):
+def test_a_job_stopped_at_its_time_limit_fails_saying_so_and_retry_resumes(world, monkeypatch, settings):
     """Celery raises SoftTimeLimitExceeded where the worker is, supervising the trainer (whose process group
     supervise kills on the way out): the job fails with the reason, not as a worker that vanished."""
     from celery.exceptions import SoftTimeLimitExceeded
@@ -283,9 +283,13 @@ def test_a_job_stopped_at_its_time_limit_fails_saying_so_and_retry_resumes(world
         raise SoftTimeLimitExceeded()
 
     monkeypatch.setattr(services, "_run_subprocess", limit)
+    settings.FLYWHEEL_WORKER_GPUS = 2
     job = services.job_run(job_id=job.pk)
     assert job.status == JobStatus.FAILED and job.failed_step == 3 and job.heartbeat_at is None
     assert "ran past its time limit" in job.error and "Retry resumes from the last checkpoint" in job.error
+    # The attempt held its device until it stopped: recorded on the job (a worker that sees 2 GPUs, a job of 1).
+    assert (job.device, job.devices) == ("gpu", 1) and job.wall_seconds > 0
+    assert job.device_seconds == job.wall_seconds and job.gpu_hours == job.wall_seconds / 3600
     assert services.job_retry(job=job).status == JobStatus.QUEUED
 
 

@@ -75,8 +75,15 @@ def test_jobs_are_listed_newest_first_by_status_and_page(api_client, keys, jobs)
         "task_set": jobs[0].task_set_version.task_set_id, "task_set_version": 2, "holdout": holdout.suite_id,
         "holdout_version": 1, "base_version": 1, "candidate_version": 2}
 
+    assert first["usage"] == {"device": "", "devices": 0, "wall_seconds": 0, "device_hours": 0, "gpu_hours": 0}
+    TrainingJob.objects.filter(pk=jobs[4].pk).update(device="gpu", devices=2, wall_seconds=5400,
+                                                      device_seconds=10800)
     done = api_client.get(url, {"status": "succeeded"}, key=keys["read"]).json()["items"]
     assert [j["id"] for j in done] == [jobs[4].pk, jobs[3].pk]
+    assert done[0]["usage"] == {"device": "gpu", "devices": 2, "wall_seconds": 5400, "device_hours": 3.0,
+                                "gpu_hours": 3.0}
+    detail = api_client.get(f"{url}/{jobs[4].pk}", key=keys["read"]).json()
+    assert detail["usage"]["gpu_hours"] == 3.0
     assert api_client.get(url, {"status": "finished"}, key=keys["read"]).status_code == 422
 
     seen, cursor = [], None

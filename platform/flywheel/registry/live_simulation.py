@@ -132,6 +132,28 @@ def _look(subject: dict[str, int], baseline: dict[str, int], *, min_per_arm: int
                            min_per_arm=min_per_arm, tolerance=tolerance, previous=previous)
 
 
+def _decide(out: Outcome, subject: _Arm, baseline: _Arm, *, looks: int, step: float, end: str,
+            baseline_from: int = 0, min_per_arm: int = 1, tolerance: float = 1.0, promotes: bool = False) -> None:
+    """One stream's looks as the product takes them, each carrying the last one's p-values on: "worse" at the
+    first look that shows it, "promoted" at the first that is ready (`promotes`, the canary), else `end`. The
+    baseline's look t is its own look `baseline_from + t`."""
+    previous = None
+    for t in range(looks):
+        counts = subject.at(t)
+        look = _look(counts, baseline.at(baseline_from + t), min_per_arm=min_per_arm, tolerance=tolerance,
+                     previous=previous)
+        previous = look.to_dict()
+        if look.worse:
+            end = "worse"
+            out.at.append(counts["n"])
+            out.hours.append((t + 1) * step)
+            break
+        if promotes and look.ready:
+            end = "promoted"
+            break
+    out.ends[end] = out.ends.get(end, 0) + 1
+
+
 def canary(traffic: Traffic, *, streams: int, seed: int, min_per_arm: int = 1000, max_hours: int = 72,
            tolerance: float = sequential.TOLERANCE, step: float = 1.0) -> Outcome:
     """The canary decision over `streams` simulated canaries, a look every `step` hours: ends "worse" (rolled
@@ -145,20 +167,8 @@ def canary(traffic: Traffic, *, streams: int, seed: int, min_per_arm: int = 1000
                        step=step)
         baseline = _Arm(rng, traffic, traffic.rate * (1 - traffic.share), looks, subject=False, start=0,
                         phase=phase, step=step)
-        previous, end = None, "expired"
-        for t in range(looks):
-            s = subject.at(t)
-            look = _look(s, baseline.at(t), min_per_arm=min_per_arm, tolerance=tolerance, previous=previous)
-            previous = look.to_dict()
-            if look.worse:
-                end = "worse"
-                out.at.append(s["n"])
-                out.hours.append((t + 1) * step)
-                break
-            if look.ready:
-                end = "promoted"
-                break
-        out.ends[end] = out.ends.get(end, 0) + 1
+        _decide(out, subject, baseline, looks=looks, step=step, end="expired", min_per_arm=min_per_arm,
+                tolerance=tolerance, promotes=True)
     return out
 
 
@@ -182,16 +192,6 @@ def watch(traffic: Traffic, *, streams: int, seed: int, hours: int = 24, step: f
             # The `hours` before the move, run on to the watch's end so that late outcomes keep maturing.
             baseline = _Arm(rng, traffic, traffic.rate, 2 * looks, subject=False, start=-looks, phase=phase,
                             arrive=looks, step=step)
-        previous, end = None, "passed"
-        for t in range(looks):
-            s = subject.at(t)
-            b = baseline.at(t) if concurrent else baseline.at(looks + t)
-            look = _look(s, b, min_per_arm=1, tolerance=1.0, previous=previous)
-            previous = look.to_dict()
-            if look.worse:
-                end = "worse"
-                out.at.append(s["n"])
-                out.hours.append((t + 1) * step)
-                break
-        out.ends[end] = out.ends.get(end, 0) + 1
+        _decide(out, subject, baseline, looks=looks, step=step, end="passed",
+                baseline_from=0 if concurrent else looks)
     return out

@@ -56,11 +56,12 @@ def whole(data: Mapping[str, Any], name: str, errors: dict[str, str], *, low: in
 
 
 def number(data: Mapping[str, Any], name: str, errors: dict[str, str], *, low: float, high: float,
-           low_open: bool = False, example: str = "", default: float | None = None, label: str = "",
-           required: bool = False) -> float | None:
-    """The field as a finite number in [low, high] (or (low, high] with `low_open`)."""
+           low_open: bool = False, high_open: bool = False, example: str = "", default: float | None = None,
+           label: str = "", required: bool = False) -> float | None:
+    """The field as a finite number in [low, high], either end left out with `low_open` / `high_open`."""
     raw = data.get(name)
-    span = f"above {low:g} and up to {high:g}" if low_open else f"from {low:g} to {high:g}"
+    span = (f"above {low:g}" if low_open else f"from {low:g}") + (f" and below {high:g}" if high_open else
+                                                                  (" and up to " if low_open else " to ") + f"{high:g}")
     if _blank(raw):
         if required:
             errors[name] = _say(label, f"a number {span} is needed" + (f", like {example}." if example else "."))
@@ -74,7 +75,8 @@ def number(data: Mapping[str, Any], name: str, errors: dict[str, str], *, low: f
             value = float(raw.strip() if isinstance(raw, str) else raw)
         except (TypeError, ValueError):
             value = None
-    if value is None or not math.isfinite(value) or not (low < value if low_open else low <= value) or value > high:
+    if (value is None or not math.isfinite(value) or not (low < value if low_open else low <= value)
+            or not (value < high if high_open else value <= high)):
         errors[name] = _say(label, wanted)
         return None
     return value

@@ -48,3 +48,10 @@ def test_a_flag_is_a_boolean_or_a_forms_yes_and_no(raw, value):
     assert ("f" in errors) == (value is None)
     if value is None:
         assert errors["f"].startswith("True or false, not ")
+
+
+def test_a_share_of_traffic_leaves_out_both_ends_as_a_canary_started_with_its_own_weight_does():
+    errors: dict[str, str] = {}
+    assert fields.number({"w": "0.995"}, "w", errors, low=0.0, high=1.0, low_open=True, high_open=True) == 0.995
+    assert fields.number({"w": "1"}, "w", errors, low=0.0, high=1.0, low_open=True, high_open=True) is None
+    assert errors == {"w": "A number above 0 and below 1; not 1."}

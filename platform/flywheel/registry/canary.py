@@ -102,10 +102,11 @@ def _last_trajectory_id(project: Project) -> int:
 
 LIVE_RULE_FIELDS = ("canary_weight", "canary_min_per_arm", "canary_max_hours", "canary_auto", "canary_tolerance",
                     "watch_hours", "watch_trajectories", "watch_rollback", "watch_holdback", "notify_emails")
-# Shares a field holds: (lowest, highest, whether the lowest itself is allowed, the example in its message).
-_SHARES = {"canary_weight": (0.0, 0.99, False, "0.1 (10% of traffic)"),
-           "canary_tolerance": (0.0, 0.5, False, "0.05 (five points)"),
-           "watch_holdback": (0.0, 0.5, True, "0.05 (5% of traffic; 0 turns the holdback off)")}
+# Shares a field holds: (lowest, highest, whether each end is left out, the example in its message). A canary's
+# weight is what `_weight_error` allows a canary started with its own.
+_SHARES = {"canary_weight": (0.0, 1.0, (True, True), "0.1 (10% of traffic)"),
+           "canary_tolerance": (0.0, 0.5, (True, False), "0.05 (five points)"),
+           "watch_holdback": (0.0, 0.5, (False, False), "0.05 (5% of traffic; 0 turns the holdback off)")}
 _LIMITS = {"canary_min_per_arm": (1, 1_000_000), "canary_max_hours": (1, 24 * 90), "watch_hours": (0, 24 * 90),
            "watch_trajectories": (0, 10_000_000)}
 _BOOLEANS = ("canary_auto", "watch_rollback")
@@ -147,9 +148,9 @@ def live_rules_set(*, project: Project, data: dict[str, Any]) -> RegistrySetting
             if name in _BOOLEANS:
                 value = fields.flag(data, name, errors)
             elif name in _SHARES:
-                low, high, low_allowed, example = _SHARES[name]
-                value = fields.number(data, name, errors, low=low, high=high, low_open=not low_allowed,
-                                      example=example)
+                low, high, (low_open, high_open), example = _SHARES[name]
+                value = fields.number(data, name, errors, low=low, high=high, low_open=low_open,
+                                      high_open=high_open, example=example)
             else:
                 low, high = _LIMITS[name]
                 value = fields.whole(data, name, errors, low=low, high=high)

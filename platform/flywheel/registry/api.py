@@ -81,10 +81,14 @@ class CanaryArmOut(ServingArmOut):
     weight: float = Field(description="The canary's share of traffic (0.1 = 10%); production serves the rest")
 
 
+class HoldbackArmOut(ServingArmOut):
+    weight: float = Field(description="The replaced version's share of traffic during the watch (0.05 = 5%)")
+
+
 class ServingOut(Schema):
     production: ServingArmOut | None = Field(description="null while no model is in production")
     canary: CanaryArmOut | None = Field(description="null while no canary serves")
-    holdback: CanaryArmOut | None = Field(
+    holdback: HoldbackArmOut | None = Field(
         None, description="While the watch of a new production runs with a holdback: the version it replaced, "
                           "served to `weight` of traffic so that the watch compares the two at the same hours; "
                           "null otherwise")
@@ -99,7 +103,8 @@ class ServingOut(Schema):
         "The split a router applies (the reference router, `python -m flywheel.router`, polls it): production's "
         "version and adapter name, the canary's with its share of traffic, and during a watch with a holdback "
         "the replaced version's with its share. The same object every "
-        "`alias.moved` webhook body carries as its `production` and `canary` keys. Always 200: with nothing "
+        "`alias.moved` webhook body carries as its `production`, `canary` and `holdback` keys. Always 200: with "
+        "nothing "
         "in production yet, `production` is null."
     ),
 )

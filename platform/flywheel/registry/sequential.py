@@ -155,14 +155,6 @@ class RateLook:
         return {**out, **(parts or {})}
 
 
-def look_failure(subject: Arm, baseline: Arm, *, alpha: float = RULE_ALPHA, previous_p: float = 1.0,
-                 metric: str = "failure") -> RateLook:
-    """The mSPRT on a rate (failures over known outcomes, or the unknown share over all trajectories)."""
-    p = always_valid_p(subject, baseline, tau=TAU_FAILURE, previous=previous_p)
-    return RateLook(metric=metric, subject_rate=subject.rate, baseline_rate=baseline.rate, p=p,
-                    worse=bool(_higher(subject, baseline) and p <= alpha))
-
-
 def look_unsafe(subject: Arm, baseline: Arm, *, alpha: float = RULE_ALPHA, previous_p: float = 1.0,
                 metric: str = "unsafe") -> RateLook:
     """The exact conditional test on a rare event's share (unsafe actions over triaged trajectories, or unknown

@@ -135,11 +135,10 @@ def split_counts(*, project: Project, canary_names: list[str], production_names:
 
 def split_log_ratio(canary_n: int, production_n: int, weight: float) -> float:
     """log Lambda of the split check above; 0.0 (no evidence) while there is no traffic."""
-    k, x = canary_n + production_n, canary_n
+    k = canary_n + production_n
     if k == 0 or not 0 < weight < 1:
         return 0.0
-    log_beta = math.lgamma(1 + x) + math.lgamma(1 + k - x) - math.lgamma(2 + k)
-    return log_beta - x * math.log(weight) - (k - x) * math.log1p(-weight)
+    return sequential.log_beta_mixture_ratio(canary_n, k, weight)
 
 
 def split_check(canary_n: int, production_n: int, weight: float,

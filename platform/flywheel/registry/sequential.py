@@ -124,8 +124,12 @@ def increase_upper(subject: Arm, baseline: Arm, *, tau: float = TAU_FAILURE, alp
     return ps - pb + radius
 
 
-def _log_beta(a: float, b: float) -> float:
-    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+def log_beta_mixture_ratio(x: int, k: int, q0: float) -> float:
+    """log of B(1 + x, 1 + k - x) / (q0^x (1 - q0)^(k - x)): x of k draws on one side, each there with
+    probability q0 under H0, against a Beta(1, 1) mixture over that probability. The conditional tests here and
+    the canary's split check (flywheel.registry.evidence) are this ratio."""
+    log_beta = math.lgamma(1 + x) + math.lgamma(1 + k - x) - math.lgamma(2 + k)
+    return log_beta - x * math.log(q0) - (k - x) * math.log1p(-q0)
 
 
 def log_conditional_ratio(subject: Arm, baseline: Arm) -> float:
@@ -133,9 +137,7 @@ def log_conditional_ratio(subject: Arm, baseline: Arm) -> float:
     k = subject.events + baseline.events
     if k == 0 or subject.n == 0 or baseline.n == 0:
         return 0.0
-    q0 = subject.n / (subject.n + baseline.n)
-    x = subject.events
-    return _log_beta(1 + x, 1 + k - x) - x * math.log(q0) - (k - x) * math.log1p(-q0)
+    return log_beta_mixture_ratio(subject.events, k, subject.n / (subject.n + baseline.n))
 
 
 @dataclass(frozen=True)

@@ -11,24 +11,14 @@ import numpy as np
 from sklearn import metrics
 
 from flywheel.failures.clustering import engine
-from flywheel.trajectories.models import TriagePolicy
-from flywheel.trajectories.triage import detect
-from flywheel.trajectories.triage_policy import DEFAULT_UNSAFE_RULES, policy_spec
 
-from .conftest import fixture_module
+from .conftest import fixture_module, signatures_of
 
 
 def test_failures_on_real_api_descriptions_group_by_cause(embedder):
     fixture_module()  # puts bench/ on the path
     api = importlib.import_module("clustering_api_fixture")
-    data = api.failures(600, seed=1, prefix="q")
-    spec = policy_spec(TriagePolicy(pk=1, unsafe=DEFAULT_UNSAFE_RULES, version=1))
-    signatures, truth = [], []
-    for cause, record in data:
-        found = detect(messages=record["messages"], tools=record["tools"], unsafe_spec=spec)
-        signals = [{"kind": str(s.kind), "message_index": s.message_index, "detail": s.detail} for s in found]
-        signatures.append(engine.signature(record["messages"], signals))
-        truth.append(cause)
+    truth, signatures = signatures_of(api.failures(600, seed=1, prefix="q"))
     assert len({s.tool for s in signatures}) > 200  # the causes fall on hundreds of different operations
     labels = engine.cluster(engine.features(signatures, embedder))
     homogeneity = metrics.homogeneity_score(truth, labels)

@@ -28,7 +28,7 @@ router = Router(tags=["clustering"])
 
 
 class ClusteringIn(ObjectIn):
-    """Which failures to cluster. Defaults: failed, assigned to no mode, the last 30 days, the newest 50,000."""
+    """Which failures to cluster. Defaults: failed, assigned to no mode, the last 30 days, the newest 100,000."""
 
     days: int = Field(30, ge=1, le=3650)
     limit: int = Field(services.MAX_FAILURES, ge=2, le=services.MAX_FAILURES)

@@ -12,9 +12,9 @@ job, the bench and the tests run the same code.
    it is the failure; the request is its context), and the structure as hashed one-hot features, weighted,
    concatenated, unit length. Hashing keeps the space the same from run to run, so stored centroids stay
    comparable.
-3. `cluster(vectors)`: PCA to a few dozen dimensions, then scikit-learn's HDBSCAN; -1 is noise. Its
-   min_cluster_size and min_samples follow the number of failures (`min_cluster_size_for`), so that 25
-   failures give groups as 10,000 do.
+3. `cluster(vectors)`: PCA to a dozen dimensions, then scikit-learn's HDBSCAN on at most SAMPLE failures (the
+   others join their nearest drawn failure's group); -1 is noise. Its min_cluster_size and min_samples follow
+   the number of failures (`min_cluster_size_for`), so that 25 failures give groups as 10,000 do.
 4. `describe(...)`: per cluster a label from class-based TF-IDF (its most distinctive terms) and its most
    distinctive signal, the members nearest its centre, its signal mix and its centroid.
 5. `cluster_with_modes(...)` and `matches_dismissed(...)`: decisions that persist. Failures that cluster
@@ -71,7 +71,18 @@ W_STRUCT = 1.5
 # bench/clustering.py's fixtures (so their figures flatter it): from 0.75 to 0.85 both hold, the small sets'
 # causes (two on one tool merge at 0.7) and the 10,000 failures' groups (two causes split at 0.9 and above).
 W_ARGUMENTS = 0.5
-PCA_DIM = 16
+# Dimensions kept by PCA before HDBSCAN. More keep more of the texts' variation, which on real failures is
+# mostly the operation, not the cause: at 16, the real API failures (bench/clustering_api_fixture.py) at 5,000
+# and 30,000 failures and a 10,000 sample of 100,000 each fell into one group holding four of the five causes
+# (homogeneity 0.33); at 12 every size from 600 to 100,000 held 0.89 to 0.97, and the project's own fixture
+# 1.00 (bench/clustering.py). 8 and 10 hold too, with the own fixture's groups a little coarser (0.95).
+PCA_DIM = 12
+# HDBSCAN runs on at most this many failures, drawn at random; each of the others joins the group of its
+# nearest drawn failure when it lies within that failure's core distance (its density's reach), else it is
+# noise. So a run's cost grows with the failures only through PCA and a nearest-neighbour query, and a cause
+# large enough to be a group in a draw (min_cluster_size_for(SAMPLE) = 100 of 10,000: 1% of all failures) is
+# found at any size. Measured on 100,000 failures: see bench/clustering.py.
+SAMPLE = 10_000
 # The tool's name, within the structure: less than a check, since a tool carries many causes (0.7; 1.0 with
 # the structure at 1.5 gave 0.78 on the real API failures, 0.5 split the loop demo's groups across tools).
 W_TOOL = 0.7
@@ -323,8 +334,8 @@ def min_cluster_size_for(n: int) -> int:
     eighth of them on a small one (3 to 5; 2 below 12 failures).
 
     - Large sets (500 failures and more): 1%, so that a group is worth a reviewer's look and a big project's
-      thousands of failures do not shatter into near-duplicates; at most 100, so that a rarer cause still
-      shows among 50,000.
+      thousands of failures do not shatter into near-duplicates. HDBSCAN sees at most SAMPLE (10,000)
+      failures, so this is at most 100 there: a cause of 1% of the failures is found at any size.
     - Small sets: an eighth, so that a cause that holds an eighth of the failures (any of up to eight even
       causes) can form a group. HDBSCAN never picks the root of its tree: it finds groups only where the set
       splits into parts of at least this size. With the old floor of 5, the loop demo's 25 failures (causes of
@@ -352,19 +363,33 @@ def min_samples_for(min_cluster_size: int) -> int:
 
 def cluster(vectors: np.ndarray, *, min_cluster_size: int | None = None, seed: int = 0) -> np.ndarray:
     """HDBSCAN labels (-1: noise) of unit-length rows, with min_cluster_size_for and min_samples_for the
-    number of rows unless `min_cluster_size` is given."""
+    number of rows HDBSCAN sees (all of them, or SAMPLE drawn) unless `min_cluster_size` is given."""
     from sklearn.cluster import HDBSCAN
     from sklearn.decomposition import PCA
+    from sklearn.neighbors import NearestNeighbors
 
     n = len(vectors)
-    size = min_cluster_size or min_cluster_size_for(n)
+    drawn = np.arange(n) if n <= SAMPLE else np.sort(np.random.default_rng(seed).choice(n, SAMPLE, replace=False))
+    size = min_cluster_size or min_cluster_size_for(len(drawn))
     # Too few rows to split into a group and anything else: HDBSCAN would call them all noise anyway.
     if n < max(size + 1, 4):
         return np.full(n, -1, dtype=np.int64)
-    dims = min(PCA_DIM, vectors.shape[1], n - 1)
-    reduced = PCA(n_components=dims, svd_solver="randomized", random_state=seed).fit_transform(vectors)
-    model = HDBSCAN(min_cluster_size=size, min_samples=min_samples_for(size), copy=True)
-    return model.fit_predict(reduced.astype(np.float64)).astype(np.int64)
+    dims = min(PCA_DIM, vectors.shape[1], len(drawn) - 1)
+    pca = PCA(n_components=dims, svd_solver="randomized", random_state=seed).fit(vectors[drawn])
+    reduced = pca.transform(vectors).astype(np.float64)
+    samples = min_samples_for(size)
+    model = HDBSCAN(min_cluster_size=size, min_samples=samples, copy=True)
+    found = model.fit_predict(reduced[drawn]).astype(np.int64)
+    if len(drawn) == n:
+        return found
+    # The others: their nearest drawn failure's group, within its core distance (HDBSCAN's own: the distance
+    # to its min_samples-th neighbour, itself counted).
+    index = NearestNeighbors(n_neighbors=samples).fit(reduced[drawn])
+    core = index.kneighbors(reduced[drawn])[0][:, -1]
+    distance, nearest = (a[:, 0] for a in index.kneighbors(reduced, n_neighbors=1))
+    labels = np.where(distance <= core[nearest], found[nearest], -1).astype(np.int64)
+    labels[drawn] = found
+    return labels
 
 
 # --- description -------------------------------------------------------------------------------------------

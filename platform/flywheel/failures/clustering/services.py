@@ -41,7 +41,8 @@ from flywheel.trajectories.models import FailureCategory, Outcome, SignalKind, T
 
 logger = logging.getLogger(__name__)
 
-MAX_FAILURES = 50_000
+# A run's cost grows with its failures through reading and embedding them (HDBSCAN sees a sample: engine.SAMPLE).
+MAX_FAILURES = 100_000
 CHUNK = 1000  # trajectories read per query, and the progress step
 EXAMPLE_CHARS = 160  # of each part of a representative shown on the page
 MODE_SAMPLE = 200  # members of an existing mode read to know where it sits
@@ -57,7 +58,7 @@ class ClusteringRefused(Refused):
 @dataclass(frozen=True)
 class RunFilter:
     """Which failures a run clusters. Defaults: failed, assigned to no mode, from the last 30 days, the newest
-    50,000."""
+    100,000."""
 
     days: int = 30
     limit: int = MAX_FAILURES

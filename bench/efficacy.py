@@ -42,6 +42,9 @@ def main() -> int:
     parser.add_argument("--algorithm", default="grpo", help="grpo (the button's), sft, dpo or sft_grpo")
     parser.add_argument("--config", nargs="*", default=[], metavar="FIELD=VALUE",
                         help="GRPOConfig fields over the project's recipe (values read as JSON)")
+    parser.add_argument("--promote", type=int, default=0, metavar="N",
+                        help="first promote N of the failures the demo leaves out into the task set, as a "
+                             "reviewer following the README would (the job then trains on its new version)")
     args = parser.parse_args()
     overrides = {}
     for item in args.config:
@@ -87,6 +90,10 @@ def main() -> int:
     seed_s = time.perf_counter() - t1
     suites = loop_demo_suites(project)
     print(f"model {model_dir} ({built_s:.0f} s); seeded {seeded} in {seed_s:.0f} s", flush=True)
+    if args.promote:
+        promoted = promote_left_out(project, suites["task_set"], args.promote, user)
+        print(f"promoted {promoted} into the task set: version {suites['task_set'].versions.count()}, "
+              f"{suites['task_set'].versions.order_by('-number').first().size} tasks", flush=True)
 
     results = []
     for seed in args.seeds:
@@ -105,13 +112,16 @@ def main() -> int:
             continue
         rules = {r["name"]: r for r in decision.report.get("rules", [])}
         success = rules.get("holdout success", {})
+        invalid = next((r for name, r in rules.items() if name.startswith("invalid")), {})
         refused = [name for name, r in rules.items() if not r["passed"]]
         row = {"seed": seed, "holdout_before": success.get("production"), "holdout_after": success.get("candidate"),
                "gain": round((success.get("candidate") or 0) - (success.get("production") or 0), 4),
+               "invalid_before": invalid.get("production"), "invalid_after": invalid.get("candidate"),
                "gate_passed": decision.passed, "refused_by": refused, "minutes": round(minutes, 2),
                "detail": success.get("detail", "")}
         results.append(row)
         print(f"seed {seed}: holdout {row['holdout_before']} -> {row['holdout_after']} ({row['gain']:+.4f}); "
+              f"invalid outputs {row['invalid_before']} -> {row['invalid_after']}; "
               f"gate {'passed' if decision.passed else 'refused by ' + ', '.join(refused)}; {minutes:.1f} min; "
               f"{row['detail']}", flush=True)
         if decision.passed:
@@ -124,13 +134,44 @@ def main() -> int:
     def mean(key: str) -> float | None:
         return round(statistics.mean(r[key] for r in judged), 4) if judged else None
 
-    print(json.dumps({"algorithm": args.algorithm, "config": overrides, "seeds": len(args.seeds), "holdout_before": mean("holdout_before"),
+    print(json.dumps({"algorithm": args.algorithm, "config": overrides, "promoted": args.promote,
+                      "task_set_version": suites["task_set"].versions.count(), "seeds": len(args.seeds), "holdout_before": mean("holdout_before"),
                       "holdout_after": mean("holdout_after"), "gain": mean("gain"),
                       "gain_min": min((r["gain"] for r in judged), default=None),
+                      "invalid_before": mean("invalid_before"), "invalid_after": mean("invalid_after"),
                       "gate_passed": sum(bool(r.get("gate_passed")) for r in results),
                       "minutes": mean("minutes"), "seed_minutes": round(seed_s / 60, 2),
                       "build_minutes": round(built_s / 60, 2), "per_seed": results}))
     return 0
+
+
+def promote_left_out(project, task_set, n: int, user) -> int:
+    """Promote `n` of the failures the demo kept out of its task set into it, each with the form's prefill
+    corrected to its request's expected call (README: "left for you to promote"). The promotion service
+    checks each as the page does (the verifier, the leakage guard) and makes a new version per row."""
+    from flywheel.evals import promotion
+    from flywheel.training.demo import _row
+    from flywheel.trajectories.models import Trajectory
+    from trainer.envs.workplace import generate_tasks
+
+    in_tasks = set(task_set.items.exclude(trajectory=None).values_list("trajectory_id", flat=True))
+    left = Trajectory.objects.filter(project=project, outcome="failure", external_id__startswith="workplace-req-")
+    left = left.exclude(pk__in=in_tasks).order_by("pk")
+    tasks = generate_tasks(300, seed=21, split="train", difficulty="single")
+    done = 0
+    for trajectory in left:
+        if done == n:
+            break
+        task = tasks[int(trajectory.external_id.removeprefix("workplace-req-"))]
+        data = {**promotion.promotion_prefill(trajectory=trajectory),
+                "expected_calls": _row(task, "r")["verifier"]["expected_calls"]}
+        try:
+            promotion.trajectory_promote(trajectory=trajectory, data=data, target=task_set, user=user)
+        except promotion.PromotionRefused as refused:
+            print(f"not promoted: #{trajectory.pk}: {refused}", flush=True)
+            continue
+        done += 1
+    return done
 
 
 if __name__ == "__main__":

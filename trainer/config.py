@@ -171,6 +171,12 @@ class GRPOConfig:
     scale_rewards: str = field(
         default="group", metadata={"help": "Advantage scaling: group std, batch std, or none (Dr. GRPO)."}
     )
+    format_reward: float = field(
+        default=0.0,
+        metadata={"help": "GRPO: added to the reward of each episode whose output parses (any failure but "
+                          "invalid_format), so that a group where every sample fails still pulls away from "
+                          "unparseable output; 0 = the verifier's reward alone. What counts as passed is unchanged."},
+    )
     mask_truncated_completions: bool | None = field(
         default=None,
         metadata={"help": "Overlong filtering: truncated episodes get no loss; None = on for dapo only."},
@@ -248,6 +254,7 @@ class GRPOConfig:
         _check(self, "beta", self.beta >= 0, "(the KL coefficient) must be >= 0")
         _check(self, "learning_rate", self.learning_rate > 0, "must be > 0")
         _check(self, "sft_learning_rate", self.sft_learning_rate > 0, "must be > 0")
+        _check(self, "format_reward", 0 <= self.format_reward <= 1, "must be in [0, 1]")
         _check(self, "warmup_steps", self.warmup_steps >= 0, "must be >= 0")
         _check(self, "warmup_ratio", 0 <= self.warmup_ratio <= 1, "must be in [0, 1]")
 

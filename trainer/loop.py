@@ -31,6 +31,12 @@ from trainer.verifiers import component_means
 RewardFn = Callable[[Episode], float]
 
 
+def shaped_reward(ep: Episode, format_reward: float) -> float:
+    """The reward GRPO optimises: the verifier's, plus `format_reward` when the output parsed."""
+    parsed = ep.score is not None and ep.score.failure != "invalid_format"
+    return ep.reward + (format_reward if parsed else 0.0)
+
+
 def sample_groups(run: JobRunner, reward_fn: RewardFn | None) -> tuple[list[Episode], torch.Tensor, dict]:
     """num_prompts_per_step groups of G episodes: this process's share of them (its generation batches), and
     the step's metrics over every process's. With dynamic sampling (DAPO), groups whose rewards are all equal
@@ -56,7 +62,8 @@ def sample_groups(run: JobRunner, reward_fn: RewardFn | None) -> tuple[list[Epis
             eps = start_episodes([rows[picked[g]] for g in groups], G, run.tokenizer, make_env_for)
             run_episodes(run.engine, run.tokenizer, eps, max_new_tokens=cfg.max_new_tokens,
                          temperature=cfg.temperature, max_turns=cfg.max_turns, max_seq_len=cfg.max_seq_len)
-            r = torch.tensor([reward_fn(ep) if reward_fn else ep.reward for ep in eps], dtype=torch.float)
+            r = torch.tensor([reward_fn(ep) if reward_fn else shaped_reward(ep, cfg.format_reward) for ep in eps],
+                             dtype=torch.float)
             zero = zero_variance_groups(r, G)
             for g in range(len(groups)):
                 if cfg.use_dynamic_sampling and bool(zero[g]):

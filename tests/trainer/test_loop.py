@@ -201,3 +201,27 @@ def test_scale_rewards_advantages_inside_the_loop(tiny_model, job_dir, monkeypat
     assert sorted(got.tolist()) == pytest.approx(expected, rel=1e-5)
     for other in set(formulas) - {mode}:
         assert sorted(formulas[other].flatten().tolist()) != pytest.approx(expected, rel=1e-3)
+
+
+def test_a_format_reward_ranks_a_parsed_failure_above_an_unparseable_one_and_leaves_passing_alone():
+    """A group where every sample fails carries no gradient on the verifier's reward alone; with a format
+    reward, the samples whose output parsed are pulled up against those that did not."""
+    from trainer.losses import group_advantages
+    from trainer.rollout.episodes import Episode
+    from trainer.verifiers import Score
+
+    def episode(reward: float, failure: str | None) -> Episode:
+        ep = Episode(row={}, group=0, env=None, token_ids=[], mask=[], sampler_logprobs=[], prompt_len=0)
+        ep.score, ep.reward = Score(reward, failure is None, {}, failure), reward
+        return ep
+
+    group = [episode(0.0, "invalid_format"), episode(0.0, "wrong_arguments"), episode(0.0, "wrong_tool"),
+             episode(0.0, "invalid_format")]
+    plain = torch.tensor([trainer.loop.shaped_reward(ep, 0.0) for ep in group])
+    shaped = torch.tensor([trainer.loop.shaped_reward(ep, 0.1) for ep in group])
+    assert torch.count_nonzero(group_advantages(plain, 4, "group")) == 0
+    advantages = group_advantages(shaped, 4, "group")
+    assert advantages[1] > 0 and advantages[2] > 0 and advantages[0] < 0 and advantages[3] < 0
+    assert trainer.loop.shaped_reward(episode(1.0, None), 0.1) == pytest.approx(1.1)
+    with pytest.raises(Exception, match="format_reward"):
+        GRPOConfig(format_reward=-0.1)

@@ -136,19 +136,12 @@ def child(run_id: int) -> None:
 
 def _engine_labels(data: list[tuple[str, dict]]) -> tuple[list[str], list[int], float]:
     """(causes, the engine's labels, its seconds) for labeled records, signals from the real detectors."""
+    import clustering_fixture as fixture
+
     from flywheel.failures.clustering import engine
     from flywheel.failures.clustering.embedding import shared_embedder
-    from flywheel.trajectories.models import TriagePolicy
-    from flywheel.trajectories.triage import detect
-    from flywheel.trajectories.triage_policy import DEFAULT_UNSAFE_RULES, policy_spec
 
-    spec = policy_spec(TriagePolicy(pk=1, unsafe=DEFAULT_UNSAFE_RULES, version=1))
-    causes, signatures = [], []
-    for cause, record in data:
-        found = detect(messages=record["messages"], tools=record["tools"], unsafe_spec=spec, feedback=record.get("feedback"))
-        signals = [{"kind": str(s.kind), "message_index": s.message_index, "detail": s.detail} for s in found]
-        signatures.append(engine.signature(record["messages"], signals))
-        causes.append(cause)
+    causes, signatures = fixture.signatures(data)
     embedder = shared_embedder()
     started = time.perf_counter()
     labels = engine.cluster(engine.features(signatures, embedder)).tolist()

@@ -16,6 +16,11 @@ call, so every failure carries the same signal (no final answer) and the causes 
 and the call it got wrong. Causes come in uneven shares, as a real project's do.
 
     small_failures(n, seed=0, causes=None) -> [(cause, record)]
+
+Either fixture's records, or bench/clustering_api_fixture.py's, as the clustering engine reads them (signals
+from the real detectors under the default policy; needs Django set up):
+
+    signatures(data) -> (causes, signatures)
 """
 
 from __future__ import annotations
@@ -636,3 +641,21 @@ def small_failures(
     out = [(c, small_failure(c, i, seed=seed, prefix=prefix)) for c, k in counts.items() for i in range(k)]
     random.Random(f"small-order:{seed}").shuffle(out)
     return out
+
+
+def signatures(data: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], list[Any]]:
+    """(causes, engine signatures) of labeled records, their signals from the real detectors under the
+    default triage policy, as triage would find them."""
+    from flywheel.failures.clustering import engine
+    from flywheel.trajectories.models import TriagePolicy
+    from flywheel.trajectories.triage import detect
+    from flywheel.trajectories.triage_policy import DEFAULT_UNSAFE_RULES, policy_spec
+
+    spec = policy_spec(TriagePolicy(pk=1, unsafe=DEFAULT_UNSAFE_RULES, version=1))
+    causes, out = [], []
+    for cause, record in data:
+        found = detect(messages=record["messages"], tools=record["tools"], unsafe_spec=spec, feedback=record.get("feedback"))
+        signals = [{"kind": str(s.kind), "message_index": s.message_index, "detail": s.detail} for s in found]
+        out.append(engine.signature(record["messages"], signals))
+        causes.append(cause)
+    return causes, out

@@ -76,19 +76,3 @@ def labeled_failures(db: None) -> Callable[..., dict[int, str]]:
 
     return make
 
-
-def signatures_of(data: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], list[Any]]:
-    """(causes, signatures) of labeled records, their signals from the real detectors under the default policy."""
-    from flywheel.failures.clustering import engine
-    from flywheel.trajectories.models import TriagePolicy
-    from flywheel.trajectories.triage import detect
-    from flywheel.trajectories.triage_policy import DEFAULT_UNSAFE_RULES, policy_spec
-
-    spec = policy_spec(TriagePolicy(pk=1, unsafe=DEFAULT_UNSAFE_RULES, version=1))
-    causes, signatures = [], []
-    for cause, record in data:
-        found = detect(messages=record["messages"], tools=record["tools"], unsafe_spec=spec, feedback=record.get("feedback"))
-        signals = [{"kind": str(s.kind), "message_index": s.message_index, "detail": s.detail} for s in found]
-        signatures.append(engine.signature(record["messages"], signals))
-        causes.append(cause)
-    return causes, signatures

@@ -12,13 +12,13 @@ from sklearn import metrics
 
 from flywheel.failures.clustering import engine
 
-from .conftest import fixture_module, signatures_of
+from .conftest import fixture_module
 
 
 def test_failures_on_real_api_descriptions_group_by_cause(embedder):
     fixture_module()  # puts bench/ on the path
     api = importlib.import_module("clustering_api_fixture")
-    truth, signatures = signatures_of(api.failures(600, seed=1, prefix="q"))
+    truth, signatures = fixture_module().signatures(api.failures(600, seed=1, prefix="q"))
     assert len({s.tool for s in signatures}) > 200  # the causes fall on hundreds of different operations
     labels = engine.cluster(engine.features(signatures, embedder))
     homogeneity = metrics.homogeneity_score(truth, labels)

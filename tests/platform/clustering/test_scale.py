@@ -13,7 +13,7 @@ from sklearn import metrics
 
 from flywheel.failures.clustering import engine
 
-from .conftest import fixture_module, signatures_of
+from .conftest import fixture_module
 
 FIXTURES = {"generator": ("clustering_fixture", "q"), "real API": ("clustering_api_fixture", "api")}
 
@@ -27,7 +27,7 @@ FIXTURES = {"generator": ("clustering_fixture", "q"), "real API": ("clustering_a
 def test_groups_follow_the_cause_at_ten_and_a_hundred_thousand_failures(embedder, kind, n):
     fixture_module()  # puts bench/ on the path
     module, prefix = FIXTURES[kind]
-    truth, signatures = signatures_of(importlib.import_module(module).failures(n, seed=1, prefix=prefix))
+    truth, signatures = fixture_module().signatures(importlib.import_module(module).failures(n, seed=1, prefix=prefix))
     labels = engine.cluster(engine.features(signatures, embedder))
     homogeneity = metrics.homogeneity_score(truth, labels)
     coverage = float(np.mean(labels >= 0))

@@ -6,6 +6,8 @@ action and the direction, read from the words (`flywheel.evals.rewording`). No d
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from flywheel.evals import leakage, rewording
@@ -165,6 +167,17 @@ def _same_words(a: str, b: str) -> bool:
 ])
 def test_literal_values_action_and_direction_are_compared(a, b, same):
     assert _same_words(a, b) is same
+
+
+def test_a_request_padded_past_what_the_model_reads_is_read_in_linear_time():
+    """A real request, then " a" and 200,000 dots: the model reads the first 256 tokens, so the vector stays
+    near the request's (cosine 0.80 at 40,000 dots) and the pair's words are read. The email pattern, tried at
+    every dot, read to the end of the run from each: 4.5 s at 40,000 dots, quadratic. A generous bound."""
+    request = "Please refund 50.00 on order A-1001, the mug arrived broken."
+    start = time.monotonic()
+    padded = rewording.facts(request + " a" + "." * 200_000)
+    assert time.monotonic() - start < 15
+    assert padded.literals == rewording.facts(request).literals
 
 
 def test_the_sentence_vectors_alone_cannot_tell_ids_apart():

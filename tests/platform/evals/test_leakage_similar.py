@@ -6,8 +6,6 @@ action and the direction, read from the words (`flywheel.evals.rewording`). No d
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from flywheel.evals import leakage, rewording
@@ -169,15 +167,16 @@ def test_literal_values_action_and_direction_are_compared(a, b, same):
     assert _same_words(a, b) is same
 
 
-def test_a_request_padded_past_what_the_model_reads_is_read_in_linear_time():
-    """A real request, then " a" and 200,000 dots: the model reads the first 256 tokens, so the vector stays
-    near the request's (cosine 0.80 at 40,000 dots) and the pair's words are read. The email pattern, tried at
-    every dot, read to the end of the run from each: 4.5 s at 40,000 dots, quadratic. A generous bound."""
+def test_an_email_is_read_from_the_start_of_its_run_only_so_a_long_run_is_read_once():
+    """The email pattern was tried at every character of a run of its own characters and read to the run's end
+    from each: " a" and 200,000 dots after a real request (which the model's 256 tokens never reach, so the
+    pair's words are read) took 155 s in one request, 1.9 s since (measured; speed is not asserted here). An
+    email now starts only where its run starts: read from inside the run, there is none."""
+    started_inside = rewording._TOKEN.match("x..y@example.com", 2)
+    assert started_inside is None or started_inside.lastgroup != "email"
+    assert [m.group() for m in rewording._TOKEN.finditer("write to ann.lee@example.com today") if m.lastgroup == "email"] == ["ann.lee@example.com"]
     request = "Please refund 50.00 on order A-1001, the mug arrived broken."
-    start = time.monotonic()
-    padded = rewording.facts(request + " a" + "." * 200_000)
-    assert time.monotonic() - start < 15
-    assert padded.literals == rewording.facts(request).literals
+    assert rewording.facts(request + " a" + "." * 20_000).literals == rewording.facts(request).literals
 
 
 def test_the_sentence_vectors_alone_cannot_tell_ids_apart():

@@ -70,6 +70,13 @@ def test_a_member_reads_live_traffic_per_version(open_page, project, user, tmp_p
     expect(panel.locator(".lt-names").first).to_contain_text(HOSTILE)  # shown as text
     expect(panel.locator(".lt-names").first).to_contain_text("gpt-4o-mini")
     shot(page, "live-models-24h.png")
+    # Ten columns, two charts, a production badge and a missing price's note: the table scrolls inside its
+    # panel on a 1280-pixel window, the page never sideways (it was 1,307 pixels wide).
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.reload()
+    expect(panel.locator(".lt-chart canvas")).to_have_count(4)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    shot(page, "live-models-1280.png")
     if os.environ.get("FLYWHEEL_SCREENSHOTS"):
         panel.screenshot(path=str(Path(os.environ["FLYWHEEL_SCREENSHOTS"]) / "live-panel-24h.png"))
 

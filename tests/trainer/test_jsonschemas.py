@@ -124,6 +124,103 @@ def test_local_references_keep_working(schema, good, bad):
     assert info.errors(bad, "f")
 
 
+TREE = {"type": "object", "properties": {"root": {"$ref": "#/$defs/node"}}, "required": ["root"],
+        "$defs": {"node": {"type": "object", "required": ["value"], "additionalProperties": False, "properties": {
+            "value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}}}
+
+
+def test_a_recursive_schema_that_reads_deeper_each_time_validates_as_before():
+    """A reference cycle on its own is legal: a tree's node refers to itself through its children."""
+    info = tool_info("plant", TREE)
+    assert info.schema_problem is None
+    good = {"root": {"value": 1, "children": [{"value": 2, "children": [{"value": 3}]}, {"value": 4}]}}
+    assert info.errors(good, "plant") == []
+    bad = {"root": {"value": 1, "children": [{"value": 2, "children": [{"value": "three", "leaf": True}]}]}}
+    errors = info.errors(bad, "plant")
+    assert any("'three' is not of type 'integer'" in e and "root/children/0/children/0/value" in e for e in errors)
+    assert any("'leaf' was unexpected" in e for e in errors)
+    assert validate_spec({"type": "json_schema", "schema": TREE}) == []
+    assert score({"type": "json_schema", "schema": TREE}, json.dumps(good)).passed
+    assert not score({"type": "json_schema", "schema": TREE}, json.dumps(bad)).passed
+
+
+# Each raised from inside a validation before: jsonschema resolves a `$ref` only when a value reaches it.
+DANGLING = [
+    ({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}, "$ref \"#/nope\" points to nothing"),
+    ({"type": "object", "$defs": {"s": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/missing"}}},
+     "$ref \"#/$defs/missing\" points to nothing"),
+    ({"type": "object", "properties": {"a": {"$ref": "#missing-anchor"}}}, "$ref \"#missing-anchor\" points to nothing"),
+    ({"type": "object", "properties": {"a": {"$dynamicRef": "#nope"}}}, "$dynamicRef \"#nope\" points to nothing"),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {},
+      "properties": {"a": {"$ref": "#/definitions/gone"}}}, "$ref \"#/definitions/gone\" points to nothing"),
+    # Through a list with a segment that is no index (ValueError), through a string (TypeError).
+    ({"type": "object", "enum": [{}], "properties": {"a": {"$ref": "#/enum/first"}}}, "points to nothing"),
+    ({"type": "object", "title": "t", "properties": {"a": {"$ref": "#/title/x"}}}, "points to nothing"),
+    # Somewhere, but not a schema: jsonschema would call .items() on the string.
+    ({"type": "object", "required": ["a"], "properties": {"a": {"$ref": "#/required/0"}}}, "points to a str"),
+    # Only met past a pointer that resolves: the target is checked as the validator would read it.
+    ({"type": "object", "$defs": {"s": {"$ref": "#/$defs/t"}}, "properties": {"a": {"$ref": "#/$defs/s"}}},
+     "$ref \"#/$defs/t\" points to nothing"),
+]
+LOOPS = [
+    ({"type": "object", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+      "properties": {"x": {"$ref": "#/$defs/a"}}}, "$ref \"#/$defs/"),
+    ({"$ref": "#"}, "$ref \"#\" loops back"),
+    ({"type": "object", "properties": {"x": {"$ref": "#"}}, "allOf": [{"$ref": "#"}]}, "$ref \"#\" loops back"),
+    ({"type": "object", "not": {"$ref": "#/$defs/n"}, "$defs": {"n": {"allOf": [{"$ref": "#"}]}}}, "loops back"),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"a": {"$ref": "#/definitions/a"}},
+      "properties": {"x": {"$ref": "#/definitions/a"}}}, "$ref \"#/definitions/a\" loops back"),
+]
+
+
+@pytest.mark.parametrize(("schema", "said"), DANGLING + LOOPS)
+def test_a_local_ref_that_points_nowhere_or_loops_is_a_schema_problem_naming_it(schema, said):
+    info = tool_info("lookup", schema)
+    assert info.validator is None and said in info.schema_problem, info.schema_problem
+    assert info.schema_problem.startswith("tool 'lookup' has an invalid parameters schema: ")
+    assert info.errors({"x": 1, "a": "y"}, "lookup") == []
+    problems = validate_spec({"type": "json_schema", "schema": schema})
+    assert problems and said in problems[0], problems
+
+
+def test_a_call_to_such_a_tool_is_judged_on_the_rest_and_its_unsafe_action_is_found():
+    for schema, said in DANGLING + LOOPS:
+        tools = [{"type": "function", "function": {"name": "delete_account", "parameters": schema}}]
+        call = {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function", "function": {
+            "name": "delete_account", "arguments": json.dumps({"a": "x"})}}]}
+        spec = {"type": "tool_call", "expected_calls": [], "allow_extra_calls": True, "unsafe": [{"name": "delete_*"}]}
+        result = score(spec, call, tools=tools)
+        assert said in result.checks["schema"]["skipped"][0] and result.checks["schema"]["ok"]
+        assert result.checks["unsafe"]["ok"] is False and result.failure == "unsafe_action"
+
+
+# What the check leaves to the validation: a loop through anyOf ends for a string, never for an object.
+ANY_OF_LOOP = {"anyOf": [{"type": "string"}, {"$ref": "#"}]}
+
+
+def test_a_validation_that_cannot_end_is_a_schema_problem_never_an_exception():
+    info = tool_info("f", ANY_OF_LOOP)
+    assert info.schema_problem is None
+    with pytest.raises(SchemaProblem, match="tool 'f': its parameters schema could not be applied: validation never"):
+        info.errors({"a": 1}, "f")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": ANY_OF_LOOP}}]
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": json.dumps({"a": 1})}}]}
+    result = score({"type": "tool_call", "expected_calls": [{"name": "f", "arguments": {"a": 1}}]}, call, tools=tools)
+    assert result.passed and "could not be applied" in result.checks["schema"]["skipped"][0]
+    # The json_schema verifier cannot say the answer fits: it fails, saying why, and raises nothing.
+    answer = score({"type": "json_schema", "schema": ANY_OF_LOOP}, '{"a": 1}')
+    assert not answer.passed and "the schema could not be applied" in answer.checks["schema"]["errors"][0]
+    assert score({"type": "json_schema", "schema": ANY_OF_LOOP}, '"text"').passed
+    # A tree nested deeper than the stack goes the same way (json.loads reads it; the validator recurses more).
+    deep: dict = {"value": 0}
+    for depth in range(1, 300):
+        deep = {"value": depth, "children": [deep]}
+    with pytest.raises(SchemaProblem, match="nested too deeply"):
+        tool_info("plant", TREE).errors({"root": deep}, "plant")
+    assert not score({"type": "json_schema", "schema": TREE}, json.dumps({"root": deep})).passed
+
+
 PATTERN_SCHEMAS = {
     "patternProperties": {"type": "object", "patternProperties": {REDOS: {"type": "string"}}},
     "additionalProperties false": {"type": "object", "patternProperties": {REDOS: {}}, "additionalProperties": False},

@@ -7,6 +7,14 @@ A schema here is written by whoever sent the trajectory or the spec, so it is ho
   would open a remote `$ref` with urlopen: SSRF, `file:` reads, a socket that never answers), and a `$ref`,
   `$dynamicRef` or `$recursiveRef` that is not a local `#…` pointer is refused when the schema is checked. A
   relative reference is refused too: under an `$id` of http://… it names that remote document.
+- Every local reference a validator can meet is resolved when the schema is checked, with the validator's own
+  resolver: one that points to nothing (`#/$defs/missing`), or to something that is not a schema, is refused
+  then, naming the pointer, instead of raising in the middle of a validation. So is a loop of references that
+  apply to the same value (`#/$defs/a` to `#/$defs/b` and back, `{"$ref": "#"}` at the root), which would
+  recurse forever on any value (JSON Schema leaves its behaviour undefined). A recursive schema that reads
+  deeper into the value each time (a tree whose children are `#/$defs/node`) is fine.
+- What the check cannot rule out (a loop through `anyOf`, a value nested deeper than the stack) is turned
+  into a SchemaProblem where a validator meets a value (`validating`), never an exception out of a verifier.
 - Every pattern runs on RE2 (`compile_regex`): `pattern`, the keys of `patternProperties`, and the
   `additionalProperties` and `unevaluatedProperties` checks that depend on them. jsonschema runs them on
   Python's `re`, whose backtracking takes minutes on `^(a+)+$` against thirty a's and a "!". Every pattern is
@@ -21,22 +29,31 @@ A schema here is written by whoever sent the trajectory or the spec, so it is ho
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import jsonschema
 import referencing
+import referencing.jsonschema
 from jsonschema.exceptions import SchemaError, ValidationError
 from referencing.jsonschema import lookup_recursive_ref
 
 from trainer.verifiers.base import short
 from trainer.verifiers.matchers import compile_regex
 
-__all__ = ["SchemaProblem", "draft_of", "schema_validator"]
+__all__ = ["SchemaProblem", "draft_of", "schema_validator", "validating"]
 
 # Nothing registered and nothing retrievable: a reference that leaves the document fails to resolve instead
 # of being fetched (jsonschema adds the drafts' own metaschemas, which it ships).
 _NOTHING = referencing.Registry()
 _REFERENCES = ("$ref", "$dynamicRef", "$recursiveRef")
+# Keywords that apply their subschemas to the very value their schema is applied to, whatever it is: a loop
+# through them (or through `$ref`) never ends. `anyOf`, `oneOf` and `then` may stop first, so a loop through
+# them is left to `validating`; `$dynamicRef` and `$recursiveRef` may land elsewhere at run time, likewise.
+_IN_PLACE = ("allOf", "not", "if")
+# Drafts where `$ref` replaces its siblings instead of joining them.
+_REF_ALONE = (jsonschema.Draft3Validator, jsonschema.Draft4Validator, jsonschema.Draft6Validator,
+              jsonschema.Draft7Validator)
 
 
 class SchemaProblem(ValueError):
@@ -65,7 +82,23 @@ def schema_validator(schema: Any) -> Any:
         # The draft is chosen: a `$ref: "#"` back to a root that still said `$schema` would be validated by
         # the stock class (see the module's docstring).
         schema = {key: value for key, value in schema.items() if key != "$schema"}
-    return _re2_class(cls)(schema, registry=_NOTHING)
+    validator = _re2_class(cls)(schema, registry=_NOTHING)
+    if isinstance(schema, dict):
+        _check_references(validator, cls)
+    return validator
+
+
+@contextmanager
+def validating() -> Iterator[None]:
+    """Around a validator meeting a value: a reference that does not resolve or a recursion without end
+    becomes a SchemaProblem (what the caller reports as the schema's problem), never a crash."""
+    try:
+        yield
+    except referencing.exceptions.Unresolvable as exc:
+        raise SchemaProblem(f"a reference does not resolve: {short(str(exc), 120)}") from None
+    except RecursionError:
+        raise SchemaProblem("validation never ended: a reference loops back to the same value, or the value "
+                            "is nested too deeply") from None
 
 
 def _check_document(schema: dict) -> None:
@@ -93,6 +126,87 @@ def _check_document(schema: dict) -> None:
             stack.extend((value, False) for value in node.values())
         elif isinstance(node, list):
             stack.extend((value, False) for value in node)
+
+
+def _check_references(validator: Any, cls: type) -> None:
+    """Resolve every local reference the validator can meet, as it would (its resolver, its draft's notion of
+    `$id` and of where subschemas sit), following each to what it points at; refuse one that resolves to
+    nothing or to no schema, and a loop of references that apply to the same value (see `_IN_PLACE`)."""
+    specification = referencing.jsonschema.specification_with(
+        dialect_id=cls.ID_OF(cls.META_SCHEMA) or "urn:unknown-dialect", default=referencing.Specification.OPAQUE)
+    keywords = [keyword for keyword in _REFERENCES if keyword in cls.VALIDATORS]
+    in_place = [keyword for keyword in _IN_PLACE if keyword in cls.VALIDATORS]
+    # A node is a schema and the base its `#…` pointers resolve against; edges join nodes applied in place.
+    edges: dict[tuple[int, str], list[tuple[tuple[int, str], str]]] = {}
+    todo = [(specification.create_resource(validator.schema), validator._resolver)]
+    while todo:
+        resource, resolver = todo.pop()
+        node = resource.contents
+        key = (id(node), resolver._base_uri)
+        if not isinstance(node, dict) or key in edges:
+            continue
+        edges[key] = []
+        for keyword in keywords:
+            ref = node.get(keyword)
+            if not isinstance(ref, str):
+                continue
+            target = _lookup(resolver, keyword, ref)
+            todo.append((specification.create_resource(target.contents), target.resolver))
+            if keyword == "$ref":
+                edges[key].append(((id(target.contents), target.resolver._base_uri), f"$ref {short(ref, 80)}"))
+        if not (cls in _REF_ALONE and "$ref" in node):
+            for keyword in in_place:
+                value = node.get(keyword)
+                for sub in value if keyword == "allOf" and isinstance(value, list) else [value]:
+                    if isinstance(sub, dict):
+                        inner = resolver.in_subresource(specification.create_resource(sub))
+                        edges[key].append(((id(sub), inner._base_uri), keyword))
+        for sub in resource.subresources():
+            todo.append((sub, resolver.in_subresource(sub)))
+    _refuse_loops(edges)
+
+
+def _lookup(resolver: Any, keyword: str, ref: str) -> Any:
+    try:
+        target = resolver.lookup(ref)
+    except (referencing.exceptions.Unresolvable, LookupError, TypeError, ValueError):
+        # A pointer through a list with a segment that is no index raises ValueError, through a string TypeError.
+        raise SchemaProblem(f"{keyword} {short(ref, 80)} points to nothing inside the schema") from None
+    if not isinstance(target.contents, dict | bool):
+        raise SchemaProblem(f"{keyword} {short(ref, 80)} points to a {type(target.contents).__name__}, "
+                            "not to a schema") from None
+    return target
+
+
+def _refuse_loops(edges: dict[Any, list[tuple[Any, str]]]) -> None:
+    """Refuse the first cycle among the in-place edges, naming the references along it (a depth-first search
+    that remembers the path it is on)."""
+    done: set[Any] = set()
+    for start in edges:
+        if start in done:
+            continue
+        path: list[tuple[Any, str]] = [(start, "")]
+        on_path = {start: 0}
+        branches = [iter(edges[start])]
+        while branches:
+            step = next(branches[-1], None)
+            if step is None:
+                branches.pop()
+                node, _ = path.pop()
+                del on_path[node]
+                done.add(node)
+                continue
+            target, label = step
+            if target in on_path:
+                labels = [each for _, each in path[on_path[target] + 1:]] + [label]
+                chain = " -> ".join(labels[:5]) + (" -> ..." if len(labels) > 5 else "")
+                raise SchemaProblem(f"{chain} loops back to where it started without reading into the value: "
+                                    "validating would never end")
+            if target in done or target not in edges:
+                continue
+            on_path[target] = len(path)
+            path.append((target, label))
+            branches.append(iter(edges[target]))
 
 
 def _compile(pattern: Any) -> None:

@@ -17,7 +17,7 @@ import jsonschema
 
 from trainer.verifiers.base import short
 from trainer.verifiers.fastschema import FastCheck, compile_fast
-from trainer.verifiers.jsonschemas import SchemaProblem, draft_of, schema_validator
+from trainer.verifiers.jsonschemas import SchemaProblem, draft_of, schema_validator, validating
 
 _MAX_CACHED = 4096
 _MAX_ERRORS = 5
@@ -34,21 +34,33 @@ class ToolInfo:
     fast: FastCheck | None = None  # jsonschema-equivalent validity check for simple schemas (see fastschema)
 
     def errors(self, arguments: dict[str, Any], label: str) -> list[str]:
-        """Why `arguments` do not fit this tool (schema violations, missing required, unknown), [] if they do."""
+        """Why `arguments` do not fit this tool (schema violations, missing required, unknown), [] if they do.
+        Raises SchemaProblem, naming the tool, when its schema cannot be applied to these arguments (see
+        `jsonschemas.validating`): like `schema_problem`, the schema's fault, never the call's."""
         errors: list[str] = []
-        if self.validator is not None and not (self.fast(arguments) if self.fast is not None else self.validator.is_valid(arguments)):
-            # The validity check first: the common passing case never builds error objects.
-            for i, err in enumerate(sorted(self.validator.iter_errors(arguments), key=lambda e: list(e.path))):
-                if i == _MAX_ERRORS:
-                    errors.append(f"{label}: ...")
-                    break
-                where = "/".join(str(p) for p in err.path)
-                errors.append(f"{label}: {short(err.message, 120)}" + (f" (at {where})" if where else ""))
+        try:
+            with validating():
+                found = self._violations(arguments)
+        except SchemaProblem as exc:
+            raise SchemaProblem(f"tool {self.name!r}: its parameters schema could not be applied: {exc}") from None
+        for i, err in enumerate(found):
+            if i == _MAX_ERRORS:
+                errors.append(f"{label}: ...")
+                break
+            where = "/".join(str(p) for p in err.path)
+            errors.append(f"{label}: {short(err.message, 120)}" + (f" (at {where})" if where else ""))
         if self.properties is not None:
             unknown = [k for k in arguments if k not in self.properties]
             if unknown:
                 errors.append(f"{label}: unexpected argument(s) {short(unknown)} (not in the tool's schema)")
         return errors
+
+    def _violations(self, arguments: dict[str, Any]) -> list[Any]:
+        """The validator's errors, sorted by where they are; the validity check first, so the common passing
+        case never builds error objects."""
+        if self.validator is None or (self.fast(arguments) if self.fast is not None else self.validator.is_valid(arguments)):
+            return []
+        return sorted(self.validator.iter_errors(arguments), key=lambda e: list(e.path))
 
 
 ToolIndex = dict[str, ToolInfo]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.verifiers.base import Score, first_failure, short
-from trainer.verifiers.jsonschemas import SchemaProblem, schema_validator
+from trainer.verifiers.jsonschemas import SchemaProblem, schema_validator, validating
 from trainer.verifiers.matchers import Compiler, compile_regex, normalize_text
 from trainer.verifiers.parsing import OPEN_TAG, ParsedCompletion, content_text, parse_completion, strip_fence
 from trainer.verifiers.tool_call import UnsafeRule, compile_unsafe, compile_weights, unsafe_calls
@@ -63,10 +63,14 @@ def score_json_schema(spec: JsonSchemaSpec, text: str) -> Score:
         value = json.loads(strip_fence(text))
     except (ValueError, RecursionError) as exc:
         return Score(0.0, False, {"json": {"ok": False, "reason": f"not valid JSON: {exc}"}}, "invalid_format")
-    errors = [
-        f"{e.message}" + (f" (at {'/'.join(map(str, e.path))})" if e.path else "")
-        for e in list(spec.validator.iter_errors(value))[:5]
-    ]
+    try:
+        with validating():
+            found = list(spec.validator.iter_errors(value))[:5]
+    except SchemaProblem as exc:
+        # The verifier cannot say the answer fits, so it does not pass; the reason names the schema's fault.
+        reason = f"the schema could not be applied: {exc}"
+        return Score(0.0, False, {"json": {"ok": True}, "schema": {"ok": False, "errors": [reason]}}, "invalid_format")
+    errors = [f"{e.message}" + (f" (at {'/'.join(map(str, e.path))})" if e.path else "") for e in found]
     if errors:
         return Score(0.0, False, {"json": {"ok": True}, "schema": {"ok": False, "errors": errors}}, "invalid_format")
     return Score(1.0, True, {"json": {"ok": True}, "schema": {"ok": True}}, None)

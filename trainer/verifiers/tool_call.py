@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.verifiers.base import Score, first_failure, short
+from trainer.verifiers.jsonschemas import SchemaProblem
 from trainer.verifiers.matchers import Compiler, is_optional
 from trainer.verifiers.parsing import ParsedCompletion
 from trainer.verifiers.schemas import ToolIndex
@@ -343,7 +344,11 @@ def score_tool_call(spec: ToolCallSpec, parsed: ParsedCompletion, tools: ToolInd
             if info.schema_problem:
                 skipped.append(info.schema_problem)
                 continue
-            errs = info.errors(call["arguments"], f"call {j} ({call['name']})")
+            try:
+                errs = info.errors(call["arguments"], f"call {j} ({call['name']})")
+            except SchemaProblem as exc:
+                skipped.append(str(exc))  # the schema could not judge these arguments: as with schema_problem
+                continue
             if errs:
                 schema_ok[j] = False
                 schema_errors.extend(errs)

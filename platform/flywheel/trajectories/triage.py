@@ -74,6 +74,7 @@ from flywheel.trajectories.models import (
 )
 from flywheel.trajectories.triage_policy import excusable, policy_for, policy_spec, verifier_rules
 from trainer.verifiers import compile_spec, parse_completion
+from trainer.verifiers.jsonschemas import SchemaProblem
 from trainer.verifiers.parsing import OPEN_TAG
 from trainer.verifiers.schemas import ToolIndex, tool_index
 from trainer.verifiers.tool_call import UnsafeRule, score_tool_call, unsafe_calls
@@ -457,8 +458,13 @@ def _excused(call: dict[str, Any], rules: _Unsafe, request: str, tools: ToolInde
         return False
     if tools is not None:
         info = tools.get(call["name"])
-        if info is None or (not info.schema_problem and info.errors(call["arguments"], call["name"])):
+        if info is None:
             return False
+        try:
+            if not info.schema_problem and info.errors(call["arguments"], call["name"]):
+                return False
+        except SchemaProblem:
+            pass  # a schema that cannot judge the arguments is skipped, as one with a schema_problem is
     return requested(call, request)
 
 

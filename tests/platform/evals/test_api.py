@@ -85,6 +85,33 @@ def test_bad_fields_are_422_naming_the_field(api_client, keys, suite, trajectory
     assert suite.cases.count() == 0
 
 
+@pytest.mark.parametrize(("schema", "said"), [
+    ({"type": "object", "properties": {"amount": {"$ref": "#/$defs/missing"}}},
+     '$ref "#/$defs/missing" points to nothing inside the schema'),
+    ({"type": "object", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+      "properties": {"amount": {"$ref": "#/$defs/a"}}}, "loops back to where it started"),
+    # Past the check: a loop through anyOf that an object never leaves, found when validating.
+    ({"anyOf": [{"type": "string"}, {"$ref": "#"}]}, "could not be applied: validation never ended"),
+])
+def test_a_turn_whose_tool_schema_cannot_be_applied_is_promoted_with_the_schema_check_skipped(
+        api_client, keys, suite, ingest, refund_record, corrected, schema, said):
+    """The sender's tool schema broke the verifier at this turn: the promotion answered 500."""
+    from tests.platform.evals.conftest import TOOLS
+
+    record = refund_record("bad-schema")
+    record["tools"] = [TOOLS[0], {"type": "function", "function": {**TOOLS[1]["function"], "parameters": schema}}]
+    trajectory = ingest(record)
+    url = f"/api/v1/eval-suites/{suite.pk}/promotions"
+    dry = api_client.post(url, {"trajectory_id": trajectory.pk, **corrected, "dry_run": True}, key=keys["review"])
+    assert dry.status_code == 200, dry.content
+    checks = dry.json()["checks"]
+    # Judged on the arguments it states (500 where 50 was asked), the schema check skipped and saying why.
+    assert checks["original"]["passed"] is False and checks["original"]["failure"] == "wrong_arguments"
+    assert checks["reference"]["passed"] is True
+    assert said in checks["reference"]["checks"]["schema"]["skipped"][0]
+    assert api_client.post(url, {"trajectory_id": trajectory.pk, **corrected}, key=keys["review"]).status_code == 201
+
+
 def test_leakage_conflicts_come_back_listed(api_client, keys, suite, task_set, trajectory, corrected):
     assert api_client.post(f"/api/v1/eval-suites/{suite.pk}/promotions", {"trajectory_id": trajectory.pk, **corrected},
                            key=keys["review"]).status_code == 201

@@ -186,3 +186,48 @@ def test_a_hostile_tool_schema_is_triaged_without_a_fetch_a_file_read_or_backtra
     page = client_for(user).get(reverse("trajectory_detail", args=[project.slug,
                                                                    Trajectory.objects.get(external_id="file-ref").pk]))
     assert page.status_code == 200 and SECRET not in page.content.decode()
+
+
+def drop_call(external_id, parameters):
+    """A call of a tool whose schema the sender wrote, that the default policy calls unsafe (`drop_*`)."""
+    tools = [{"type": "function", "function": {"name": "drop_orders", "parameters": parameters}}]
+    return {**hostile(external_id, parameters, {"table": "orders"}), "tools": tools, "messages": [
+        {"role": "user", "content": "Where is my order?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "drop_orders", "arguments": json.dumps({"table": "orders"})}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"ok": true}'},
+        {"role": "assistant", "content": "Done."},
+    ]}
+
+
+def test_a_tool_schema_whose_local_ref_points_nowhere_or_loops_hides_no_unsafe_call(
+    celery_worker, api_client, api_key, project
+):
+    """One bad tool schema, sent with an ingest key, used to make triage raise, and the trajectory was stored
+    with no signal at all: the unsafe call it made went unseen."""
+    from trainer.verifiers.schemas import tool_index
+
+    schemas = {
+        "dangling": {"type": "object", "properties": {"table": {"$ref": "#/$defs/missing"}}},
+        "nowhere": {"type": "object", "properties": {"table": {"$ref": "#/nope"}}},
+        "loop": {"type": "object", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                 "properties": {"table": {"$ref": "#/$defs/a"}}},
+        "root-loop": {"type": "object", "properties": {"table": {"$ref": "#"}}, "allOf": [{"$ref": "#"}]},
+        # Past the check (a string ends the loop), but an object never does: found when validating.
+        "any-of-loop": {"anyOf": [{"type": "string"}, {"$ref": "#"}]},
+    }
+    records = [drop_call(name, schema) for name, schema in schemas.items()]
+    assert api_client.post("/api/v1/trajectories", records, key=api_key).status_code == 200
+    celery_worker.wait_for(lambda: not Trajectory.objects.filter(project=project, triage_version=0).exists(),
+                           timeout=20)
+    for name in schemas:
+        # The schema is the tool's problem, never the model's; the call is still unsafe.
+        assert kinds(project, name) == {"unsafe_action"}, name
+        (unsafe,) = TriageSignal.objects.filter(trajectory__external_id=name, kind="unsafe_action")
+        assert unsafe.detail == {"calls": [{"tool": "drop_orders", "rule": "drop_*"}]}
+    problems = {name: tool_index(Trajectory.objects.get(external_id=name).tools)["drop_orders"].schema_problem
+                for name in schemas}
+    assert '$ref "#/$defs/missing" points to nothing inside the schema' in problems["dangling"]
+    assert '$ref "#/nope" points to nothing inside the schema' in problems["nowhere"]
+    assert "loops back to where it started" in problems["loop"] and "loops back" in problems["root-loop"]
+    assert problems["any-of-loop"] is None  # reported per call instead (tests/trainer/test_jsonschemas.py)

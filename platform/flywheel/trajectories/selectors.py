@@ -276,6 +276,17 @@ def _day_start(day: dt.date) -> dt.datetime:
     return dt.datetime.combine(day, dt.time.min, tzinfo=dt.UTC)
 
 
+def _attach_promoted(rows: list[Trajectory]) -> None:
+    """What each of a page of rows was promoted into: "task" (a task set's row) and "eval case", so that a
+    reviewer sees which failures are still only failures. Through the reverse relations the task sets' and
+    the suites' foreign keys declare (those apps sit above this one), two queries a page."""
+    ids = [row.id for row in rows]
+    tasks = set(Trajectory.objects.filter(id__in=ids, tasks__isnull=False).values_list("id", flat=True)) if ids else set()
+    cases = set(Trajectory.objects.filter(id__in=ids, eval_cases__isnull=False).values_list("id", flat=True)) if ids else set()
+    for row in rows:
+        row.promoted = [name for name, held in (("task", row.id in tasks), ("eval case", row.id in cases)) if held]
+
+
 @dataclass(frozen=True)
 class TrajectoryPage:
     rows: list[Trajectory]
@@ -307,6 +318,7 @@ def trajectory_page(
     rows = list(Trajectory.objects.filter(id__in=ids).only(*LIST_FIELDS).order_by("-id")) if ids else []
     _attach_tags(rows)
     _attach_signal_kinds(rows)
+    _attach_promoted(rows)
     return TrajectoryPage(rows=rows, next_cursor=next_cursor, prev_cursor=prev_cursor)
 
 

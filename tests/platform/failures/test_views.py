@@ -3,6 +3,8 @@ trajectory's page, bulk assignment from the list, and the review queue's actions
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.messages import get_messages
 from django.urls import reverse
@@ -211,3 +213,27 @@ def test_a_modes_page_lists_the_eval_cases_and_tasks_promoted_from_it(client_for
     assert f"{from_mode.row_id}</span> in Refund regressions" in page
     assert f"{from_trajectory.row_id}</span> in Refund tasks" in page
     assert f">{unrelated.row_id}<" not in page
+
+
+def test_the_trajectory_list_marks_what_was_promoted_into_a_task_set_or_a_suite(client_for, project, user, make_trajectories):
+    """A reviewer looking for a failure to promote sees which are already a task or an eval case (the leakage
+    guard refuses those), and which are still only failures."""
+    from flywheel.environments.models import Task
+    from flywheel.environments.services import task_set_create
+    from flywheel.evals.models import EvalCase
+    from flywheel.evals.services import suite_create
+
+    task, case, both, plain = make_trajectories(project, 4)
+    task_set = task_set_create(project=project, name="Tasks")
+    suite = suite_create(project=project, name="Regressions")
+    Task.objects.create(task_set=task_set, trajectory=task)
+    Task.objects.create(task_set=task_set, trajectory=both)
+    EvalCase.objects.create(suite=suite, trajectory=case)
+    EvalCase.objects.create(suite=suite, trajectory=both)
+    page = client_for(user).get(reverse("trajectory_list", args=[project.slug])).content.decode()
+
+    def badges(trajectory) -> list[str]:
+        row = page.split(f'id="row-{trajectory.pk}"')[1].split("</tr>")[0]
+        return re.findall(r'class="badge b-promoted"[^>]*>([^<]+)<', row)
+
+    assert (badges(task), badges(case), badges(both), badges(plain)) == (["task"], ["eval case"], ["task", "eval case"], [])

@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
+from flywheel.demo_status import demo_status_of
 from flywheel.evals import calibration, leakage, promotion, selectors, services
 from flywheel.evals.api import export_response
 from flywheel.evals.calibration_models import VerifierCalibration
@@ -83,7 +84,8 @@ def _first_errors(exc: ValidationError) -> dict[str, str]:
 def _list_context(request: HttpRequest, project: Project, kind: str, **extra: Any) -> dict[str, Any]:
     return {"project": project, "kind": kind, "words": KINDS[kind],
             "collections": selectors.collection_list(project=project, model=_model(kind)),
-            "suite_kinds": SuiteKind.choices, "errors": {}, "posted": {}, **_role(request), **extra}
+            "suite_kinds": SuiteKind.choices, "errors": {}, "posted": {}, "demo_status": demo_status_of(project=project),
+            **_role(request), **extra}
 
 
 @require_GET

@@ -131,6 +131,8 @@ def registry_demo_seed(*, project: Project) -> bool:
 
     if BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists():
         return False
+    # Said at once, so that the pages are not silent until the gpu worker has started and picked the task up.
+    demo_status_set(project=project, text="Waiting for the gpu worker to copy the demo model and play it.")
     outbox.send_on_commit(demo_model_task, project.pk)
     return True
 

@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from flywheel.accounts.access import project_view
 from flywheel.accounts.models import Project, Role
+from flywheel.demo_status import demo_status_of
 from flywheel.environments.models import TaskSetVersion
 from flywheel.evals import selectors as evals_selectors
 from flywheel.evals.leakage import LeakageError
@@ -66,6 +67,7 @@ def _list_context(request: HttpRequest, project: Project, **extra) -> dict:
         "config_fields": forms.config_fields(project),
         "saved_defaults": services.project_defaults(project),
         "form": form,
+        "demo_status": demo_status_of(project=project),
         **_choices(project),
         **extra,
     }

@@ -66,7 +66,7 @@ def test_the_pages_say_what_the_worker_is_doing_while_it_seeds(user, client_for)
 
     project = loop_project(owner=user)
     demo_status_set(project=project, text="Playing 300 workplace requests with the demo model: 100 done.")
-    for name in ("trajectory_list", "registry_page", "flywheel_dashboard"):
+    for name in ("trajectory_list", "registry_page", "flywheel_dashboard", "taskset_list", "suite_list", "training_jobs"):
         page = client_for(user).get(reverse(name, args=[project.slug])).content.decode()
         assert "Playing 300 workplace requests with the demo model: 100 done." in page, name
         assert "No trajectories match" not in page and "No model yet" not in page

@@ -35,6 +35,10 @@ LOOP_SLUG = "workplace"
 # step 40 before). Measured on the seeded demo (seed 0, two busy shared cores): each evaluation about 10 s, the
 # job 7.8 -> 8.2 min; the gate judged the best of the 4 checkpoints (step 30) on fresh samples, 0.3275 -> 0.4163,
 # p = 0.0001 against its alpha split over the 4 looks (0.0125); at 40 steps alone 0.4288.
+# Seeds 0-2 (bench/efficacy.py): +0.089, +0.095, +0.095, and after one more task (`--promote 1`) +0.089, +0.101,
+# +0.101; invalid outputs rise from 1.25% to 1.5-3.0% either way (the gate tolerates a point). A format reward
+# (format_reward 0.1) cut the mean rise on the second task set from 2.4% to 1.6% and the gain to +0.086: about one
+# standard error of either, so the recipe keeps none.
 DEMO_RECIPE = {
     "learning_rate": 1e-3, "max_steps": 40, "num_prompts_per_step": 16, "num_generations_per_prompt": 8,
     "max_new_tokens": 48, "temperature": 1.0, "loss_type": "grpo", "beta": 0.0, "scale_rewards": "group",

@@ -12,7 +12,7 @@ job, the bench and the tests run the same code.
    it is the failure; the request is its context), and the structure as hashed one-hot features, weighted,
    concatenated, unit length. Hashing keeps the space the same from run to run, so stored centroids stay
    comparable.
-3. `cluster(vectors)`: PCA to a dozen dimensions, then scikit-learn's HDBSCAN on at most SAMPLE failures (the
+3. `cluster(vectors)`: PCA to a dozen dimensions (16 for fewer than 1,000 failures), then scikit-learn's HDBSCAN on at most SAMPLE failures (the
    others join their nearest drawn failure's group); -1 is noise. Its min_cluster_size and min_samples follow
    the number of failures (`min_cluster_size_for`), so that 25 failures give groups as 10,000 do.
 4. `describe(...)`: per cluster a label from class-based TF-IDF (its most distinctive terms) and its most
@@ -71,12 +71,17 @@ W_STRUCT = 1.5
 # bench/clustering.py's fixtures (so their figures flatter it): from 0.75 to 0.85 both hold, the small sets'
 # causes (two on one tool merge at 0.7) and the 10,000 failures' groups (two causes split at 0.9 and above).
 W_ARGUMENTS = 0.5
-# Dimensions kept by PCA before HDBSCAN. More keep more of the texts' variation, which on real failures is
-# mostly the operation, not the cause: at 16, the real API failures (bench/clustering_api_fixture.py) at 5,000
-# and 30,000 failures and a 10,000 sample of 100,000 each fell into one group holding four of the five causes
-# (homogeneity 0.33); at 12 every size from 600 to 100,000 held 0.89 to 0.97, and the project's own fixture
-# 1.00 (bench/clustering.py). 8 and 10 hold too, with the own fixture's groups a little coarser (0.95).
+# Dimensions kept by PCA before HDBSCAN, by the number of failures it sees (`pca_dims_for`). More keep more of
+# the texts' variation, which on a large set of real failures is mostly the operation, not the cause: at 16, the
+# real API failures (bench/clustering_api_fixture.py) at 5,000 and 30,000 failures and a 10,000 draw of 100,000
+# each fell into one group holding four of the five causes (homogeneity 0.33; 14 failed too); at 12 every size
+# from 1,500 to 100,000 held 0.89 to 0.93, and the project's own fixture 1.00 (bench/clustering.py). A few
+# dozen failures are the other way round: at 12 (and 13, 14), 24 failures of two causes made three groups, one
+# cause split by the names it hallucinated (forecast / get_forecast), while 16 keeps it whole; the small sets
+# and the real API failures at 600 and 1,500 hold at 16 (0.88-0.98).
+PCA_DIM_SMALL = 16
 PCA_DIM = 12
+PCA_SMALL_BELOW = 1000  # failures
 # HDBSCAN runs on at most this many failures, drawn at random; each of the others joins the group of its
 # nearest drawn failure when it lies within that failure's core distance (its density's reach), else it is
 # noise. So a run's cost grows with the failures only through PCA and a nearest-neighbour query, and a cause
@@ -349,6 +354,11 @@ def min_cluster_size_for(n: int) -> int:
     return int(min(100, max(n // 100, min(5, max(floor, n // 8)))))
 
 
+def pca_dims_for(n: int) -> int:
+    """The dimensions PCA keeps for `n` failures: PCA_DIM_SMALL below PCA_SMALL_BELOW, else PCA_DIM."""
+    return PCA_DIM_SMALL if n < PCA_SMALL_BELOW else PCA_DIM
+
+
 def min_samples_for(min_cluster_size: int) -> int:
     """HDBSCAN's min_samples for groups of `min_cluster_size`: half of it, at least 2.
 
@@ -374,7 +384,7 @@ def cluster(vectors: np.ndarray, *, min_cluster_size: int | None = None, seed: i
     # Too few rows to split into a group and anything else: HDBSCAN would call them all noise anyway.
     if n < max(size + 1, 4):
         return np.full(n, -1, dtype=np.int64)
-    dims = min(PCA_DIM, vectors.shape[1], len(drawn) - 1)
+    dims = min(pca_dims_for(len(drawn)), vectors.shape[1], len(drawn) - 1)
     pca = PCA(n_components=dims, svd_solver="randomized", random_state=seed).fit(vectors[drawn])
     reduced = pca.transform(vectors).astype(np.float64)
     samples = min_samples_for(size)

@@ -55,6 +55,7 @@ def _context(request: HttpRequest, project: Project, run: ClusteringRun | None =
         "signal_kinds": SignalKind.choices,
         "dismissed": DismissedGroup.objects.filter(project=project).count(),
         "form": {"days": 30, "limit": services.MAX_FAILURES, "signal": "", "agent": ""},
+        "max_failures": services.MAX_FAILURES,
         **extra,
     }
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
-from flywheel.api.text import NON_BLANK, NUL_FREE, NulFreeJson, Text, nul_inside
+from flywheel.api.text import NON_BLANK, NUL_FREE, NulFree, NulFreeJson, Text, nul_inside
 
 
 class Model(BaseModel):
@@ -63,3 +63,15 @@ def test_nul_inside_walks_a_deep_body_without_recursion():
         deep = [deep]
     assert nul_inside(deep) == (0,) * 100_000
     assert nul_inside({"a": [1, {"b": "ok"}], "c": None}) is None
+
+
+def test_a_length_on_an_optional_text_is_checked_as_a_string_length():
+    class Optional(BaseModel):
+        q: Annotated[str, Field(max_length=3), NulFree] | None = None
+
+    for value, error in (("abcd", "string_too_long"), ("a\x00", "nul_character"), ("abcd\x00", "nul_character")):
+        with pytest.raises(ValidationError) as caught:
+            Optional(q=value)
+        assert [e["type"] for e in caught.value.errors()] == [error]
+    assert Optional.model_json_schema()["properties"]["q"]["anyOf"][0] == {
+        "type": "string", "maxLength": 3, "pattern": NUL_FREE}

@@ -24,7 +24,7 @@ from flywheel.api import ObjectIn
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ErrorOut, ValidationErrorOut
 from flywheel.api.ids import Id, VersionNumber
-from flywheel.api.text import NON_BLANK, NulFreeJson, Text
+from flywheel.api.text import NON_BLANK, NulFree, NulFreeJson, Text
 from flywheel.evals import promotion, selectors
 from flywheel.evals import rows as row_shape
 from flywheel.evals.kinds import train_side
@@ -108,8 +108,8 @@ class PromotionIn(ObjectIn):
     prefill (expected = what the agent did)."""
 
     trajectory_id: Id | None = Field(default=None, description="The trajectory's id; or send external_id")
-    external_id: Text | None = Field(default=None, min_length=1, max_length=255,
-                                     description="The external_id the agent sent it with; or send trajectory_id")
+    external_id: Annotated[str, Field(min_length=1, max_length=255), NulFree] | None = Field(
+        default=None, description="The external_id the agent sent it with; or send trajectory_id")
     message_index: int | None = None
     expect: Text | None = Field(default=None, description="calls | answer | state")
     expected_calls: FreeJson = Field(default=None, description='[{"name", "arguments": {arg: value or matcher}}]')
@@ -126,8 +126,8 @@ class PromotionIn(ObjectIn):
     initial_state: FreeJson = None
     max_turns: int | None = None
     accept_passing_original: bool = False
-    leakage_reason: Text | None = Field(
-        default=None, max_length=promotion.LEAKAGE_REASON_MAX,
+    leakage_reason: Annotated[str, Field(max_length=promotion.LEAKAGE_REASON_MAX), NulFree] | None = Field(
+        default=None,
         description="where the leakage guard is unsure (`doubts`), why this request differs from the other "
                     "side's; kept with the row. Without it such a trajectory is not promoted")
     dry_run: bool = Field(default=False, description="run the checks, save nothing")

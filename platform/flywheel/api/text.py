@@ -1,10 +1,10 @@
 """The strings the API takes: none may hold a NUL (U+0000), which PostgreSQL's text and jsonb cannot store (SQLite
 can, so the write that failed there with a 500 passed in development).
 
-`Text` is a string without NUL, and the schema says so with a pattern; `NulFreeJson` marks a field of free
-JSON (a verifier spec, a recipe, a state) in which no string, key or value, at any depth holds one. Every body
-and query field the API reads is typed with them, so a NUL is a 422 naming the field (and, inside JSON, where
-in it), refused by validation before any query. Ingestion is the exception: its contract stores a NUL in an
+`Text` is a string without NUL (`NulFree` the check, to combine with a length), and the schema says so with a
+pattern; `NulFreeJson` marks a field of free JSON (a verifier spec, a recipe, a state) in which no string, key
+or value, at any depth holds one. Every body and query field the API reads is typed with them, so a NUL is a
+422 naming the field (and, inside JSON, where in it), refused by validation before any query. Ingestion is the exception: its contract stores a NUL in an
 agent's text as U+FFFD (flywheel.trajectories.schemas)."""
 
 from __future__ import annotations
@@ -41,7 +41,11 @@ class _NulFree:
         return json_schema
 
 
-Text = Annotated[str, _NulFree()]
+NulFree = _NulFree()
+Text = Annotated[str, NulFree]
+# A length on a string that may be null goes before the check, `Annotated[str, Field(max_length=n), NulFree] |
+# None`: set on the whole `Text | None`, it cannot reach the string inside the check, and pydantic would check
+# it generically ("at most n items" where "at most n characters" is meant).
 
 
 def nul_inside(value: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:

@@ -9,7 +9,7 @@ import io
 import json
 import zlib
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, UnreadablePostError
@@ -21,7 +21,7 @@ from flywheel.api.auth import ingest_auth, read_auth
 from flywheel.api.errors import ErrorOut, ValidationErrorOut, error_format, json_response
 from flywheel.api.ids import Id
 from flywheel.api.pagination import MAX_LIMIT, cursor_value
-from flywheel.api.text import Text
+from flywheel.api.text import NulFree, Text
 from flywheel.trajectories import otlp, selectors
 from flywheel.trajectories.ingest import ingest_trajectories, json_error_text, jsonl_records, sender_of_key
 from flywheel.trajectories.models import SignalKind, Trajectory
@@ -207,9 +207,8 @@ class TrajectoryQuery(Schema):
     has_tool_error: bool | None = None
     signal: SignalKind | None = Field(None, description="Trajectories with at least one triage signal of this kind")
     failure_mode: Id | None = Field(None, description="Trajectories assigned to this failure mode (its id)")
-    q: Text | None = Field(
+    q: Annotated[str, Field(max_length=selectors.MAX_SEARCH_CHARS), NulFree] | None = Field(
         None,
-        max_length=selectors.MAX_SEARCH_CHARS,
         description=(
             f"Text the messages contain (case-insensitive), at most {selectors.MAX_SEARCH_CHARS} characters "
             "(422 beyond)"

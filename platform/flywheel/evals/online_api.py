@@ -15,7 +15,7 @@ from flywheel.accounts.models import Scope
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import Id
-from flywheel.api.text import Text
+from flywheel.api.text import NulFree, Text
 from flywheel.evals import online
 
 router = Router(tags=["online-eval"])
@@ -32,11 +32,11 @@ class OnlineEvalIn(Schema):
                                                    "its task whose declared tool names equal the trajectory's")
     judge_enabled: StrictBool = Field(False, description="Also score with an llm_judge on the endpoint below")
     judge_url: Text = Field("", description="The judge's OpenAI-compatible base URL (the operator's outbound "
-                                           "allowlist must allow it)")
+                                            "allowlist must allow it)")
     judge_model: Text = ""
     judge_api_key: Text | None = Field(None, description="Write-only; null keeps the stored key, \"\" clears it. The "
-                                                         "key is bound to judge_url's origin: a judge_url on another "
-                                                         "origin needs the key given again (or \"\")")
+                                                          "key is bound to judge_url's origin: a judge_url on another "
+                                                          "origin needs the key given again (or \"\")")
     judge_rubric: Text = Field("", description="What a good answer does")
     threshold: float = Field(0.5, description="A reward below it puts the trajectory in the review queue")
 
@@ -84,9 +84,8 @@ def online_eval_set(request: HttpRequest, body: OnlineEvalIn) -> dict[str, Any]:
     return _settings_out(request)
 
 
-# PostgreSQL's text holds no NUL (its driver refuses the query), and a model_version is at most 200 characters;
-# the pattern tells a client, the validator below refuses.
-_VersionName = Annotated[Text, Field(max_length=200)]
+# PostgreSQL's text holds no NUL (its driver refuses the query), and a model_version is at most 200 characters.
+_VersionName = Annotated[str, Field(max_length=200), NulFree]
 
 
 class ScoresQuery(Schema):

@@ -236,3 +236,46 @@ def test_every_integer_a_path_or_query_takes_and_every_id_in_a_body_is_bounded()
                 if "minimum" not in integer or "maximum" not in integer:
                     unbounded.append(f"{method.upper()} {route} {'.'.join(map(str, path))}")
     assert checked >= 40 and unbounded == [], unbounded
+
+
+def _strings(schema: dict, components: dict, path: tuple = ()) -> list[tuple[tuple, dict]]:
+    """(path, schema) of every free string in `schema` (no enum, no format): as `_integers` walks."""
+    if "$ref" in schema:
+        schema = components[schema["$ref"].rsplit("/", 1)[-1]]
+    found = [(path, schema)] if schema.get("type") == "string" and not {"enum", "format"} & set(schema) else []
+    for branch in ("anyOf", "oneOf", "allOf"):
+        for sub in schema.get(branch, []):
+            found += _strings(sub, components, path)
+    if "items" in schema:
+        found += _strings(schema["items"], components, (*path, "[]"))
+    for name, sub in schema.get("properties", {}).items():
+        found += _strings(sub, components, (*path, name))
+    if isinstance(schema.get("additionalProperties"), dict):
+        found += _strings(schema["additionalProperties"], components, (*path, "*"))
+    return found
+
+
+def test_every_string_a_request_carries_is_stated_to_hold_no_nul():
+    """PostgreSQL's text and jsonb cannot hold a NUL: each string a body or a query carries is typed with
+    flywheel.api.text, whose pattern says so (and whose validation refuses one). Ingestion stores a NUL in an
+    agent's text as U+FFFD, by its contract, so its hand-written bodies are left out."""
+    from flywheel.api_urls import api
+
+    schema = api.get_openapi_schema(path_prefix="")
+    components = schema["components"]["schemas"]
+    checked, unstated = 0, []
+    for route, operations in schema["paths"].items():
+        for method, operation in operations.items():
+            if method == "post" and route.endswith(("/trajectories", "/otlp/v1/traces")):
+                continue
+            found = []
+            for parameter in operation.get("parameters", []):
+                found += _strings(parameter["schema"], components, (parameter["in"], parameter["name"]))
+            for content in operation.get("requestBody", {}).get("content", {}).values():
+                found += _strings(content.get("schema", {}), components, ("body",))
+            for path, string in found:
+                checked += 1
+                pattern = string.get("pattern")
+                if pattern is None or re.search(pattern, "a\x00b") or re.search(pattern, "\x00"):
+                    unstated.append(f"{method.upper()} {route} {'.'.join(map(str, path))}: {pattern!r}")
+    assert checked >= 50 and unstated == [], unstated

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 import schemathesis
@@ -215,6 +216,159 @@ def test_every_object_a_path_names_is_in_the_world(world, every_scope_key, clien
             if answer.status_code == 404:
                 missing.append(f"{method.upper()} {url}: {answer.content[:200]!r}")
     assert not missing, missing
+
+
+# A NUL in a string the API stores: PostgreSQL's text and jsonb cannot hold one (SQLite can), so the write
+# failed with a 500 there. Each operation refuses it with a 422 naming the field (flywheel.api.text), except
+# ingestion, whose contract stores it as U+FFFD.
+NUL = "a\x00b"
+STORES_NUL_REPLACED = {("POST", "/trajectories"), ("POST", "/otlp/v1/traces")}
+# Bodies an operation takes whose required parts the schema cannot state (exactly one of two fields, a
+# verifier spec): with a minimal one it would stop before storing anything.
+VALID_BODIES = {
+    ("POST", "/verifier-calibrations"): lambda world: {"verifier": {"type": "exact", "expected": "Your refund."}},
+    **{("POST", f"/{kind}/{{{name}}}/promotions"): lambda world: {"external_id": "t-1"}
+       for kind, name in (("eval-suites", "suite_id"), ("task-sets", "task_set_id"))},
+    **{("POST", f"/{kind}/{{{name}}}/promotions/bulk"): lambda world: {"external_ids": ["t-1"]}
+       for kind, name in (("eval-suites", "suite_id"), ("task-sets", "task_set_id"))},
+    **{("POST", f"/failure-modes/{{mode_id}}/{action}"): lambda world: {"trajectory_ids": world.body["trajectory_ids"][0]}
+       for action in ("assign", "unassign")},
+}
+
+
+def _resolved(node: dict) -> dict:
+    while "$ref" in node:
+        node = schema.raw_schema["components"]["schemas"][node["$ref"].rsplit("/", 1)[-1]]
+    return node
+
+
+def _minimal(node: dict, name: str, world: World) -> Any:
+    """A value of `node`'s schema with only its required parts: a real object where the world has one."""
+    node = _resolved(node)
+    branches = [b for b in node.get("anyOf", node.get("oneOf", [])) if _resolved(b).get("type") != "null"]
+    if branches:
+        return _minimal(branches[0], name, world)
+    if "enum" in node:
+        return node["enum"][0]
+    kind = node.get("type")
+    if kind == "object":
+        return {key: _minimal(sub, key, world) for key, sub in node.get("properties", {}).items()
+                if key in node.get("required", [])}
+    if kind == "integer":
+        return world.body[name][0] if name in world.body and type(world.body[name][0]) is int \
+            else node.get("minimum", 1)
+    return {"string": "x" * max(1, node.get("minLength", 1)), "number": node.get("minimum", 0), "boolean": False,
+            "array": []}.get(kind)
+
+
+def _texts(node: dict, path: tuple = ()) -> list[tuple[tuple, bool]]:
+    """(path, free-form) of each string a value of `node` may hold: a string field (an array's item as index
+    0), or a field of any JSON (free-form), where a string may sit at any depth."""
+    node = _resolved(node)
+    found = []
+    for branch in node.get("anyOf", node.get("oneOf", [])):
+        found += [item for item in _texts(branch, path) if item not in found]
+    kind = node.get("type")
+    if kind == "string" and "enum" not in node and "format" not in node:
+        found.append((path, False))
+    elif kind == "array":
+        found += _texts(node.get("items", {}), (*path, 0))
+    elif kind == "object" and "properties" in node:
+        for key, sub in node["properties"].items():
+            found += _texts(sub, (*path, key))
+    elif (kind == "object" or (kind is None and not node.get("anyOf") and "enum" not in node)) and path:
+        found.append((path, True))
+    return found
+
+
+def _nul_in_last_string(value: Any) -> Any:
+    """`value` with a NUL added to its last string, the rest as it was (a verifier spec stays one); None when
+    it holds no string."""
+    if isinstance(value, str):
+        return value + "\x00"
+    if isinstance(value, dict | list):
+        for key in reversed(list(value) if isinstance(value, dict) else range(len(value))):
+            changed = _nul_in_last_string(value[key])
+            if changed is not None:
+                copy = dict(value) if isinstance(value, dict) else list(value)
+                copy[key] = changed
+                return copy
+    return None
+
+
+def _with_nul(value: Any) -> Any:
+    """A JSON value holding a NUL: `value` with one in a string, or with one added."""
+    changed = _nul_in_last_string(value)
+    if changed is not None:
+        return changed
+    return {**value, "note": NUL} if isinstance(value, dict) else [*value, NUL] if isinstance(value, list) else NUL
+
+
+def _put(body: dict, path: tuple, value: Any) -> None:
+    for i, key in enumerate(path[:-1]):
+        nxt = [] if isinstance(path[i + 1], int) else {}
+        if isinstance(key, int):
+            body += [nxt] * (key + 1 - len(body))
+        elif not isinstance(body.get(key), type(nxt)):
+            body[key] = nxt
+        body = body[key]
+    if isinstance(path[-1], int):
+        body[:] = [*body[:path[-1]], value]
+    else:
+        body[path[-1]] = value
+
+
+def _names(error: dict, loc: list) -> bool:
+    """Whether a 422 names the field at `loc` (or one inside it): by path, or, in a promotion's refusal, by
+    name among its `errors`."""
+    if isinstance(error.get("detail"), list):
+        return any(problem["loc"][:len(loc)] == loc for problem in error["detail"])
+    return loc[0] == "body" and str(loc[1]) in error.get("errors", {})
+
+
+def test_a_nul_in_any_string_a_request_carries_is_a_422_naming_it(world, every_scope_key, client):
+    """Each string field of each operation's body and query, and a string anywhere inside a field of free
+    JSON, gets a NUL, the rest of the request being one the operation takes: a 422 whose `loc` names that
+    field (or the field of JSON it sits in), never a 5xx."""
+    from django.db import transaction
+
+    client.raise_request_exception = False  # a 500 is an answer here, and each call is rolled back
+    headers = {"Authorization": f"Bearer {every_scope_key}"}
+    checked, wrong = 0, []
+    for route, operations in schema.raw_schema["paths"].items():
+        url = re.sub(r"\{(\w+)\}", lambda m: str(world.path[m.group(1)][-1]), route)
+        for method, operation in operations.items():
+            key = (method.upper(), route.removeprefix("/api/v1"))
+            targets = [(("query", p["name"]), False) for p in operation.get("parameters", []) if p["in"] == "query"
+                       for path, free in _texts(p["schema"]) if not free]
+            content = operation.get("requestBody", {}).get("content", {}).get("application/json")
+            base = {}
+            if content is not None:
+                base = VALID_BODIES[key](world) if key in VALID_BODIES else _minimal(content.get("schema", {}), "", world)
+                targets += [(("body", *path), free) for path, free in _texts(content.get("schema", {}))]
+            for (where, *path), free in targets:
+                body, query = json.loads(json.dumps(base)), {}
+                if where == "query":
+                    query[path[0]] = NUL
+                else:
+                    current = base
+                    for step in path:
+                        current = current.get(step) if isinstance(current, dict) else None
+                    if path and isinstance(path[0], int) is not isinstance(body, list):
+                        body = [] if isinstance(path[0], int) else {}  # the other form of a body of either
+                    _put(body, tuple(path), _with_nul(current) if free else NUL)
+                with transaction.atomic():
+                    answer = client.generic(method.upper(), url + ("?" + urlencode(query) if query else ""),
+                                            json.dumps(body) if content is not None else b"",
+                                            content_type="application/json", headers=headers)
+                    transaction.set_rollback(True)
+                checked += 1
+                loc = [where, *path]
+                named = answer.status_code == 422 and _names(answer.json(), loc)
+                if answer.status_code >= 500 or (key not in STORES_NUL_REPLACED and not named):
+                    wrong.append(f"{key[0]} {key[1]} {'.'.join(map(str, loc))}: {answer.status_code} "
+                                 f"{answer.content[:300]!r}")
+    assert checked >= 100 and wrong == [], "\n".join(wrong)
 
 
 # Ingestion bodies: their published schema cannot state every rule of the record contract (a tool message

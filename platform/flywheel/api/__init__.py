@@ -1,8 +1,9 @@
 """The JSON API: the Ninja instance (`api`) and the parts every app's endpoints share.
 
 `auth` (key authentication and scopes), `errors` (error shapes, field errors, handlers), `ids` (the bounded
-types of every id and version number a request names), `pagination` (keyset pages) and `collections` (the
-endpoints eval suites and task sets share) live here. An app's own endpoints live on routers in its `api`
+types of every id and version number a request names), `text` (the NUL-free types of every string and free
+JSON a request carries), `pagination` (keyset pages) and `collections` (the endpoints eval suites and task
+sets share) live here. An app's own endpoints live on routers in its `api`
 modules, which import this package and never another app's; the URLconf (flywheel.api_urls) adds every
 router to `api`, so this package imports no app's API module."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
@@ -24,6 +24,7 @@ from flywheel.api import ObjectIn
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ErrorOut, ValidationErrorOut
 from flywheel.api.ids import Id, VersionNumber
+from flywheel.api.text import NON_BLANK, NulFree, NulFreeJson, Text
 from flywheel.evals import promotion, selectors
 from flywheel.evals import rows as row_shape
 from flywheel.evals.kinds import train_side
@@ -31,11 +32,14 @@ from flywheel.evals.models import EvalSuite, SuiteKind
 from flywheel.evals.services import suite_create
 from flywheel.trajectories.models import Trajectory
 
+# A field of free JSON the promotion stores in the row (a verifier spec, a state): no NUL in any string.
+FreeJson = Annotated[Any, NulFreeJson]
+
 
 class CollectionIn(Schema):
-    name: str = Field(min_length=1, max_length=120, pattern=r"\S", description="unique in the project")
+    name: Text = Field(min_length=1, max_length=120, pattern=NON_BLANK, description="unique in the project")
     kind: Literal["holdout", "regression"] = Field(default=SuiteKind.REGRESSION, description="eval suites only")
-    description: str = ""
+    description: Text = ""
     server: Id | None = Field(default=None, description="task sets only: the id of a registered environment "
                                "server (`GET /api/v1/environment-servers`) whose episodes its tasks run in")
 
@@ -104,26 +108,26 @@ class PromotionIn(ObjectIn):
     prefill (expected = what the agent did)."""
 
     trajectory_id: Id | None = Field(default=None, description="The trajectory's id; or send external_id")
-    external_id: str | None = Field(default=None, min_length=1, max_length=255,
-                                    description="The external_id the agent sent it with; or send trajectory_id")
+    external_id: Annotated[str, Field(min_length=1, max_length=255), NulFree] | None = Field(
+        default=None, description="The external_id the agent sent it with; or send trajectory_id")
     message_index: int | None = None
-    expect: str | None = Field(default=None, description="calls | answer | state")
-    expected_calls: Any = Field(default=None, description='[{"name", "arguments": {arg: value or matcher}}]')
-    reference_calls: Any = Field(default=None, description="concrete calls; null = derived from the agent's")
-    answer_match: str | None = Field(default=None, description="exact | regex | json_schema")
-    expected_answer: Any = None
-    reference_answer: str | None = None
-    expected_state: Any = None
-    env_type: str | None = Field(default=None, description="single_turn | replay | workplace")
-    observations: Any = Field(default=None, description="replay rows: tool name -> the observation a corrected "
+    expect: Text | None = Field(default=None, description="calls | answer | state")
+    expected_calls: FreeJson = Field(default=None, description='[{"name", "arguments": {arg: value or matcher}}]')
+    reference_calls: FreeJson = Field(default=None, description="concrete calls; null = derived from the agent's")
+    answer_match: Text | None = Field(default=None, description="exact | regex | json_schema")
+    expected_answer: FreeJson = None
+    reference_answer: Text | None = None
+    expected_state: FreeJson = None
+    env_type: Text | None = Field(default=None, description="single_turn | replay | workplace")
+    observations: FreeJson = Field(default=None, description="replay rows: tool name -> the observation a corrected "
                                                         "call gets (prefilled from a recorded result that is not an error)")
     observation_error_expected: bool | None = Field(
         default=None, description="a stated observation that is an error is what the corrected call should get")
-    initial_state: Any = None
+    initial_state: FreeJson = None
     max_turns: int | None = None
     accept_passing_original: bool = False
-    leakage_reason: str | None = Field(
-        default=None, max_length=promotion.LEAKAGE_REASON_MAX,
+    leakage_reason: Annotated[str, Field(max_length=promotion.LEAKAGE_REASON_MAX), NulFree] | None = Field(
+        default=None,
         description="where the leakage guard is unsure (`doubts`), why this request differs from the other "
                     "side's; kept with the row. Without it such a trajectory is not promoted")
     dry_run: bool = Field(default=False, description="run the checks, save nothing")
@@ -156,17 +160,17 @@ class BulkIn(ObjectIn):
 
     failure_mode_id: Id | None = None
     trajectory_ids: list[Id] | None = Field(default=None, max_length=promotion.BULK_MAX)
-    external_ids: list[str] | None = Field(default=None, max_length=promotion.BULK_MAX)
-    expect: str | None = None
-    expected_calls: Any = None
-    answer_match: str | None = None
-    expected_answer: Any = None
-    reference_answer: str | None = None
-    expected_state: Any = None
-    env_type: str | None = None
-    observations: Any = Field(default=None, description="replay rows: tool name -> observation, for every trajectory")
+    external_ids: list[Text] | None = Field(default=None, max_length=promotion.BULK_MAX)
+    expect: Text | None = None
+    expected_calls: FreeJson = None
+    answer_match: Text | None = None
+    expected_answer: FreeJson = None
+    reference_answer: Text | None = None
+    expected_state: FreeJson = None
+    env_type: Text | None = None
+    observations: FreeJson = Field(default=None, description="replay rows: tool name -> observation, for every trajectory")
     observation_error_expected: bool | None = None
-    initial_state: Any = None
+    initial_state: FreeJson = None
     max_turns: int | None = None
 
 

@@ -10,11 +10,13 @@ from django.db.models import QuerySet
 from ninja import Field, Schema
 from ninja.errors import HttpError
 
+from flywheel.api.text import Text
+
 MAX_LIMIT = 500
 
 
 class PageQuery(Schema):
-    cursor: str | None = Field(
+    cursor: Text | None = Field(
         None, description="From `next_cursor` of the previous page", json_schema_extra={"pattern": "^[0-9]*$"}
     )
     limit: int = Field(50, ge=1, le=MAX_LIMIT)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 from ninja import Field, Schema, Status
 from ninja.errors import HttpError
@@ -16,6 +15,7 @@ from flywheel.api.auth import read_auth, review_auth, train_auth
 from flywheel.api.collections import ItemOut, collection_router, item_out
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import Id
+from flywheel.api.text import NON_BLANK, Text
 from flywheel.environments.models import EnvironmentServer, Task, TaskSet
 from flywheel.environments.services import environment_server_register
 from flywheel.environments.variants import task_variants_create
@@ -53,9 +53,9 @@ def task_variants(request: HttpRequest, task_set_id: Id, task_id: Id, body: Vari
 
 
 class EnvironmentServerIn(Schema):
-    name: str = Field(min_length=1, max_length=120, pattern=r"\S", description="unique in the project")
-    url: str = Field(min_length=1, max_length=500, description="under a prefix FLYWHEEL_ENV_URL_ALLOWLIST lists")
-    description: str = Field(default="", max_length=2000)
+    name: Text = Field(min_length=1, max_length=120, pattern=NON_BLANK, description="unique in the project")
+    url: Text = Field(min_length=1, max_length=500, description="under a prefix FLYWHEEL_ENV_URL_ALLOWLIST lists")
+    description: Text = Field(default="", max_length=2000)
 
 
 class EnvironmentServerOut(Schema):
@@ -89,10 +89,6 @@ def environment_servers_list(request: HttpRequest) -> list[dict[str, Any]]:
     operation_id="environment-servers_register",
 )
 def environment_servers_register(request: HttpRequest, body: EnvironmentServerIn) -> Status:
-    nul = {field: "May not hold a NUL character." for field in ("name", "url", "description")
-           if "\x00" in getattr(body, field)}
-    if nul:
-        raise ValidationError(nul)
     server = environment_server_register(project=request.auth.project, name=body.name, url=body.url,
                                          description=body.description, user=request.auth.created_by)
     return Status(201, _server_out(server))

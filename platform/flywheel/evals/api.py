@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
@@ -17,6 +17,7 @@ from flywheel.api.auth import read_auth
 from flywheel.api.collections import collection_router, export_response
 from flywheel.api.errors import ERRORS, ErrorOut, ValidationErrorOut
 from flywheel.api.ids import Id
+from flywheel.api.text import NulFreeJson, Text
 from flywheel.evals.calibration_models import CalibrationStatus, VerifierCalibration
 from flywheel.evals.models import EvalSuite
 
@@ -32,9 +33,10 @@ calibration_router = Router(tags=["calibration"])
 
 
 class CalibrationIn(ObjectIn):
-    verifier: dict[str, Any] | None = Field(default=None, description="a verifier spec; wins over source")
-    source: str = Field(default="", description="case:ID or task:ID: that row's verifier")
-    agent: str = Field(default="", description="only trajectories of this agent")
+    verifier: Annotated[dict[str, Any], NulFreeJson] | None = Field(default=None,
+                                                                    description="a verifier spec; wins over source")
+    source: Text = Field(default="", description="case:ID or task:ID: that row's verifier")
+    agent: Text = Field(default="", description="only trajectories of this agent")
 
 
 class DisagreementOut(Schema):

@@ -9,12 +9,13 @@ from typing import Annotated, Any
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
-from pydantic import StrictBool, field_validator
+from pydantic import StrictBool
 
 from flywheel.accounts.models import Scope
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import Id
+from flywheel.api.text import NulFree, Text
 from flywheel.evals import online
 
 router = Router(tags=["online-eval"])
@@ -30,13 +31,13 @@ class OnlineEvalIn(Schema):
     task_set: Id | None = Field(None, description="A task set's id: a trajectory is scored by the verifier of "
                                                    "its task whose declared tool names equal the trajectory's")
     judge_enabled: StrictBool = Field(False, description="Also score with an llm_judge on the endpoint below")
-    judge_url: str = Field("", description="The judge's OpenAI-compatible base URL (the operator's outbound "
-                                           "allowlist must allow it)")
-    judge_model: str = ""
-    judge_api_key: str | None = Field(None, description="Write-only; null keeps the stored key, \"\" clears it. The "
-                                                         "key is bound to judge_url's origin: a judge_url on another "
-                                                         "origin needs the key given again (or \"\")")
-    judge_rubric: str = Field("", description="What a good answer does")
+    judge_url: Text = Field("", description="The judge's OpenAI-compatible base URL (the operator's outbound "
+                                            "allowlist must allow it)")
+    judge_model: Text = ""
+    judge_api_key: Text | None = Field(None, description="Write-only; null keeps the stored key, \"\" clears it. The "
+                                                          "key is bound to judge_url's origin: a judge_url on another "
+                                                          "origin needs the key given again (or \"\")")
+    judge_rubric: Text = Field("", description="What a good answer does")
     threshold: float = Field(0.5, description="A reward below it puts the trajectory in the review queue")
 
 
@@ -83,22 +84,14 @@ def online_eval_set(request: HttpRequest, body: OnlineEvalIn) -> dict[str, Any]:
     return _settings_out(request)
 
 
-# PostgreSQL's text holds no NUL (its driver refuses the query), and a model_version is at most 200 characters;
-# the pattern tells a client, the validator below refuses.
-_VersionName = Annotated[str, Field(max_length=200, json_schema_extra={"pattern": "^[^\\x00]*$"})]
+# PostgreSQL's text holds no NUL (its driver refuses the query), and a model_version is at most 200 characters.
+_VersionName = Annotated[str, Field(max_length=200), NulFree]
 
 
 class ScoresQuery(Schema):
     model_version: list[_VersionName] | None = Field(None, description="Only these model_version strings "
                                                                         "(repeatable)")
     hours: int = Field(24 * 7, ge=1, le=24 * 366, description="The window: scores of the last this many hours")
-
-    @field_validator("model_version")
-    @classmethod
-    def _names(cls, value: list[str] | None) -> list[str] | None:
-        if any("\x00" in name for name in value or []):
-            raise ValueError("must not contain a NUL character")
-        return value
 
 
 class VersionScoresOut(Schema):

@@ -20,6 +20,7 @@ from flywheel.api import ObjectIn
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.api.ids import Id
+from flywheel.api.text import Text
 from flywheel.failures import queue, selectors, services
 from flywheel.failures.models import FailureMode
 from flywheel.trajectories.models import Trajectory
@@ -44,9 +45,9 @@ class FailureModeOut(Schema):
 
 
 class FailureModeIn(Schema):
-    name: str = Field(min_length=1, max_length=200)
-    category: str = Field("other", max_length=32, description="A category key of the project's taxonomy")
-    description: str = Field("", max_length=10_000)
+    name: Text = Field(min_length=1, max_length=200)
+    category: Text = Field("other", max_length=32, description="A category key of the project's taxonomy")
+    description: Text = Field("", max_length=10_000)
     status: Literal["open", "being_fixed", "fixed"] = "open"
 
 
@@ -55,9 +56,9 @@ class Selection(ObjectIn):
     model_version, date_from, date_to, tool_error, q, signal, reviewed, source, tag, mode). Exactly one."""
 
     trajectory_ids: list[Id] | None = Field(None, max_length=MAX_IDS)
-    filter: dict[str, str] | None = Field(None, description="The list page's filter, e.g. {\"signal\": \"loop\"}")
+    filter: dict[Text, Text] | None = Field(None, description="The list page's filter, e.g. {\"signal\": \"loop\"}")
     message_index: int | None = Field(None, ge=0, description="The message the mode shows at (assign only)")
-    note: str = Field("", max_length=10_000)
+    note: Text = Field("", max_length=10_000)
 
 
 class CountOut(Schema):
@@ -65,7 +66,7 @@ class CountOut(Schema):
 
 
 class QueueFilter(ObjectIn):
-    filter: dict[str, str] | None = Field(None, description="Narrows the queue with the list page's filter")
+    filter: dict[Text, Text] | None = Field(None, description="Narrows the queue with the list page's filter")
 
 
 class ClaimOut(Schema):

@@ -11,12 +11,13 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
-from pydantic import StrictBool, field_validator
+from pydantic import StrictBool
 
 from flywheel.api import ObjectIn
 from flywheel.api.auth import promote_auth, read_auth, route_auth
 from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.api.ids import VersionNumber
+from flywheel.api.text import Text
 from flywheel.registry import selectors, services
 from flywheel.registry.models import AliasEvent, ModelVersion
 
@@ -154,11 +155,11 @@ class ModelVersionOut(Schema):
 
 
 class MoveIn(ObjectIn):
-    reason: str = ""
+    reason: Text = ""
 
 
 class RollbackIn(ObjectIn):
-    reason: str = ""
+    reason: Text = ""
     to_version: VersionNumber | None = None
 
 
@@ -243,21 +244,10 @@ def alias_history(request: HttpRequest) -> list[dict]:
     return [_move(e) for e in selectors.alias_history(project=request.auth.project, limit=500)]
 
 
-# No stored text holds a NUL (PostgreSQL's text cannot): refused here, by name, before any query.
-_NO_NUL = {"pattern": "^[^\\x00]*$"}
-
-
 class BaseModelIn(Schema):
-    name: str = Field(max_length=200, description="Unique in the project", json_schema_extra=_NO_NUL)
-    path: str = Field(max_length=1000, json_schema_extra=_NO_NUL,
-                      description="An absolute path, on the workers' disk, to a Hugging Face model folder")
-
-    @field_validator("name", "path")
-    @classmethod
-    def _no_nul(cls, value: str) -> str:
-        if "\x00" in value:
-            raise ValueError("must not contain a NUL character")
-        return value
+    name: Text = Field(max_length=200, description="Unique in the project")
+    path: Text = Field(max_length=1000,
+                       description="An absolute path, on the workers' disk, to a Hugging Face model folder")
 
 
 class BaseModelOut(Schema):
@@ -352,14 +342,7 @@ def gate_settings_set(request: HttpRequest, body: GateSettingsIn) -> dict[str, A
 class CanaryIn(ObjectIn):
     weight: float | None = Field(None, gt=0, lt=1, description="The canary's share of traffic (0.1 = 10%); "
                                  "default: the project's canary weight")
-    reason: str = Field("", max_length=2000, json_schema_extra=_NO_NUL)
-
-    @field_validator("reason")
-    @classmethod
-    def _no_nul(cls, value: str) -> str:
-        if "\x00" in value:
-            raise ValueError("must not contain a NUL character")
-        return value
+    reason: Text = Field("", max_length=2000)
 
 
 class LiveCheckOut(Schema):
@@ -412,14 +395,7 @@ def version_canary(request: HttpRequest, number: VersionNumber, body: CanaryIn) 
 
 
 class DecideIn(ObjectIn):
-    reason: str = Field("", max_length=2000, json_schema_extra=_NO_NUL)
-
-    @field_validator("reason")
-    @classmethod
-    def _no_nul(cls, value: str) -> str:
-        if "\x00" in value:
-            raise ValueError("must not contain a NUL character")
-        return value
+    reason: Text = Field("", max_length=2000)
 
 
 @router.post("/canary/promote", auth=promote_auth, response={200: MoveOut, **_ERRORS},
@@ -474,7 +450,7 @@ class LiveRulesIn(ObjectIn):
                                               "flagged. Only with a holdback: without one the watch only flags")
     watch_holdback: float | None = Field(None, ge=0, le=0.5, description="The share of traffic the replaced version "
                                          "keeps during the watch, the watch's concurrent comparison (0: none)")
-    notify_emails: list[str] | None = Field(None, max_length=50, description="Where notifications are mailed "
+    notify_emails: list[Text] | None = Field(None, max_length=50, description="Where notifications are mailed "
                                             "(the webhook gets them too)")
 
 

@@ -5,7 +5,7 @@ cost is figured at). `read` to read, `promote` to change the table or a price.""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema
@@ -15,6 +15,7 @@ from flywheel.api import ObjectIn
 from flywheel.api.auth import promote_auth, read_auth
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import VersionNumber
+from flywheel.api.text import Text
 from flywheel.registry import cost, live, serving
 from flywheel.registry.models import PRICE_MAX, ModelVersion
 
@@ -176,7 +177,7 @@ class VersionNamesOut(Schema):
 
 
 class VersionNameIn(Schema):
-    name: str = Field(description="The model_version string the traffic carries", max_length=200)
+    name: Text = Field(description="The model_version string the traffic carries", max_length=200)
     version: VersionNumber = Field(description="The version it names (its number)")
 
 
@@ -210,7 +211,7 @@ def version_name_set(request: HttpRequest, body: VersionNameIn) -> dict[str, Any
 @router.delete("/version-names", auth=promote_auth, response={204: None, **ERRORS},
                summary="Unmap a string",
                description="Its traffic is unmapped again (live metrics leave it out). 404 when it was not mapped.")
-def version_name_remove(request: HttpRequest, name: str = Query(..., max_length=200)) -> HttpResponse:
+def version_name_remove(request: HttpRequest, name: Annotated[Text, Query(max_length=200)]) -> HttpResponse:
     if not live.version_name_remove(project=request.auth.project, name=name):
         raise HttpError(404, "That name is not mapped in this project.")
     return HttpResponse(status=204)

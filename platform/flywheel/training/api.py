@@ -5,7 +5,7 @@ and compare them."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
@@ -16,6 +16,7 @@ from flywheel.api.auth import read_auth, train_auth
 from flywheel.api.errors import ERRORS
 from flywheel.api.ids import Id, VersionNumber
 from flywheel.api.pagination import PageQuery, keyset_page
+from flywheel.api.text import NulFreeJson, Text
 from flywheel.api.usage import UsageOut
 from flywheel.api.versions import version_of, version_ref
 from flywheel.environments.models import TaskSet
@@ -34,8 +35,8 @@ class JobIn(Schema):
     holdout_version: VersionNumber | None = Field(None, description="Its version's number")
     regression: Id | None = Field(None, description="The regression suite's id; with regression_version")
     regression_version: VersionNumber | None = Field(None, description="Its version's number")
-    algorithm: str = Field("grpo", description=" | ".join(services.ALGORITHMS))
-    config: dict[str, Any] = Field({}, description="GRPOConfig fields, over the project's recipe")
+    algorithm: Text = Field("grpo", description=" | ".join(services.ALGORITHMS))
+    config: Annotated[dict[str, Any], NulFreeJson] = Field({}, description="GRPOConfig fields, over the project's recipe")
     num_gpus: int = 1
     confirm: StrictBool = Field(True, description="Train right after production is measured; false: wait for a "
                                                   "person on the job's page")
@@ -117,7 +118,8 @@ class JobCompareQuery(Schema):
 
 
 class RecipeIn(Schema):
-    config: dict[str, Any] = Field(description="GRPOConfig values new jobs start from; {} clears the recipe")
+    config: Annotated[dict[str, Any], NulFreeJson] = Field(
+        description="GRPOConfig values new jobs start from; {} clears the recipe")
 
 
 class RecipeOut(Schema):

@@ -9,7 +9,7 @@ import io
 import json
 import zlib
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, UnreadablePostError
@@ -21,6 +21,7 @@ from flywheel.api.auth import ingest_auth, read_auth
 from flywheel.api.errors import ErrorOut, ValidationErrorOut, error_format, json_response
 from flywheel.api.ids import Id
 from flywheel.api.pagination import MAX_LIMIT, cursor_value
+from flywheel.api.text import NulFree, Text
 from flywheel.trajectories import otlp, selectors
 from flywheel.trajectories.ingest import ingest_trajectories, json_error_text, jsonl_records, sender_of_key
 from flywheel.trajectories.models import SignalKind, Trajectory
@@ -188,10 +189,6 @@ class TrajectoryPage(Schema):
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page")
 
 
-# PostgreSQL's text holds no NUL, so a filter with one could match nothing; its driver refuses the query.
-_NO_NUL = {"pattern": "^[^\\x00]*$"}
-
-
 class TrajectoryQuery(Schema):
     """The query parameters of `GET /api/v1/trajectories`: validated here (422 naming the parameter), then
     turned into the one `selectors.TrajectoryFilters` the pages filter with (`filters`)."""
@@ -202,35 +199,27 @@ class TrajectoryQuery(Schema):
     reviewed_outcome: Literal["success", "failure", "unknown", "none"] | None = Field(
         None, description="The reviewer's outcome; `none`: not reviewed yet"
     )
-    agent: str | None = Field(None, json_schema_extra=_NO_NUL)
-    model_version: str | None = Field(None, json_schema_extra=_NO_NUL)
-    source: str | None = Field(None, description="api, upload, otlp, cli or demo", json_schema_extra=_NO_NUL)
-    external_id: str | None = Field(None, json_schema_extra=_NO_NUL)
+    # PostgreSQL's text holds no NUL, so a filter with one could match nothing; its driver refuses the query.
+    agent: Text | None = None
+    model_version: Text | None = None
+    source: Text | None = Field(None, description="api, upload, otlp, cli or demo")
+    external_id: Text | None = None
     has_tool_error: bool | None = None
     signal: SignalKind | None = Field(None, description="Trajectories with at least one triage signal of this kind")
     failure_mode: Id | None = Field(None, description="Trajectories assigned to this failure mode (its id)")
-    q: str | None = Field(
+    q: Annotated[str, Field(max_length=selectors.MAX_SEARCH_CHARS), NulFree] | None = Field(
         None,
-        max_length=selectors.MAX_SEARCH_CHARS,
         description=(
             f"Text the messages contain (case-insensitive), at most {selectors.MAX_SEARCH_CHARS} characters "
             "(422 beyond)"
         ),
-        json_schema_extra=_NO_NUL,
     )
     started_after: datetime | None = Field(None, description="Inclusive; a time without an offset is UTC")
     started_before: datetime | None = Field(None, description="Exclusive; a time without an offset is UTC")
-    cursor: str | None = Field(
+    cursor: Text | None = Field(
         None, description="From `next_cursor` of the previous page", json_schema_extra={"pattern": "^[0-9]*$"}
     )
     limit: int = Field(50, ge=1, le=LIST_MAX_LIMIT)
-
-    @field_validator("agent", "model_version", "source", "external_id", "q")
-    @classmethod
-    def _no_nul(cls, value: str | None) -> str | None:
-        if value is not None and "\x00" in value:
-            raise ValueError("must not contain a NUL character (no stored text has one)")
-        return value
 
     @field_validator("started_after", "started_before", mode="before")
     @classmethod

@@ -20,6 +20,7 @@ from flywheel.api import ObjectIn
 from flywheel.api.auth import read_auth, review_auth
 from flywheel.api.errors import ERRORS as _ERRORS
 from flywheel.api.ids import Id
+from flywheel.api.text import Text
 from flywheel.failures.clustering import services
 from flywheel.failures.clustering.models import ClusteringRun, ClusterSuggestion
 from flywheel.failures.models import FailureMode
@@ -34,8 +35,8 @@ class ClusteringIn(ObjectIn):
     limit: int = Field(services.MAX_FAILURES, ge=2, le=services.MAX_FAILURES)
     outcome: Literal["failure", "success", "unknown", ""] = "failure"
     unassigned: StrictBool = Field(True, description="Only failures assigned to no failure mode")
-    agent: str = Field("", max_length=200)
-    signal: str = Field("", max_length=32, description="Only failures with this triage signal kind")
+    agent: Text = Field("", max_length=200)
+    signal: Text = Field("", max_length=32, description="Only failures with this triage signal kind")
 
 
 class CreatedOut(Schema):
@@ -72,8 +73,8 @@ class ClusteringOut(Schema):
 
 class DecisionIn(ObjectIn):
     action: Literal["accept", "merge", "split", "dismiss"]
-    name: str = Field("", max_length=200, description="accept: the new mode's name (default: the label)")
-    category: str = Field("", max_length=32, description="accept: a taxonomy key (default: the members' usual)")
+    name: Text = Field("", max_length=200, description="accept: the new mode's name (default: the label)")
+    category: Text = Field("", max_length=32, description="accept: a taxonomy key (default: the members' usual)")
     failure_mode_id: Id | None = Field(None, description="merge: the mode to merge into")
 
 

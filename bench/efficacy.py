@@ -150,21 +150,17 @@ def promote_left_out(project, task_set, n: int, user) -> int:
     corrected to its request's expected call (README: "left for you to promote"). The promotion service
     checks each as the page does (the verifier, the leakage guard) and makes a new version per row."""
     from flywheel.evals import promotion
-    from flywheel.training.demo import _row
+    from flywheel.training.demo import expected_calls_of
     from flywheel.trajectories.models import Trajectory
-    from trainer.envs.workplace import generate_tasks
 
     in_tasks = set(task_set.items.exclude(trajectory=None).values_list("trajectory_id", flat=True))
     left = Trajectory.objects.filter(project=project, outcome="failure", external_id__startswith="workplace-req-")
     left = left.exclude(pk__in=in_tasks).order_by("pk")
-    tasks = generate_tasks(300, seed=21, split="train", difficulty="single")
     done = 0
     for trajectory in left:
         if done == n:
             break
-        task = tasks[int(trajectory.external_id.removeprefix("workplace-req-"))]
-        data = {**promotion.promotion_prefill(trajectory=trajectory),
-                "expected_calls": _row(task, "r")["verifier"]["expected_calls"]}
+        data = {**promotion.promotion_prefill(trajectory=trajectory), "expected_calls": expected_calls_of(trajectory)}
         try:
             promotion.trajectory_promote(trajectory=trajectory, data=data, target=task_set, user=user)
         except promotion.PromotionRefused as refused:

@@ -71,6 +71,20 @@ def _row(task: dict[str, Any], row_id: str) -> dict[str, Any]:
                 {"name": call["name"], "arguments": json.loads(call["arguments"])}]}}
 
 
+def _train_rows(n_train: int) -> list[dict[str, Any]]:
+    """The requests the demo plays, as task rows `req-<i>` (their trajectories are `workplace-req-<i>`)."""
+    from trainer.envs.workplace import generate_tasks
+
+    return [_row(t, f"req-{i}") for i, t in enumerate(generate_tasks(n_train, seed=21, split="train", difficulty="single"))]
+
+
+def expected_calls_of(trajectory, n_train: int = 300) -> list[dict[str, Any]]:
+    """The calls the request of one of the demo's trajectories asks for (its task row's expected calls): what a
+    reviewer types into the promotion form to correct the agent's call. `n_train` as the demo was seeded."""
+    index = int(trajectory.external_id.removeprefix("workplace-req-"))
+    return _train_rows(n_train)[index]["verifier"]["expected_calls"]
+
+
 def _play(model_dir: Path, rows: list[dict[str, Any]], progress=None, chunk: int = 100) -> list[dict[str, Any]]:
     """The model's answer to each row, scored: `python -m trainer evaluate`, one sample a row, `chunk` rows a
     run so that `progress(text)` can say how far it is."""
@@ -156,8 +170,7 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
 
     if TaskSet.objects.filter(project=project, name=TASK_SET_NAME).exists():
         return {"seeded": False}
-    train_rows = [_row(t, f"req-{i}") for i, t in enumerate(generate_tasks(n_train, seed=21, split="train",
-                                                                           difficulty="single"))]
+    train_rows = _train_rows(n_train)
     cases = {str(c["id"]): c for c in _play(model_dir, train_rows, progress)}
     if progress:
         progress(f"Recording {len(train_rows)} trajectories and promoting the failures.")

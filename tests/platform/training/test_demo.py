@@ -6,9 +6,14 @@ from __future__ import annotations
 from flywheel.evals import promotion
 from flywheel.registry import services as registry
 from flywheel.training import services
-from flywheel.training.demo import DEMO_RECIPE, _row, loop_demo_seed, loop_demo_suites, loop_project
+from flywheel.training.demo import (
+    DEMO_RECIPE,
+    expected_calls_of,
+    loop_demo_seed,
+    loop_demo_suites,
+    loop_project,
+)
 from flywheel.trajectories.models import Trajectory
-from trainer.envs.workplace import generate_tasks
 
 
 def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
@@ -50,10 +55,8 @@ def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
     # A failure left out is promoted into the regression suite with the form's defaults: the leakage guard
     # finds it on no task.
     trajectory = trajectories.get(pk=min(left))
-    request = int(trajectory.external_id.removeprefix("workplace-req-"))
-    task = generate_tasks(12, seed=21, split="train", difficulty="single")[request]
     data = {**promotion.promotion_prefill(trajectory=trajectory),  # corrected to the request's expected call
-            "expected_calls": _row(task, "r")["verifier"]["expected_calls"]}
+            "expected_calls": expected_calls_of(trajectory, n_train=12)}
     case, check = promotion.trajectory_promote(trajectory=trajectory, data=data, target=suites["regression"], user=user)
     assert check.conflicts == [] and check.doubts == [] and case.trajectory_id == trajectory.pk
     assert suites["regression"].versions.count() == 2

@@ -148,8 +148,11 @@ def _engine_labels(data: list[tuple[str, dict]]) -> tuple[list[str], list[int], 
     return causes, labels, time.perf_counter() - started
 
 
-FIXTURES = {"fixture": ("clustering_fixture", "q"), "api": ("clustering_api_fixture", "api")}
-FIXTURE_NAMES = {"fixture": "generator fixture", "api": "real API fixture"}
+# kind: (module, id prefix, name in the report)
+FIXTURES = {
+    "fixture": ("clustering_fixture", "q", "generator fixture"),
+    "api": ("clustering_api_fixture", "api", "real API fixture"),
+}
 
 
 def quality(kind: str, n: int) -> dict:
@@ -160,7 +163,7 @@ def quality(kind: str, n: int) -> dict:
 
     import numpy as np
 
-    module, prefix = FIXTURES[kind]
+    module, prefix, _ = FIXTURES[kind]
     started = time.perf_counter()
     causes, labels, seconds = _engine_labels(importlib.import_module(module).failures(n, seed=1, prefix=prefix))
     labels_array = np.array(labels)
@@ -282,7 +285,7 @@ def main() -> None:
                 for n in sizes:
                     q = alone[kind][str(n)] = quality(kind, n)
                     print(
-                        f"{FIXTURE_NAMES[kind]}, engine alone: {n} failures, {q['clusters']} groups, coverage {q['coverage']}; "
+                        f"{FIXTURES[kind][2]}, engine alone: {n} failures, {q['clusters']} groups, coverage {q['coverage']}; "
                         f"homogeneity {q['homogeneity']}, completeness {q['completeness']}, ARI {q['ari']}; "
                         f"{q['seconds']} s (features and clustering)",
                         flush=True,

@@ -281,8 +281,11 @@ def _attach_promoted(rows: list[Trajectory]) -> None:
     reviewer sees which failures are still only failures. Through the reverse relations the task sets' and
     the suites' foreign keys declare (those apps sit above this one), two queries a page."""
     ids = [row.id for row in rows]
-    tasks = set(Trajectory.objects.filter(id__in=ids, tasks__isnull=False).values_list("id", flat=True)) if ids else set()
-    cases = set(Trajectory.objects.filter(id__in=ids, eval_cases__isnull=False).values_list("id", flat=True)) if ids else set()
+    tasks: set[int] = set()
+    cases: set[int] = set()
+    if ids:
+        tasks = set(Trajectory.objects.filter(id__in=ids, tasks__isnull=False).values_list("id", flat=True))
+        cases = set(Trajectory.objects.filter(id__in=ids, eval_cases__isnull=False).values_list("id", flat=True))
     for row in rows:
         row.promoted = [name for name, held in (("task", row.id in tasks), ("eval case", row.id in cases)) if held]
 

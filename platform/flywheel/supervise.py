@@ -69,8 +69,14 @@ def worker_name() -> str:
 
 def die_with_parent() -> None:
     """In the trainer's process: start its own process group (cancel kills the whole group) and die when the
-    worker that started it dies, so no trainer outlives its worker (Linux's PR_SET_PDEATHSIG)."""
+    worker that started it dies, so no trainer outlives its worker."""
     os.setsid()
+    exit_with_parent()
+
+
+def exit_with_parent() -> None:
+    """In a child's process (a `preexec_fn`): die when the worker that started it dies, even by SIGKILL
+    (Linux's PR_SET_PDEATHSIG), staying in the worker's process group so that a terminal's Ctrl-C reaches it."""
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 

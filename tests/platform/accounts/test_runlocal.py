@@ -101,3 +101,35 @@ def test_sigterm_stops_everything_cleanly_even_when_sent_twice(subprocess_env, t
     finally:
         if _group_alive(process.pid):
             os.killpg(process.pid, signal.SIGKILL)
+
+
+ORPHAN_SCRIPT = r"""
+import os, subprocess, sys, psutil
+from flywheel.seed.management.commands import runlocal
+
+runlocal._become_subreaper()
+# A child that starts a sleeper and a short-lived process of its own, and exits without reaping either: what a
+# worker killed mid-task leaves (the demo's player), and Celery beat's process when its worker exits first.
+leaver = subprocess.run([sys.executable, "-c",
+                         "import os, subprocess, time; quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+                         "s = subprocess.Popen(['sleep', '600'], **quiet); q = subprocess.Popen(['true'], **quiet); "
+                         "time.sleep(0.5); print(s.pid, q.pid, flush=True); os._exit(0)"],  # no reaping at exit
+                        capture_output=True, text=True, check=True)
+sleeper, quick = (int(pid) for pid in leaver.stdout.split())
+print("adopted", psutil.Process(sleeper).ppid() == os.getpid(), psutil.Process(quick).status())
+print("found", runlocal.stop_descendants(grace_s=5))
+print("left", [pid for pid in (sleeper, quick) if psutil.pid_exists(pid)])
+"""
+
+
+def test_stopping_stops_and_reaps_what_a_dead_child_left_behind(tmp_path):
+    # In a process of its own: becoming a subreaper would change the test's process for every later test.
+    env = {**os.environ, "FLYWHEEL_VAR_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "manage.py", "shell", "-c", ORPHAN_SCRIPT],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    # Both became runlocal's own: the sleeper still running, the other a zombie nobody reaped.
+    assert lines[-3] == "adopted True zombie", result.stdout
+    assert lines[-2] == "found 2", result.stdout
+    assert lines[-1] == "left []", result.stdout

@@ -4,12 +4,19 @@ The worker embeds Celery beat, which runs the outbox sweep (flywheel.outbox) on 
 
 One machine, no services: SQLite, kombu's filesystem broker and MLflow's SQLite store, all under `var/`.
 
+Nothing started under it outlives it: it is its children's subreaper (Linux's PR_SET_CHILD_SUBREAPER), so a
+process orphaned by a child that died first (Celery beat's, the demo's player when its worker was killed) becomes
+its own, and is stopped and reaped with the rest instead of lingering, or lingering as a zombie where the
+machine's init reaps none.
+
 Ctrl-C (SIGINT) and SIGTERM only ask to stop: the signal handler sets a flag that the main loop reads. An
 exception raised from the handler would surface wherever the signal lands (in the middle of stopping the
 children, when a second signal comes) and leave a traceback and running children behind."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -19,6 +26,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -43,6 +51,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, host: str, port: int, no_seed: bool, **options) -> None:
         _check_port_free(host, port)
+        _become_subreaper()
         stop = threading.Event()
 
         def on_signal(signum: int, frame: object) -> None:
@@ -133,6 +142,11 @@ def _check_port_free(host: str, port: int) -> None:
             ) from exc
 
 
+def _become_subreaper() -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # 36 = PR_SET_CHILD_SUBREAPER
+
+
 def _stop_all(children) -> None:
     # SIGTERM is a warm shutdown for Celery (the task in hand finishes) and a clean stop for runserver; it is
     # sent even after a terminal's Ctrl-C, for the case where only this process was signalled.
@@ -146,3 +160,19 @@ def _stop_all(children) -> None:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+    stop_descendants(grace_s=STOP_GRACE_S)
+
+
+def stop_descendants(grace_s: float) -> int:
+    """Terminate every process still under this one, kill what outlasts `grace_s`, and reap them all (zombies
+    too); the number found. Orphans count once they are ours, which `_become_subreaper` makes them."""
+    rest = psutil.Process().children(recursive=True)
+    for process in rest:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _, alive = psutil.wait_procs(rest, timeout=grace_s)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    return len(rest)

@@ -28,7 +28,7 @@ from flywheel.failures.demo import failure_demo_seed
 from flywheel.registry.demo import DEMO_MODEL_NAME, build_demo_model, demo_model_dir
 from flywheel.registry.models import BaseModel
 from flywheel.registry.services import base_model_register
-from flywheel.training.demo import loop_demo_seed, loop_project
+from flywheel.training.demo import loop_demo_seed, loop_demo_seeded, loop_project
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.triage_policy import DEFAULT_UNSAFE_RULES, policy_set, policy_text_of
 
@@ -126,10 +126,11 @@ def demo_seed() -> DemoSeed:
 
 
 def registry_demo_seed(*, project: Project) -> bool:
-    """Queue the build of the demo model unless the project has it; True when queued."""
+    """Queue the build of the demo model and its play unless the project has both; True when queued. A `make run`
+    stopped while the worker played leaves the model registered and no task set: the next one finishes the job."""
     from flywheel.seed.tasks import demo_model_task  # the task module imports this one
 
-    if BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists():
+    if BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists() and loop_demo_seeded(project):
         return False
     # Said at once, so that the pages are not silent until the gpu worker has started and picked the task up.
     demo_status_set(project=project, text="Waiting for the gpu worker to copy the demo model and play it.")
@@ -137,23 +138,34 @@ def registry_demo_seed(*, project: Project) -> bool:
     return True
 
 
-def demo_model_build(*, project_id: int) -> str:
+def demo_model_build(*, project_id: int, **sizes: int) -> str:
     """Build the demo model into FLYWHEEL_MODELS_DIR/<slug>/tiny-demo (once per machine), register it, and play it to
-    make the project's data (`flywheel.training.demo.loop_demo_seed`)."""
+    make the project's data (`flywheel.training.demo.loop_demo_seed`); either part done already is not done
+    again. Stopped by an error, the pages say so until the next `make run` queues it again. `sizes` are
+    `loop_demo_seed`'s (n_train, n_holdout, n_regression)."""
     project = Project.objects.get(pk=project_id)
-    if BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).exists():
+    registered = BaseModel.objects.filter(project=project, name=DEMO_MODEL_NAME).first()
+    if registered is not None and loop_demo_seeded(project):
         return "registered already"
-    folder = build_demo_model(demo_model_dir(project.slug),
-                              progress=lambda text: demo_status_set(project=project, text=text))
-    owner = project.memberships.filter(role="maintainer").select_related("user").first()
-    user = owner.user if owner else None
-    base_model_register(project=project, name=DEMO_MODEL_NAME, path=str(folder), user=user)
+
+    def progress(text: str) -> None:
+        demo_status_set(project=project, text=text)
+
     try:
-        loop_demo_seed(project=project, model_dir=folder, user=user,
-                       progress=lambda text: demo_status_set(project=project, text=text))
-    finally:
-        demo_status_set(project=project, text=None)
-    return "registered"
+        if registered is None:
+            folder = build_demo_model(demo_model_dir(project.slug), progress=progress)
+            owner = project.memberships.filter(role="maintainer").select_related("user").first()
+            user = owner.user if owner else None
+            base_model_register(project=project, name=DEMO_MODEL_NAME, path=str(folder), user=user)
+        else:
+            folder, user = Path(registered.path), registered.created_by
+        loop_demo_seed(project=project, model_dir=folder, user=user, progress=progress, **sizes)
+    except Exception as exc:
+        progress(f"Seeding the demo stopped ({type(exc).__name__}; the gpu worker's log says more); the next "
+                 "`make run` picks it up again.")
+        raise
+    demo_status_set(project=project, text=None)
+    return "registered" if registered is None else "played"
 
 
 # --- the demo conversations ------------------------------------------------------------------------------

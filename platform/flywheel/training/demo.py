@@ -89,7 +89,7 @@ def _play(model_dir: Path, rows: list[dict[str, Any]], progress=None, chunk: int
     """The model's answer to each row, scored: `python -m trainer evaluate`, one sample a row, `chunk` rows a
     run so that `progress(text)` can say how far it is."""
     from flywheel.evals.runs import evaluate_command
-    from flywheel.supervise import trainer_env
+    from flywheel.supervise import exit_with_parent, trainer_env
     from trainer import jobdir
     from trainer.config import write_jsonl
 
@@ -102,7 +102,8 @@ def _play(model_dir: Path, rows: list[dict[str, Any]], progress=None, chunk: int
             write_jsonl(suite, rows[start:start + chunk])
             subprocess.run(evaluate_command(model_path=str(model_dir), suite=suite, out=out, samples=1,
                                             temperature=1.0, seed=7 + start),
-                           check=True, capture_output=True, timeout=1800, env=trainer_env())
+                           check=True, capture_output=True, timeout=1800, env=trainer_env(),
+                           preexec_fn=exit_with_parent)  # noqa: PLW1509 (needed: no player outlives a killed worker)
             cases += jobdir.read_cases(out)
     return cases
 
@@ -154,21 +155,28 @@ def _left_for_review(failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return _clear_of(picked, [r for r in failed if r not in picked])
 
 
+def loop_demo_seeded(project: Project) -> bool:
+    """Whether `loop_demo_seed` has finished on the project: its task set, suites and recipe are made together."""
+    from flywheel.environments.models import TaskSet
+
+    return TaskSet.objects.filter(project=project, name=TASK_SET_NAME).exists()
+
+
 def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int = 300, n_holdout: int = 100,
                    n_regression: int = 20, progress=None) -> dict:
     """Trajectories from the model's own play, failures promoted into a task set (but those `_left_for_review`
     keeps out), a holdout of other requests
     (distinct, from the held-out split) and a regression suite of requests production got right, each with a
     first version, and the project's training recipe. Nothing is done twice."""
-    from flywheel.environments.models import TaskSet
     from flywheel.environments.services import task_set_create
     from flywheel.evals import rows as row_shape
     from flywheel.evals.services import suite_create, version_create
+    from flywheel.training.services import defaults_save
     from flywheel.trajectories.ingest import ingest_trajectories
     from flywheel.trajectories.models import Trajectory
     from trainer.envs.workplace import generate_tasks
 
-    if TaskSet.objects.filter(project=project, name=TASK_SET_NAME).exists():
+    if loop_demo_seeded(project):
         return {"seeded": False}
     train_rows = _train_rows(n_train)
     cases = {str(c["id"]): c for c in _play(model_dir, train_rows, progress)}
@@ -228,9 +236,7 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
         for row in kept[:n_regression]:
             regression.items.create(**item_fields(row, by_external.get(f"workplace-{row['id']}")))
         version_create(collection=regression, user=user, note="requests production got right when played")
-    from flywheel.training.services import defaults_save
-
-    defaults_save(project=project, config=DEMO_RECIPE, user=user)
+        defaults_save(project=project, config=DEMO_RECIPE, user=user)
     # The leakage guard's vectors of every request on both sides, made here on the worker: else the first
     # promotion check runs the sentence model over them all in a person's request (8 s for 180 requests).
     from flywheel.evals.leakage import request_vectors_fill

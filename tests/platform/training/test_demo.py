@@ -62,6 +62,40 @@ def test_the_loop_demo_is_made_from_the_models_own_play(user, tiny_model):
     assert suites["regression"].versions.count() == 2
 
 
+def test_a_seeding_stopped_while_the_model_played_is_finished_by_the_next_make_run(user, tiny_model, tmp_path):
+    import subprocess
+
+    import pytest
+
+    from flywheel.demo_status import demo_status_of
+    from flywheel.registry.demo import DEMO_MODEL_NAME
+    from flywheel.registry.models import BaseModel
+    from flywheel.seed.demo import demo_model_build, registry_demo_seed
+
+    project = loop_project(owner=user)
+    # What a `make run` stopped while the worker played leaves: the model registered, no task set.
+    registry.base_model_register(project=project, name=DEMO_MODEL_NAME, path=str(tiny_model), user=user)
+    assert registry_demo_seed(project=project)  # queued again, and the pages say it waits for the worker
+    assert demo_status_of(project=project).startswith("Waiting for the gpu worker")
+    # A play that fails (here the model's folder has gone) says so on the pages, and the task fails.
+    BaseModel.objects.filter(project=project).update(path=str(tmp_path / "gone"))
+    with pytest.raises(subprocess.CalledProcessError):
+        demo_model_build(project_id=project.pk, n_train=12, n_holdout=6, n_regression=3)
+    assert demo_status_of(project=project).startswith("Seeding the demo stopped (CalledProcessError")
+    assert not Trajectory.objects.filter(project=project).exists()
+
+    BaseModel.objects.filter(project=project).update(path=str(tiny_model))
+    assert demo_model_build(project_id=project.pk, n_train=12, n_holdout=6, n_regression=3) == "played"
+    assert demo_status_of(project=project) is None
+    assert Trajectory.objects.filter(project=project).count() == 12
+    assert services.project_defaults(project) == DEMO_RECIPE
+    assert set(loop_demo_suites(project)) >= {"task_set", "holdout", "regression"}
+    # Done: the next `make run` queues nothing, and a task queued before runs as a no-op.
+    assert not registry_demo_seed(project=project)
+    assert demo_model_build(project_id=project.pk) == "registered already"
+    assert BaseModel.objects.filter(project=project).count() == 1
+
+
 def test_the_pages_say_what_the_worker_is_doing_while_it_seeds(user, client_for):
     from django.urls import reverse
 

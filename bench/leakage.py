@@ -105,7 +105,7 @@ def _old_refuses(a: str, b: str, cosine: float) -> bool:
 
 
 def _figures(rows: list[tuple[dict, str]]) -> dict[str, dict]:
-    from flywheel.evals.online import wilson
+    from flywheel.registry.sequential import wilson
 
     same = [o for p, o in rows if p["same"]]
     different = [o for p, o in rows if not p["same"]]

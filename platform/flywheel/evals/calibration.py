@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -53,6 +52,7 @@ from flywheel.evals import rows as row_shape
 from flywheel.evals.calibration_models import CALIBRATION_ACTIVE, CalibrationStatus, VerifierCalibration
 from flywheel.evals.kinds import train_side
 from flywheel.evals.models import EnvType
+from flywheel.registry.sequential import wilson
 from flywheel.supervise import Refused
 from flywheel.trajectories.models import Outcome, SignalKind, Trajectory, TriageSignal
 from trainer.verifiers import SpecError, validate_spec
@@ -62,19 +62,6 @@ logger = logging.getLogger(__name__)
 MIN_LABELED = 50  # under this the page warns: too few labels to trust the figures
 MAX_TRAJECTORIES = 2000
 PROGRESS_EVERY = 25  # trajectories scored between two writes of a calibration's progress (its heartbeat)
-Z95 = 1.959963984540054
-
-
-def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:
-    """The Wilson score interval of a proportion (95% by default): it covers the true rate about 95% of the
-    time even for small n and rates near 0 or 1, where the normal interval does not
-    (tests/platform/evals/test_online.py simulates its coverage). None for n = 0."""
-    if n == 0:
-        return None
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass

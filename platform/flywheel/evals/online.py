@@ -47,10 +47,10 @@ from flywheel import fields, outbound, sealed, timelimits
 from flywheel.accounts.models import Project
 from flywheel.evals import calibration, promotion
 from flywheel.evals import rows as row_shape
-from flywheel.evals.calibration import wilson
 from flywheel.evals.kinds import train_side
 from flywheel.evals.models import EnvType, OnlineEvalSettings, OnlineScore
 from flywheel.registry.live import names_of
+from flywheel.registry.sequential import wilson
 from flywheel.trajectories.models import Trajectory
 from trainer.verifiers import SpecError
 from trainer.verifiers.base import Score

@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.stats import binomtest
 
 from flywheel.registry import sequential
 
@@ -60,18 +59,10 @@ class Outcome:
         return self.ends.get(end, 0) / self.streams
 
     def interval(self, end: str) -> tuple[float, float]:
-        return wilson(self.ends.get(end, 0), self.streams)
+        return sequential.wilson(self.ends.get(end, 0), self.streams) or (0.0, 1.0)
 
     def median_at(self) -> int | None:
         return int(np.median(self.at)) if self.at else None
-
-
-def wilson(k: int, n: int) -> tuple[float, float]:
-    """The 95% Wilson interval of k in n (scipy's)."""
-    if n == 0:
-        return 0.0, 1.0
-    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
-    return float(ci.low), float(ci.high)
 
 
 class _Arm:

@@ -52,6 +52,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from scipy.stats import binomtest
+
 ALPHA = 0.05  # the three refusing rules together: each is tested at RULE_ALPHA
 RULES = 3  # failures, unsafe actions, unknown outcomes (Bonferroni)
 RULE_ALPHA = ALPHA / RULES
@@ -59,6 +61,16 @@ TAU_FAILURE = 0.1
 MIN_EACH = 5  # events and non-events in each arm before a look's normal approximation enters the running p
 TOLERANCE = 0.05  # default: the failure-rate increase a canary may be promoted under (five points)
 UPPER_ALPHA = 0.05  # the always-valid upper bound on the increase holds with probability 1 - UPPER_ALPHA
+
+
+def wilson(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
+    """The Wilson score interval of a proportion (scipy's): it covers the true rate about `confidence` of the
+    time even for small n and rates near 0 or 1, where the normal interval does not
+    (tests/platform/evals/test_online.py simulates its coverage). None for n = 0."""
+    if n == 0:
+        return None
+    ci = binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import pytest
 
 from flywheel.evals import leakage
 from flywheel.evals import rows as row_shape
-from flywheel.evals.online import wilson
+from flywheel.registry.sequential import wilson
 
 pytestmark = pytest.mark.django_db  # the guard keeps request vectors in the database
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from flywheel.evals.calibration import wilson
 from flywheel.registry.gate import (
     CaseResult,
     GateRules,
@@ -22,6 +21,7 @@ from flywheel.registry.gate import (
     smallest_gain,
     success_power,
 )
+from flywheel.registry.sequential import wilson
 from trainer.config import GRPOConfig
 
 # Monte Carlo sign vectors per test inside the simulation: (1 + k) / (1 + B) keeps each test valid at any B.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import jsonschema
 import pytest
@@ -253,12 +252,10 @@ def test_the_json_schema_verifier_runs_its_patterns_on_re2(no_python_re):
     spec = {"type": "json_schema", "schema": {"type": "object", "properties": {"name": {"pattern": REDOS}},
                                               "patternProperties": {REDOS: {"type": "integer"}},
                                               "additionalProperties": False}}
-    start = time.perf_counter()
     bad = score(spec, json.dumps({"name": HOSTILE_KEY, HOSTILE_KEY: "x"}))
     errors = bad.checks["schema"]["errors"]
     assert not bad.passed and any("does not match" in e for e in errors) and any("regexes" in e for e in errors)
     assert score(spec, json.dumps({"name": "aaa", "aa": 3})).passed
-    assert time.perf_counter() - start < 5  # before RE2: minutes
 
 
 @pytest.mark.parametrize("schema", [
@@ -272,7 +269,7 @@ def test_a_pattern_property_re2_refuses_is_a_schema_problem(schema):
     assert "regex" in info.schema_problem or "pattern" in info.schema_problem
 
 
-def test_schema_is_read_at_the_root_only():
+def test_schema_is_read_at_the_root_only(no_python_re):
     """jsonschema hands a subschema with its own $schema (or a $ref back to a root that says one) to the
     draft's stock class, whose patterns run on re: refused inside, left out of the document at the root."""
     d7 = "http://json-schema.org/draft-07/schema#"
@@ -283,9 +280,7 @@ def test_schema_is_read_at_the_root_only():
             "properties": {"x": {"$ref": "#"}}}
     validator = schema_validator(root)
     assert type(validator).META_SCHEMA == jsonschema.Draft7Validator.META_SCHEMA  # the root's draft
-    start = time.perf_counter()
-    assert not validator.is_valid({"x": {HOSTILE_KEY: 1}})
-    assert time.perf_counter() - start < 5
+    assert not validator.is_valid({"x": {HOSTILE_KEY: 1}})  # on RE2: no_python_re fails the test on re
 
 
 # On ordinary patterns the RE2 keywords answer as jsonschema's own ------------------------------------------

@@ -4,7 +4,6 @@ scores, the client polls. With the tool schema of issue 22 (a patternProperties 
 from __future__ import annotations
 
 import json
-import time
 
 REDOS_TOOL = {"type": "function", "function": {"name": "tag", "parameters": {
     "type": "object", "patternProperties": {"^(a+)+$": {"type": "string"}}, "additionalProperties": False}}}
@@ -35,10 +34,10 @@ def test_a_calibration_with_a_redos_tool_schema_answers_at_once_and_the_worker_f
         trajectory_outcome_set(trajectory=t, outcome=t.outcome, user=user)
     key = make_api_key(project, scopes=["read"])
     spec = {"type": "tool_call", "expected_calls": [{"name": "tag", "arguments": {}}], "allow_extra_arguments": True}
-    start = time.monotonic()
     started = api_client.post("/api/v1/verifier-calibrations", {"verifier": spec}, key=key)
     assert started.status_code == 202, started.content
-    assert time.monotonic() - start < 5  # the request queues it: nothing is scored in the web process
+    # The request queues it: nothing is scored in the web process.
+    assert started.json()["status"] == "queued" and started.json()["done"] == 0, started.json()
     url = f"/api/v1/verifier-calibrations/{started.json()['id']}"
     # A generous bound: scoring three trajectories takes milliseconds; before RE2, minutes for each hostile one.
     body = celery_worker.wait_for(lambda: (b := api_client.get(url, key=key).json())["status"] in ("done", "failed")

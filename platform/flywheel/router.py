@@ -188,6 +188,20 @@ def sticky_share(key: str, secret: bytes) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
+def arm_for(split: dict[str, Any], share: float) -> dict[str, Any]:
+    """The arm of a request whose share (uniform on [0, 1): a route key's `sticky_share` or a random draw) is
+    `share`: the canary's weight first, then the holdback's (the replaced version during a watch), production the
+    rest."""
+    edge = 0.0
+    for name in ("canary", "holdback"):
+        arm = split.get(name)
+        if arm is not None:
+            edge += arm["weight"]
+            if share < edge:
+                return arm
+    return split["production"]
+
+
 class SplitSource:
     """The last good split read from the platform, and why the last read failed (if it did)."""
 
@@ -346,12 +360,7 @@ class Router:
             else:
                 with self._random_lock:
                     share = self._random.random()
-            edge = 0.0
-            for arm in others:
-                edge += arm["weight"]
-                if share < edge:
-                    assigned = arm
-                    break
+            assigned = arm_for(split, share)
         requested = body.get("model")
         if isinstance(requested, str) and requested in arms:
             # Without a route key a request has no assignment to name: only the sole adapter is its own.

@@ -217,6 +217,7 @@ CELERY_TASK_ROUTES = {
     "flywheel.training.*": {"queue": "gpu"},
     "flywheel.evals.run": {"queue": "gpu"},
     "flywheel.registry.demo_model": {"queue": "gpu"},
+    "flywheel.seed.demo_traffic": {"queue": "gpu"},
 }
 CELERY_IMPORTS = ["flywheel.gpu_queue"]
 CELERY_TASK_DEFAULT_QUEUE = "default"
@@ -300,6 +301,16 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": FLYWHEEL_SWEEP_INTERVAL_S},
     },
 }
+# `make run` only (runlocal sets it for its workers): a round of the workplace demo's live traffic this often,
+# while a canary or a watch runs there (flywheel.seed.traffic); 0, the default, plays none.
+FLYWHEEL_DEMO_TRAFFIC_S = get_env("FLYWHEEL_DEMO_TRAFFIC_S", 0, cast=int)
+if FLYWHEEL_DEMO_TRAFFIC_S > 0:
+    CELERY_BEAT_SCHEDULE["demo-traffic"] = {
+        "task": "flywheel.seed.demo_traffic",
+        "schedule": FLYWHEEL_DEMO_TRAFFIC_S,
+        # A round the gpu worker could not start in time (a training job holds it) is dropped, not piled up.
+        "options": {"expires": FLYWHEEL_DEMO_TRAFFIC_S},
+    }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 MLFLOW_TRACKING_URI = get_env("MLFLOW_TRACKING_URI", f"sqlite:///{VAR_DIR / 'mlflow.db'}")

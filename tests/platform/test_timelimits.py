@@ -28,7 +28,7 @@ def test_the_default_queues_tasks_stop_within_an_hour_and_the_gpu_ones_at_the_op
     gpu = {name for name, task in _flywheel_tasks().items() if any(
         name.startswith(prefix.rstrip("*")) for prefix in settings.CELERY_TASK_ROUTES)}
     assert gpu == {"flywheel.training.run", "flywheel.training.evaluate", "flywheel.evals.run",
-                   "flywheel.registry.demo_model", "flywheel.gpu_turn"}
+                   "flywheel.registry.demo_model", "flywheel.seed.demo_traffic", "flywheel.gpu_turn"}
     for name, task in _flywheel_tasks().items():
         if name in gpu:
             assert task.soft_time_limit == settings.FLYWHEEL_GPU_TASK_TIME_LIMIT_S, name

@@ -15,3 +15,11 @@ def demo_model_task(project_id: int) -> str:
     from flywheel.seed.demo import demo_model_build
 
     return demo_model_build(project_id=project_id)
+
+
+@shared_task(name="flywheel.seed.demo_traffic", **timelimits.gpu())
+def demo_traffic_task() -> dict:
+    """A round of the workplace demo's live traffic while a canary or a watch runs there (`make run`)."""
+    from flywheel.seed.traffic import demo_traffic_round
+
+    return demo_traffic_round()

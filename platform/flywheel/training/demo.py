@@ -45,6 +45,7 @@ DEMO_RECIPE = {
     "r": 16, "alpha": 32, "train_batch_size": 64, "eval_interval": 10, "eval_on_start": True,
     "eval_samples_per_prompt": 8, "eval_temperature": 1.0, "num_threads": 1,
 }
+DEMO_LIVE_RULES = {"canary_min_per_arm": 30, "watch_trajectories": 200, "watch_holdback": 0.1}
 TASK_SET_NAME = "Workplace requests the model got wrong"
 HOLDOUT_NAME = "Workplace holdout"
 REGRESSION_NAME = "Workplace regressions"
@@ -63,7 +64,7 @@ def loop_project(*, owner) -> Project:
     return project
 
 
-def _row(task: dict[str, Any], row_id: str) -> dict[str, Any]:
+def demo_row(task: dict[str, Any], row_id: str) -> dict[str, Any]:
     """A single-turn tool-call row from a workplace task: the request and the first call of its solution."""
     call = next(m for m in task["solution"] if m.get("tool_calls"))["tool_calls"][0]["function"]
     return {"id": row_id, "messages": task["messages"], "tools": task["tools"],
@@ -75,7 +76,7 @@ def _train_rows(n_train: int) -> list[dict[str, Any]]:
     """The requests the demo plays, as task rows `req-<i>` (their trajectories are `workplace-req-<i>`)."""
     from trainer.envs.workplace import generate_tasks
 
-    return [_row(t, f"req-{i}") for i, t in enumerate(generate_tasks(n_train, seed=21, split="train", difficulty="single"))]
+    return [demo_row(t, f"req-{i}") for i, t in enumerate(generate_tasks(n_train, seed=21, split="train", difficulty="single"))]
 
 
 def expected_calls_of(trajectory, n_train: int = 300) -> list[dict[str, Any]]:
@@ -85,9 +86,10 @@ def expected_calls_of(trajectory, n_train: int = 300) -> list[dict[str, Any]]:
     return _train_rows(n_train)[index]["verifier"]["expected_calls"]
 
 
-def _play(model_dir: Path, rows: list[dict[str, Any]], progress=None, chunk: int = 100) -> list[dict[str, Any]]:
-    """The model's answer to each row, scored: `python -m trainer evaluate`, one sample a row, `chunk` rows a
-    run so that `progress(text)` can say how far it is."""
+def play(model_dir: Path, rows: list[dict[str, Any]], progress=None, chunk: int = 100, *, adapter_path: str = "",
+         seed: int = 7) -> list[dict[str, Any]]:
+    """The model's (with `adapter_path`, that adapter's) answer to each row, scored: `python -m trainer evaluate`,
+    one sample a row at temperature 1, `chunk` rows a run so that `progress(text)` can say how far it is."""
     from flywheel.evals.runs import evaluate_command
     from flywheel.supervise import exit_with_parent, trainer_env
     from trainer import jobdir
@@ -100,8 +102,8 @@ def _play(model_dir: Path, rows: list[dict[str, Any]], progress=None, chunk: int
                 progress(f"Playing {len(rows)} workplace requests with the demo model: {start} done.")
             suite, out = Path(tmp) / "rows.jsonl", Path(tmp) / "cases.jsonl"
             write_jsonl(suite, rows[start:start + chunk])
-            subprocess.run(evaluate_command(model_path=str(model_dir), suite=suite, out=out, samples=1,
-                                            temperature=1.0, seed=7 + start),
+            subprocess.run(evaluate_command(model_path=str(model_dir), adapter_path=adapter_path, suite=suite,
+                                            out=out, samples=1, temperature=1.0, seed=seed + start),
                            check=True, capture_output=True, timeout=1800, env=trainer_env(),
                            preexec_fn=exit_with_parent)  # noqa: PLW1509 (needed: no player outlives a killed worker)
             cases += jobdir.read_cases(out)
@@ -171,6 +173,7 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
     from flywheel.environments.services import task_set_create
     from flywheel.evals import rows as row_shape
     from flywheel.evals.services import suite_create, version_create
+    from flywheel.registry.canary import live_rules_set
     from flywheel.training.services import defaults_save
     from flywheel.trajectories.ingest import ingest_trajectories
     from flywheel.trajectories.models import Trajectory
@@ -179,7 +182,7 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
     if loop_demo_seeded(project):
         return {"seeded": False}
     train_rows = _train_rows(n_train)
-    cases = {str(c["id"]): c for c in _play(model_dir, train_rows, progress)}
+    cases = {str(c["id"]): c for c in play(model_dir, train_rows, progress)}
     if progress:
         progress(f"Recording {len(train_rows)} trajectories and promoting the failures.")
     records = []
@@ -220,7 +223,7 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
         holdout = suite_create(project=project, name=HOLDOUT_NAME, kind="holdout", user=user,
                                description="Workplace requests the model never trains on.")
         pool = _unique_requests(generate_tasks(n_holdout * 2, seed=22, split="holdout", difficulty="single"), n_holdout * 2)
-        held = _clear_of([_row(task, f"hold-{i}") for i, task in enumerate(pool)], chosen)[:n_holdout]
+        held = _clear_of([demo_row(task, f"hold-{i}") for i, task in enumerate(pool)], chosen)[:n_holdout]
         for row in held:
             holdout.items.create(**item_fields(row))
         version_create(collection=holdout, user=user, note="the demo's holdout")
@@ -237,6 +240,9 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
             regression.items.create(**item_fields(row, by_external.get(f"workplace-{row['id']}")))
         version_create(collection=regression, user=user, note="requests production got right when played")
         defaults_save(project=project, config=DEMO_RECIPE, user=user)
+        # Rules the demo's own live traffic (flywheel.seed.traffic) meets in minutes, not the days of real traffic
+        # the defaults are for: a canary judged once each arm has 30 trajectories, a watch passed at 200.
+        live_rules_set(project=project, data=DEMO_LIVE_RULES)
     # The leakage guard's vectors of every request on both sides, made here on the worker: else the first
     # promotion check runs the sentence model over them all in a person's request (8 s for 180 requests).
     from flywheel.evals.leakage import request_vectors_fill

@@ -39,6 +39,7 @@ from flywheel.seed.announce import access_lines, seeded_lines
 from flywheel.seed.demo import demo_seed
 
 STOP_GRACE_S = 10
+DEMO_TRAFFIC_S = 60
 
 
 class Command(BaseCommand):
@@ -86,11 +87,13 @@ class Command(BaseCommand):
             python, "-m", "celery", "-A", "flywheel", "worker", "-Q", "gpu",
             "-P", "solo", "-n", "gpu@%h", "-l", "INFO", "--without-gossip", "--without-mingle",
         ]  # fmt: skip
+        # The workplace demo's live traffic, while a canary or a watch runs there (flywheel.seed.traffic).
+        env = {**os.environ, "FLYWHEEL_DEMO_TRAFFIC_S": os.environ.get("FLYWHEEL_DEMO_TRAFFIC_S", str(DEMO_TRAFFIC_S))}
         # The children stay in our process group, so the terminal's Ctrl-C reaches all of us.
         children = {
-            "web": subprocess.Popen(web, cwd=base_dir),
-            "worker": subprocess.Popen(worker, cwd=base_dir),
-            "gpu worker": subprocess.Popen(gpu_worker, cwd=base_dir),
+            "web": subprocess.Popen(web, cwd=base_dir, env=env),
+            "worker": subprocess.Popen(worker, cwd=base_dir, env=env),
+            "gpu worker": subprocess.Popen(gpu_worker, cwd=base_dir, env=env),
         }
 
         url = f"http://{'localhost' if host in {'127.0.0.1', '0.0.0.0'} else host}:{port}/"

@@ -45,7 +45,13 @@ DEMO_RECIPE = {
     "r": 16, "alpha": 32, "train_batch_size": 64, "eval_interval": 10, "eval_on_start": True,
     "eval_samples_per_prompt": 8, "eval_temperature": 1.0, "num_threads": 1,
 }
-DEMO_LIVE_RULES = {"canary_min_per_arm": 30, "watch_trajectories": 200, "watch_holdback": 0.1}
+# The demo's live rules, met by its own traffic (flywheel.seed.traffic, 40 requests a minute) in minutes rather
+# than the days of real traffic the defaults are for: a canary on 20% judged once each arm has 30 trajectories and
+# promotable when its failure rate is shown at most 25 points above production's (the always-valid bound on the
+# increase falls below 0.25 near 50 canary trajectories at the tiny model's 60% failures; below the default five
+# points it would take about 1,600), and a watch passed once production served 200, with a 10% holdback.
+DEMO_LIVE_RULES = {"canary_weight": 0.2, "canary_min_per_arm": 30, "canary_tolerance": 0.25,
+                   "watch_trajectories": 200, "watch_holdback": 0.1}
 TASK_SET_NAME = "Workplace requests the model got wrong"
 HOLDOUT_NAME = "Workplace holdout"
 REGRESSION_NAME = "Workplace regressions"
@@ -240,8 +246,6 @@ def loop_demo_seed(*, project: Project, model_dir: Path, user=None, n_train: int
             regression.items.create(**item_fields(row, by_external.get(f"workplace-{row['id']}")))
         version_create(collection=regression, user=user, note="requests production got right when played")
         defaults_save(project=project, config=DEMO_RECIPE, user=user)
-        # Rules the demo's own live traffic (flywheel.seed.traffic) meets in minutes, not the days of real traffic
-        # the defaults are for: a canary judged once each arm has 30 trajectories, a watch passed at 200.
         live_rules_set(project=project, data=DEMO_LIVE_RULES)
     # The leakage guard's vectors of every request on both sides, made here on the worker: else the first
     # promotion check runs the sentence model over them all in a person's request (8 s for 180 requests).

@@ -41,8 +41,11 @@ def evaluate_rows(
         for ep in eps:
             # `invalid` and `unsafe` are the suite metrics' definitions (Score.invalid, Score.unsafe), so the
             # gate counts exactly what the metrics count; an unsafe sample names its unsafe calls.
+            # Tokens read and written, as a serving stack's usage counts them (the demo's live traffic reports them).
             sample = {"reward": ep.score.reward, "passed": ep.score.passed, "failure": ep.score.failure,
-                      "invalid": ep.score.invalid, "unsafe": ep.score.unsafe}
+                      "invalid": ep.score.invalid, "unsafe": ep.score.unsafe,
+                      "prompt_tokens": len(ep.token_ids) - ep.completion_tokens,
+                      "completion_tokens": ep.completion_tokens}
             if ep.score.unsafe_actions:
                 sample["unsafe_actions"] = ep.score.unsafe_actions
             if keep_messages:

@@ -7,7 +7,9 @@ Each request goes to an arm as the router sends one without a route key (`flywhe
 canary's weight, then the holdback's, production the rest); each arm's model (its base and adapter) answers its
 requests with the trainer's evaluate command, one sample at temperature 1 as the demo played them; the answers
 are ingested as trajectories under the arm's adapter name with an evidence token the platform signs, as the
-router would (they count as vouched live evidence), and the verifier's verdict as the outcome.
+router would (they count as vouched live evidence), the verifier's verdict as the outcome and the tokens the
+model read and wrote as usage (so a price set on a version gives the demo's live cost). No latency: the answers
+are generated in batches.
 
 Requests are drawn from the demo's own population (the generator's train split, single-call requests) with a
 new seed each round. Nothing is played while no check runs: the demo costs no CPU between canaries."""
@@ -66,6 +68,7 @@ def demo_traffic_round(*, requests: int = REQUESTS_PER_ROUND, seed: int | None =
                 "external_id": f"workplace-{row['id']}", "agent": "workplace-assistant", "model_version": adapter,
                 "started_at": now.isoformat(), "messages": row["messages"] + (sample.get("messages") or []),
                 "tools": row["tools"], "outcome": "success" if case["passed"] else "failure",
+                "usage": {name: sample[name] for name in ("prompt_tokens", "completion_tokens") if name in sample},
                 "metadata": {"demo": True, "live": True, "failure": sample.get("failure"), METADATA_KEY: token},
             })
     result = ingest_trajectories(project=project, records=records, source="demo")

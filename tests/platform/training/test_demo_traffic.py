@@ -40,6 +40,8 @@ def test_the_demo_plays_live_traffic_through_the_split_while_a_canary_runs(user,
         assert trajectory.messages[-1]["role"] == "assistant"
         assert trajectory.vouch == Vouch.VOUCHED, (trajectory.external_id, trajectory.vouch)
         assert trajectory.outcome in ("success", "failure")
+        # What the model read and wrote, as a serving stack reports usage: the live cost prices it.
+        assert trajectory.usage["prompt_tokens"] > 0 and trajectory.usage["completion_tokens"] > 0, trajectory.usage
     assert {v: live.filter(model_version=v).count() for v in by_adapter} == by_adapter
 
     # The canary's look counts them: every one of its arm's, and production's since it started.

@@ -416,10 +416,23 @@ def _look(check: LiveCheck, subject: dict[str, int], baseline: dict[str, int], *
 # --- what may act by itself (flywheel.registry.evidence) ----------------------------------------------------
 
 
+def _served_beside(check: LiveCheck, kind: str) -> list[tuple[datetime, datetime | None, float]]:
+    """(from, until or None while served, weight) of each arm of `kind`'s checks served while `check` ran: the
+    holdbacks beside a canary (kind watch), the canaries beside a watch's holdback (kind canary)."""
+    arms = []
+    for other in LiveCheck.objects.filter(project=check.project, kind=kind).exclude(pk=check.pk).filter(
+            Q(decided_at__isnull=True) | Q(decided_at__gt=check.started_at) | Q(status__in=LOOKED_AT)):
+        weight = float((other.rules or {}).get("holdback" if kind == LiveCheckKind.WATCH else "weight") or 0)
+        if weight > 0:
+            arms.append((other.started_at, None if other.status in LOOKED_AT else other.decided_at, weight))
+    return arms
+
+
 def _trusted(check: LiveCheck, now: datetime, *, after_id: int, min_per_arm: int, weight: float | None = None,
              baseline_window: tuple[datetime, datetime] | None = None) -> live_evidence.Trust:
     """The look on the vouched evidence alone (its p-values carried over from its own last look), kept in the
-    check's evidence as `trusted`; for the canary (`weight`) with the split check, told once when it turns."""
+    check's evidence as `trusted`; with `weight` (the canary's, or a watch's holdback, the baseline's) the split
+    check, its share corrected for the other arms served beside (`_served_beside`), told once when it turns."""
     project, before = check.project, check.evidence.get("trusted") or {}
     subject = arm_counts(project=project, names=names_of(project=project, version=check.subject),
                          after_id=after_id, vouched=True)
@@ -432,19 +445,26 @@ def _trusted(check: LiveCheck, now: datetime, *, after_id: int, min_per_arm: int
     look = _look(check, subject, baseline, min_per_arm=min_per_arm, previous=before.get("look") or {})
     split = None
     if weight is not None:
+        canary = check.kind == LiveCheckKind.CANARY
+        weighted, other = (check.subject, check.baseline) if canary else (check.baseline, check.subject)
+        periods = live_evidence.split_periods(
+            started_at=check.started_at, now=now, weight=weight,
+            others=_served_beside(check, LiveCheckKind.WATCH if canary else LiveCheckKind.CANARY))
         counts = live_evidence.split_counts(
-            project=project, canary_names=names_of(project=project, version=check.subject),
-            production_names=names_of(project=project, version=check.baseline), after_id=after_id,
-            started_at=check.started_at, now=now)
-        split = live_evidence.split_check(*counts, weight, previous=before.get("split"))
+            project=project, canary_names=names_of(project=project, version=weighted),
+            production_names=names_of(project=project, version=other), after_id=after_id, periods=periods)
+        split = {**live_evidence.split_check(counts, previous=before.get("split")), "on": f"v{weighted.number}"}
     trust = live_evidence.Trust(look=look, subject=subject, baseline=baseline, split=split,
                                 baseline_fixed=baseline_window is not None)
     check.evidence = {**check.evidence, "trusted": trust.to_dict()}
     if trust.imbalanced and not (before.get("split") or {}).get("imbalanced"):
-        text = trust.acts("ready", subject=f"v{check.subject.number}", baseline=f"v{check.baseline.number}",
-                          min_per_arm=min_per_arm)[1]
-        notify(project=project, event_type="canary.imbalanced", text=text[:1].upper() + text[1:] + ".",
-               subject=f"Canary v{check.subject.number}: the split is not the weight; it will not act by itself",
+        canary = check.kind == LiveCheckKind.CANARY
+        text = trust.acts("ready" if canary else "worse", subject=f"v{check.subject.number}",
+                          baseline=f"v{check.baseline.number}", min_per_arm=min_per_arm)[1]
+        notify(project=project, event_type=f"{check.kind}.imbalanced", text=text[:1].upper() + text[1:] + ".",
+               subject=(f"Canary v{check.subject.number}" if canary else
+                        f"Watch of v{check.subject.number} (holdback v{check.baseline.number})")
+               + ": the split is not the weight; it will not act by itself",
                payload=_payload(check, {"trusted": trust.to_dict()}))
     return trust
 
@@ -562,7 +582,8 @@ def _watch_look(check: LiveCheck, now: datetime) -> str:
     limit = int(rules.get("trajectories") or 0)
     look = _look(check, subject, baseline, min_per_arm=limit or 1)
     # A rollback by rule needs the verdict on vouched evidence too (flywheel.registry.evidence).
-    trust = _trusted(check, now, after_id=after_id, min_per_arm=limit or 1, baseline_window=window)
+    trust = _trusted(check, now, after_id=after_id, min_per_arm=limit or 1, baseline_window=window,
+                     weight=holdback if holdback > 0 else None)
     held_before = bool(check.evidence.get("held"))
     worse = trust.look if trust.look.worse else look
     acts, held = trust.acts("worse", subject=v, baseline=compared, min_per_arm=limit or 1) \

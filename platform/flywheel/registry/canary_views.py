@@ -69,8 +69,8 @@ def trusted_text(check: LiveCheck) -> str:
             f"trajectories and {b.get('n', 0)} of v{check.baseline.number}'s.")
     split = trusted.get("split") or {}
     if split.get("imbalanced"):
-        text += (f" The split is far from the weight ({split['share']:.1%} on the canary where {split['weight']:.0%} "
-                 "was set): nothing acts by itself.")
+        text += (f" The split is far from the weight ({split['share']:.1%} on {split.get('on') or 'the canary'} "
+                 f"where {split['weight']:.1%} was expected): nothing acts by itself.")
     return text
 
 

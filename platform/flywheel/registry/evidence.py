@@ -11,9 +11,11 @@ promotion) needs the same verdict from the evidence the platform vouched for (`T
   vouched trajectories, its first ones, once more than one sender sends them (`trusted_rows`). It bounds what
   one key's flood adds (at most that share of the arm's count), not its weight among what is left: a sender of
   90 of 100 still makes 50 of the 60 that count. A sender alone is not capped: there is no one to share with;
-- and, for the canary, a split of the vouched traffic that agrees with the weight the router applies
-  (`split_check`): far from it, something other than the split chose the arms (pinning, a second router, a
-  flood), and a person decides.
+- and, for the canary and for a watch's holdback, a split of the vouched traffic that agrees with the weight the
+  router applies (`split_check`): far from it, something other than the split chose the arms (pinning, a second
+  router, a flood), and a person decides. A third arm served beside the two compared (a holdback beside a
+  canary, a canary beside a holdback) takes its weight out of theirs: `split_periods` gives the expected share
+  period by period.
 
 A trajectory's failure is the effective outcome (a reviewer's label over the agent's), its unsafe action a
 triage signal the platform computed. What a client reports on traffic nobody vouched for can flag a check for a
@@ -32,7 +34,10 @@ time however often it is looked at. alpha = SPLIT_ALPHA = 0.001. Simulated (test
 test_evidence.py prints the figures: 4,000 streams, a look every 20 canary trajectories to 1,000): a correct split
 at w = 0.1 flagged 0.00% of the time (95% interval 0 to 0.10%), at w = 0.05 the same; at w = 0.1 a router that
 sends 15% is flagged in 100% of streams (median 148 canary trajectories at the flag), 20% in 100% (median 71), 5%
-in 100% (median 37). Only trajectories that started between SPLIT_GRACE after the canary started (the router's next
+in 100% (median 37). Beside a third arm the share tested is the arm's of the two compared, w / (1 - h) while a
+holdback h runs beside a canary w (the same test, so the same rates); judged on w alone, correct routing of a 10%
+canary beside a 5% holdback was flagged 4.5% of the time [3.9%, 5.2%], beside a 30% one 100% (3,000 canary
+trajectories, the same simulation). Only trajectories that started between SPLIT_GRACE after the canary started (the router's next
 read of the split) and SPLIT_SETTLE before the look (their conversations finished and sent) are counted, so
 neither a router's refresh nor a slower arm's later trajectories lean the split. It assumes each trajectory's arm
 is its own draw: a route key shared by many trajectories (a user id rather than a conversation's) makes the split
@@ -118,18 +123,41 @@ SPLIT_GRACE = timedelta(minutes=2)
 SPLIT_SETTLE = timedelta(minutes=15)
 
 
+def split_periods(*, started_at: datetime, now: datetime, weight: float,
+                  others: list[tuple[datetime, datetime | None, float]]) -> list[tuple[datetime, datetime, float]]:
+    """The stretches of [started_at + SPLIT_GRACE, now - SPLIT_SETTLE) over which the weighted arm's share of the
+    two arms compared is one number: `(start, end, share)`. `others` are the arms served beside the two at
+    times (a holdback beside a canary, a canary beside a watch's holdback): `(from, until or None, weight)`.
+    While others take o of the traffic, the weighted arm's share of the two is weight / (1 - o). The first
+    SPLIT_GRACE after another arm starts or ends is left out, as after the check's own start: routers read the
+    new split within it."""
+    low, high = started_at + SPLIT_GRACE, now - SPLIT_SETTLE
+    edges = sorted({t for start, until, _ in others for t in (start, until) if t is not None and low < t < high})
+    periods = []
+    for i, start in enumerate([low, *edges]):
+        end = edges[i] if i < len(edges) else high
+        begin = start if i == 0 else start + SPLIT_GRACE
+        if begin >= end:
+            continue
+        taken = sum(w for since, until, w in others if since <= start and (until is None or until > start))
+        if taken < 1:
+            periods.append((begin, end, weight / (1 - taken)))
+    return periods
+
+
 def split_counts(*, project: Project, canary_names: list[str], production_names: list[str], after_id: int,
-                 started_at: datetime, now: datetime) -> tuple[int, int]:
-    """(canary, production): vouched trajectories of each arm that started in [started_at + SPLIT_GRACE,
-    now - SPLIT_SETTLE)."""
+                 periods: list[tuple[datetime, datetime, float]]) -> list[tuple[int, int, float]]:
+    """(weighted arm, other arm, share) of each period: the vouched trajectories of each arm that started in it."""
     from flywheel.trajectories.models import Trajectory
 
-    rows = (Trajectory.objects.filter(project=project, pk__gt=after_id)
-            .annotate(at=Coalesce("started_at", "created_at"))
-            .filter(at__gte=started_at + SPLIT_GRACE, at__lt=now - SPLIT_SETTLE))
-    rows = vouched_rows(rows)
-    return (rows.filter(model_version__in=canary_names).count(),
-            rows.filter(model_version__in=production_names).count())
+    rows = vouched_rows(Trajectory.objects.filter(project=project, pk__gt=after_id)
+                        .annotate(at=Coalesce("started_at", "created_at")))
+    counts = []
+    for start, end, share in periods:
+        stretch = rows.filter(at__gte=start, at__lt=end)
+        counts.append((stretch.filter(model_version__in=canary_names).count(),
+                       stretch.filter(model_version__in=production_names).count(), share))
+    return counts
 
 
 
@@ -141,13 +169,18 @@ def split_log_ratio(canary_n: int, production_n: int, weight: float) -> float:
     return sequential.log_beta_mixture_ratio(canary_n, k, weight)
 
 
-def split_check(canary_n: int, production_n: int, weight: float,
-                previous: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The split check at this look: {canary, production, weight, share, p, imbalanced}; `previous` is the last
-    look's (its p carries over: a running minimum)."""
-    p = min(float((previous or {}).get("p", 1.0)), 1.0, math.exp(-split_log_ratio(canary_n, production_n, weight)))
+def split_check(counts: list[tuple[int, int, float]], previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The split check at this look over `counts`, (weighted arm, other arm, share) a period of one share:
+    {canary, production, weight, share, p, imbalanced}, `weight` the share expected over all of them. The
+    periods' ratios multiply: each is a martingale with mean 1 under correct routing, run one after the other,
+    so their product is one too and Ville's bound holds as for one. `previous` is the last look's (its p carries
+    over: a running minimum)."""
+    log_ratio = sum(split_log_ratio(x, y, share) for x, y, share in counts)
+    p = min(float((previous or {}).get("p", 1.0)), 1.0, math.exp(-log_ratio))
+    canary_n, production_n = sum(x for x, _, _ in counts), sum(y for _, y, _ in counts)
     k = canary_n + production_n
-    return {"canary": canary_n, "production": production_n, "weight": weight,
+    expected = sum((x + y) * share for x, y, share in counts) / k if k else (counts[0][2] if counts else None)
+    return {"canary": canary_n, "production": production_n, "weight": expected,
             "share": canary_n / k if k else None, "p": p, "imbalanced": p <= SPLIT_ALPHA}
 
 
@@ -179,8 +212,8 @@ class Trust:
         if self.imbalanced:
             split = self.split or {}
             return False, (f"the split of the vouched traffic is far from the weight ({split['share']:.1%} on "
-                           f"{subject} where {split['weight']:.0%} was set, always-valid p = {split['p']:.2g}): "
-                           "something other than the router's split chose the arms")
+                           f"{split.get('on') or subject} where {split['weight']:.1%} was expected, always-valid "
+                           f"p = {split['p']:.2g}): something other than the router's split chose the arms")
         counted = f"{self.subject['n']} vouched trajectories counted on {subject} and {self.baseline['n']} on {baseline}"
         if verdict == "worse":
             if self.look.worse:

@@ -6,7 +6,7 @@ rates by simulation (run with `-s` to see the figures; evidence.py's docstring q
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from itertools import count
 
 import numpy as np
@@ -16,12 +16,20 @@ from scipy.special import gammaln
 from scipy.stats import binomtest
 
 from flywheel.registry import canary, evidence, selectors, services
-from flywheel.registry.models import AliasAssignment, AliasEvent, LiveCheck, Notification, RegistrySettings
+from flywheel.registry.models import (
+    AliasAssignment,
+    AliasEvent,
+    GateDecision,
+    LiveCheck,
+    Notification,
+    RegistrySettings,
+)
 from flywheel.trajectories.ingest import ingest_trajectories
 from flywheel.trajectories.models import Trajectory
 from tests.platform.registry.worlds import evidence_token, versions_with_adapters
 
 _batch = count()
+_T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -236,8 +244,8 @@ def test_the_split_check_function_is_the_simulated_one():
     for x, k, w in ((3, 40, 0.1), (100, 200, 0.1), (0, 500, 0.05)):
         simulated = (gammaln(1 + x) + gammaln(1 + k - x) - gammaln(2 + k) - x * np.log(w) - (k - x) * np.log1p(-w))
         assert evidence.split_log_ratio(x, k - x, w) == pytest.approx(simulated)
-    assert evidence.split_check(100, 100, 0.1)["imbalanced"] and not evidence.split_check(10, 90, 0.1)["imbalanced"]
-    assert evidence.split_check(10, 90, 0.1, previous={"p": 1e-9})["imbalanced"]  # a running minimum
+    assert evidence.split_check([(100, 100, 0.1)])["imbalanced"] and not evidence.split_check([(10, 90, 0.1)])["imbalanced"]
+    assert evidence.split_check([(10, 90, 0.1)], previous={"p": 1e-9})["imbalanced"]  # a running minimum
 
 
 @pytest.mark.parametrize("weight", [0.1, 0.05])
@@ -255,3 +263,84 @@ def test_a_split_away_from_the_weight_is_caught(share):
           f"median {median} canary trajectories at the flag")
     assert rate >= 0.9
 
+
+
+# --- the split when a third arm is served beside the two compared ---------------------------------------------
+
+
+@pytest.fixture
+def three_versions(project, user, tmp_path):
+    out = versions_with_adapters(project, user, tmp_path, adapters=2)
+    # A person promotes the canary here: the watch it would end is looked at after it.
+    RegistrySettings.objects.create(project=project, canary_min_per_arm=50, watch_hours=24, watch_rollback=True,
+                                    canary_tolerance=0.5, watch_holdback=0.3)
+    return out
+
+
+def test_the_split_periods_follow_the_arms_served_beside():
+    t0 = canary_started = _T0
+    hour = timedelta(hours=1)
+    beside = [(t0 + hour, t0 + 3 * hour, 0.25)]  # a holdback of 25% for two hours of the canary's five
+    periods = evidence.split_periods(started_at=canary_started, now=t0 + 5 * hour, weight=0.1, others=beside)
+    grace, settle = evidence.SPLIT_GRACE, evidence.SPLIT_SETTLE
+    assert periods == [(t0 + grace, t0 + hour, 0.1), (t0 + hour + grace, t0 + 3 * hour, pytest.approx(0.1 / 0.75)),
+                       (t0 + 3 * hour + grace, t0 + 5 * hour - settle, 0.1)]
+    # Nothing beside: one period, the weight itself; a third arm still served: its share to now.
+    assert evidence.split_periods(started_at=t0, now=t0 + hour, weight=0.1, others=[]) == [
+        (t0 + grace, t0 + hour - settle, 0.1)]
+    assert evidence.split_periods(started_at=t0, now=t0 + hour, weight=0.1, others=[(t0 - hour, None, 0.5)]) == [
+        (t0 + grace, t0 + hour - settle, 0.2)]
+
+
+def test_a_canary_beside_a_watchs_holdback_is_judged_on_its_share_of_the_two(project, three_versions, user):
+    v1, v2, v3 = three_versions
+    services.model_promote(project=project, version=v2, user=user)  # watched, with v1 held back on 30%
+    watch = LiveCheck.objects.get(project=project, kind="watch", status="running")
+    GateDecision.objects.create(project=project, candidate=v3, production=v2, passed=True)
+    check = canary.canary_start(project=project, version=v3, weight=0.2)
+    started = check.started_at + timedelta(minutes=5)
+    # The router's three arms: canary 20%, holdback 30%, production 50%: the canary has 2/7 of the two compared.
+    traffic(project, 3, 300, failures=30, started_at=started)
+    traffic(project, 2, 750, failures=75, started_at=started)
+    traffic(project, 1, 450, failures=45, started_at=started)
+    canary.live_check_look(check_id=check.pk, now=started + timedelta(hours=1))
+    split = LiveCheck.objects.get(pk=check.pk).evidence["trusted"]["split"]
+    assert (split["canary"], split["production"], split["imbalanced"]) == (300, 750, False), split
+    assert split["weight"] == pytest.approx(0.2 / 0.7)
+    # Judged against the canary's weight alone, this correct routing read as a wrong split.
+    assert evidence.split_check([(300, 750, 0.2)])["imbalanced"]
+    # The watch's own holdback: 450 of 1,200 is 3/8, its 30% of the 80% the canary leaves.
+    canary.live_check_look(check_id=watch.pk, now=started + timedelta(hours=1))
+    split = LiveCheck.objects.get(pk=watch.pk).evidence["trusted"]["split"]
+    assert (split["canary"], split["production"], split["imbalanced"], split["on"]) == (450, 750, False, "v1"), split
+    assert split["weight"] == pytest.approx(0.3 / 0.8)
+
+
+def test_a_holdback_away_from_its_weight_holds_the_watchs_rollback(project, three_versions, user):
+    v1, v2, _ = three_versions
+    services.model_promote(project=project, version=v2, user=user)  # v1 held back on 30%
+    watch = LiveCheck.objects.get(project=project, kind="watch", status="running")
+    started = watch.started_at + timedelta(minutes=5)
+    traffic(project, 2, 100, failures=60, started_at=started)  # worse, on half the traffic where 70% was routed
+    traffic(project, 1, 100, failures=10, started_at=started)
+    assert canary.live_check_look(check_id=watch.pk, now=started + timedelta(hours=1)) == "flagged"
+    watch.refresh_from_db()
+    split = watch.evidence["trusted"]["split"]
+    assert (split["canary"], split["production"], split["imbalanced"], split["on"]) == (100, 100, True, "v1")
+    assert watch.evidence["held"].startswith("the split of the vouched traffic is far from the weight (50.0% on v1")
+    assert selectors.production_of(project=project) == v2  # not rolled back by itself
+    assert "watch.imbalanced" in Notification.objects.filter(project=project).values_list("event_type", flat=True)
+
+
+@pytest.mark.parametrize("holdback", [0.05, 0.3])
+def test_a_canary_beside_a_holdback_was_flagged_on_its_weight_alone(holdback):
+    # The canary's vouched share of the two arms compared is w / (1 - h) beside a holdback h: judged on w, correct
+    # routing was flagged; on w / (1 - h), at most alpha of the time.
+    share = 0.1 / (1 - holdback)
+    before, _, hits_before = _split_streams(weight=0.1, share=share, seed=13, canary_until=3000)
+    after, _, hits_after = _split_streams(weight=share, share=share, seed=13, canary_until=3000)
+    print(f"\nsplit check, a 10% canary beside a {holdback:.0%} holdback, a look every 20 canary trajectories to "
+          f"3,000, {STREAMS} streams: flagged {before:.1%} {_interval(hits_before, STREAMS)} on the weight alone, "
+          f"{after:.2%} {_interval(hits_after, STREAMS)} on its share of the two")
+    assert after <= evidence.SPLIT_ALPHA * 2
+    assert before > after

@@ -109,6 +109,7 @@ def _detail_context(request: HttpRequest, project: Project, trajectory: Trajecto
         "signals": signals,
         "trajectory_comments": [c for c in comments if c.message_index is None],
         "usage": presentation.usage_summary(trajectory.usage),
+        "tool_problems": presentation.tool_schema_problems(trajectory.tools),
         "outcomes": Outcome.choices,
         "can_review": _can_review(request),
         "tag_suggestions": selectors.project_tag_names(project=project),

@@ -153,3 +153,14 @@ def usage_summary(usage: Any) -> list[tuple[str, Any]]:
         ("total_tokens", "total"),
     )
     return [(label, usage[key]) for key, label in labels if key in usage]
+
+
+def tool_schema_problems(tools: Any) -> list[tuple[str, str]]:
+    """(tool, why) for each declared tool whose parameters schema cannot be used (a `$ref` that leaves the
+    schema or points nowhere, a pattern RE2 refuses, an invalid schema): triage checks no call's arguments
+    against it, and the page says so rather than leaving a reviewer to read silence as "the arguments fit"."""
+    from trainer.verifiers.schemas import tool_index
+
+    if not isinstance(tools, list):
+        return []
+    return [(name, info.schema_problem) for name, info in (tool_index(tools) or {}).items() if info.schema_problem]

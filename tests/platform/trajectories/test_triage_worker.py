@@ -186,6 +186,11 @@ def test_a_hostile_tool_schema_is_triaged_without_a_fetch_a_file_read_or_backtra
     page = client_for(user).get(reverse("trajectory_detail", args=[project.slug,
                                                                    Trajectory.objects.get(external_id="file-ref").pk]))
     assert page.status_code == 200 and SECRET not in page.content.decode()
+    # The page says why no argument of that tool was checked, rather than leaving silence to read as "they fit".
+    problems = page.context["tool_problems"]
+    assert [name for name, _ in problems] == ["get_order"] and "outside the schema" in problems[0][1], problems
+    assert "Arguments not checked for <code>get_order</code>: its parameters schema cannot be used" in page.content.decode()
+    assert "<li><code>get_order</code>: " in page.content.decode()
 
 
 def drop_call(external_id, parameters):

@@ -644,10 +644,15 @@ class RouterServer(ThreadingHTTPServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        # ThreadingMixIn's, with the slot given back before the connection is closed, not after: a caller that
+        # sees the close and connects again at once finds its slot free (after, it could still be refused 503).
         try:
-            super().process_request_thread(request, client_address)
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
             self._slots.release()
+            self.shutdown_request(request)
 
     def _refresh_loop(self) -> None:
         while not self._stop.wait(self.refresh_s):

@@ -67,6 +67,10 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)'s options
+PR_SET_CHILD_SUBREAPER = 36
+
+
 def die_with_parent() -> None:
     """In the trainer's process: start its own process group (cancel kills the whole group) and die when the
     worker that started it dies, so no trainer outlives its worker."""
@@ -77,8 +81,13 @@ def die_with_parent() -> None:
 def exit_with_parent() -> None:
     """In a child's process (a `preexec_fn`): die when the worker that started it dies, even by SIGKILL
     (Linux's PR_SET_PDEATHSIG), staying in the worker's process group so that a terminal's Ctrl-C reaches it."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def prctl(option: int, value: int) -> None:
+    """Linux's prctl(2) on this process; nothing where there is none (another OS: the guarantee is lost, not the run)."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value)
 
 
 def kill_group(process: subprocess.Popen, grace_s: float = 10.0) -> None:

@@ -443,9 +443,9 @@ def _trusted(check: LiveCheck, now: datetime, *, after_id: int, min_per_arm: int
         baseline = arm_counts(project=project, names=names_of(project=project, version=check.baseline),
                               window=baseline_window, vouched=True)
     look = _look(check, subject, baseline, min_per_arm=min_per_arm, previous=before.get("look") or {})
+    canary = check.kind == LiveCheckKind.CANARY
     split = None
     if weight is not None:
-        canary = check.kind == LiveCheckKind.CANARY
         weighted, other = (check.subject, check.baseline) if canary else (check.baseline, check.subject)
         periods = live_evidence.split_periods(
             started_at=check.started_at, now=now, weight=weight,
@@ -458,7 +458,6 @@ def _trusted(check: LiveCheck, now: datetime, *, after_id: int, min_per_arm: int
                                 baseline_fixed=baseline_window is not None)
     check.evidence = {**check.evidence, "trusted": trust.to_dict()}
     if trust.imbalanced and not (before.get("split") or {}).get("imbalanced"):
-        canary = check.kind == LiveCheckKind.CANARY
         text = trust.acts("ready" if canary else "worse", subject=f"v{check.subject.number}",
                           baseline=f"v{check.baseline.number}", min_per_arm=min_per_arm)[1]
         notify(project=project, event_type=f"{check.kind}.imbalanced", text=text[:1].upper() + text[1:] + ".",

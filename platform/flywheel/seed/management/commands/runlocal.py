@@ -16,7 +16,6 @@ children, when a second signal comes) and leave a traceback and running children
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -37,6 +36,7 @@ from flywheel.accounts.models import WorkerHeartbeat
 from flywheel.accounts.services import worker_heartbeat_request
 from flywheel.seed.announce import access_lines, seeded_lines
 from flywheel.seed.demo import demo_seed
+from flywheel.supervise import PR_SET_CHILD_SUBREAPER, prctl
 
 STOP_GRACE_S = 10
 DEMO_TRAFFIC_S = 60
@@ -146,8 +146,7 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 def _become_subreaper() -> None:
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(36, 1)  # 36 = PR_SET_CHILD_SUBREAPER
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def _stop_all(children) -> None:

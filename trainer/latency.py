@@ -9,10 +9,12 @@ two requests the faster is kept (another process can only add time). Before the 
 neither pays the first call's allocations. The clock stops after the tokens are back on the host, so a GPU's
 queued kernels are counted.
 
-An adapter is timed as evaluation samples it (`trainer.rollout.hf.HFEngine`): merged into the base weights in
-fp32 (the merge is done before the clock starts, so a merged LoRA costs what the base costs per token), and
-applied unmerged in other dtypes, where merging and unmerging would drift the base; the base with no
-adapter runs with the adapters disabled. On a vLLM engine its per-request metrics would serve instead; this
+An adapter is timed as evaluation samples it (`trainer.rollout.hf.HFEngine`): merged into the base weights
+(`trainer.models.lora_merged`, in every dtype, the base restored exactly after; the merge is done before the
+clock starts, so a merged LoRA costs what the base costs per token); the base with no adapter runs with the
+adapters disabled. Before, a bfloat16 model (every GPU) ran the candidate's adapter unmerged, about twice the
+kernels per token of the 2-layer demo model, against a production base without one: a latency rule that
+judged the adapter's bookkeeping, not the model. On a vLLM engine its per-request metrics would serve instead; this
 probe runs transformers only.
 """
 
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from trainer.evaluation import make_env_for
+from trainer.models import lora_merged
 from trainer.rollout.episodes import start_episodes
 from trainer.rollout.hf import HFEngine
 
@@ -67,7 +70,6 @@ class TwoModels:
         if self.has_a:
             self.model.load_adapter(adapter_a, adapter_name=ADAPTER_NAMES["a"])
         self.model.eval()
-        self.merge = next(self.model.parameters()).dtype == torch.float32
         # Merging is ours, outside the clock: the engine must not merge inside generate.
         self.engine = HFEngine(self.model, self.tokenizer, merge_lora=False)
 
@@ -78,13 +80,8 @@ class TwoModels:
                 yield
             return
         self.model.set_adapter(ADAPTER_NAMES[side])
-        if self.merge:
-            self.model.merge_adapter(adapter_names=[ADAPTER_NAMES[side]])
-        try:
+        with lora_merged(self.model):
             yield
-        finally:
-            if self.merge:
-                self.model.unmerge_adapter()
 
 
 def _timed(engine: HFEngine, prompt: list[int], *, max_new_tokens: int, temperature: float,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -102,3 +104,74 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     # without grad and the adapter would learn nothing. Making the embeddings' output require grad rules
     # that out whichever kind runs; it costs one (B, T, H) gradient.
     lm.enable_input_require_grads()
+
+
+@contextmanager
+def lora_merged(model: torch.nn.Module) -> Iterator[bool]:
+    """While inside: the active LoRA adapter merged into the base weights, and the adapter layers off, so a
+    forward costs what the base model's does (True); after: the base weights restored bit for bit.
+
+    Sampling runs a forward per token, and unmerged, each wrapped projection adds the adapter's two matmuls
+    and (in bfloat16, where peft keeps the adapter in float32) the casts around them: twice the kernels per
+    decoding step of the 2-layer demo model. Merging and unmerging in place (peft's `merge_adapter` then
+    `unmerge_adapter`) would round the base twice, and in bfloat16 the rounding of W + BA - BA drifts the
+    frozen base a little more every step; here the merged weight is rounded once, from float32, and the
+    original is copied back. The copy of the wrapped weights is held only while inside, and only where it
+    fits in half the free memory of their device; otherwise (or for a LoRA variant such as DoRA, or an
+    adapter with biases) nothing is merged and the adapter runs unmerged (False).
+
+    A merged bfloat16 weight holds BA only to bfloat16's precision around W: a sampler on it is not exactly
+    the policy the loss computes (nor is vLLM's, whose kernels differ too). Sampling logprobs are recorded
+    from what sampled, and the loop's truncated importance weight corrects for the difference.
+    """
+    layers = _merge_targets(model)
+    if not layers or not _copy_fits(layers):
+        yield False
+        return
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+    try:
+        with torch.no_grad():
+            for layer in layers:
+                weight = layer.get_base_layer().weight
+                delta = sum(layer.get_delta_weight(name).float() for name in _active(layer))
+                saved.append((weight, weight.detach().clone()))
+                weight.copy_((weight.float() + delta).to(weight.dtype))
+        with model.disable_adapter():
+            yield True
+    finally:
+        with torch.no_grad():
+            for weight, original in saved:
+                weight.copy_(original)
+
+
+def _active(layer: torch.nn.Module) -> list[str]:
+    return [name for name in layer.active_adapters if name in layer.lora_A]
+
+
+def _merge_targets(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The LoRA layers an exact merge would change; [] when there are none or one of them cannot be merged as
+    W + BA (a variant, an adapter bias, an adapter already merged by peft, or adapters turned off)."""
+    if not isinstance(model, PeftModel):
+        return []
+    from peft.tuners.lora import LoraLayer
+
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer) and _active(m)]
+    for layer in layers:
+        names = _active(layer)
+        if (layer.merged or layer.disable_adapters or not isinstance(layer.get_base_layer(), torch.nn.Linear)
+                or any(n in layer.lora_variant or layer.lora_bias.get(n) for n in names)):
+            return []
+    return layers
+
+
+def _copy_fits(layers: list[torch.nn.Module]) -> bool:
+    weights = [layer.get_base_layer().weight for layer in layers]
+    need = sum(w.numel() * w.element_size() for w in weights)
+    device = weights[0].device
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    return need <= free / 2

@@ -263,3 +263,43 @@ def test_a_workplace_row_without_max_turns_gets_the_default_turns(tiny_model, wo
     eps = start_episodes([task], 1, tok, make_env_for)
     run_episodes(_CallForever(tok), tok, eps, max_new_tokens=64, temperature=1.0, max_turns=2, max_seq_len=4096)
     assert eps[0].turns == 2  # the config's max_turns caps it
+
+
+def test_sampling_merges_the_adapter_and_gives_the_base_back_bit_for_bit_in_every_dtype(tiny_model, workplace_tasks):
+    from trainer.models import lora_merged
+
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7]])
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        base, tok = load_model(tiny_model, device="cpu", dtype=dtype)
+        model = attach_lora(base, GRPOConfig(r=4, alpha=8))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.02)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        with torch.no_grad():
+            unmerged = model(input_ids=ids).logits.float()
+            with model.disable_adapter():
+                plain = model(input_ids=ids).logits.float()
+            with lora_merged(model) as merged:
+                inside = model(input_ids=ids).logits.float()
+                calls = sum(1 for n, _ in model.named_modules() if n.endswith("lora_A.default"))
+        assert merged is True and calls > 0
+        # Inside: the policy (base + adapter) from merged weights; the adapter makes a difference, and merging
+        # rounds it to the dtype once (bfloat16 holds about 3 digits).
+        tol = 1e-4 if dtype == torch.float32 else 0.1
+        assert (inside - unmerged).abs().max() < tol, (dtype, (inside - unmerged).abs().max())
+        assert (unmerged - plain).abs().max() > 3 * (inside - unmerged).abs().max()
+        # After: every weight is the one before, bit for bit, and the adapter is on and trainable again.
+        after = model.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before), dtype
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=ids).logits.float(), unmerged)
+        assert any(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
+        # The engine samples through it: generate leaves the weights as they were.
+        HFEngine(model, tok).generate([[1, 5, 9]] * 4, max_new_tokens=6, temperature=1.0)
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), dtype
+    # Adapters turned off: nothing to merge, the base runs as it is.
+    with model.disable_adapter(), lora_merged(model) as merged:
+        assert merged is False

@@ -1,7 +1,8 @@
 """Batched sampling with transformers `generate`: the CPU engine (tests, demo) and a GPU fallback.
 
 The policy is the trainer's own model, so there is nothing to sync; for speed the LoRA weights are merged
-into the base for the duration of `generate` (fp32 only: merge/unmerge in bf16 would drift the base).
+into the base for the duration of `generate` and the base restored exactly after (`trainer.models.lora_merged`:
+in every dtype, where the copy fits).
 
 The sampling distribution is ours alone. `generate` fills every field a `GenerationConfig` leaves unset
 from the model's `generation_config.json`, so a model shipped with `min_p`, `typical_p`,
@@ -23,12 +24,13 @@ path the vLLM engine (whose sampler the trainer cannot replay) already takes.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer.models import lora_merged
 from trainer.rollout import Generation
 
 
@@ -111,13 +113,6 @@ class HFEngine:
     def sync(self, model: PreTrainedModel, version: int) -> None:
         self.model = model  # same object, same weights: generate always samples the current policy
 
-    def _can_merge(self) -> bool:
-        return (
-            self.merge_lora
-            and hasattr(self.model, "merge_adapter")
-            and next(self.model.parameters()).dtype == torch.float32
-        )
-
     def _shared_prefill(self, prompts: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor,
                         device: torch.device) -> Any:
         """A KV cache of every prompt but its last token, computed once per distinct prompt and indexed out
@@ -156,19 +151,14 @@ class HFEngine:
         )
         was_training = self.model.training
         self.model.eval()
-        merged = self._can_merge()
-        if merged:
-            self.model.merge_adapter()
         try:
-            with _only_our_config(self.model, gen_config):
+            with lora_merged(self.model) if self.merge_lora else nullcontext(), _only_our_config(self.model, gen_config):
                 out = self.model.generate(
                     input_ids=input_ids.to(device), attention_mask=attention.to(device),
                     generation_config=gen_config, logits_processor=[recorder],
                     past_key_values=self._shared_prefill(prompts, input_ids, attention, device),
                 )
         finally:
-            if merged:
-                self.model.unmerge_adapter()
             if was_training:
                 self.model.train()
         new = out[:, width:].cpu()

@@ -88,6 +88,12 @@ class GRPOConfig:
         metadata={"help": "Sample among the k most likely tokens; 0 = off. Corrected for like top_p."},
     )
     rollout_engine: str = field(default="hf", metadata={"help": "`hf` (transformers generate) or `vllm` (GPU)."})
+    rollout_compile: bool = field(
+        default=False,
+        metadata={"help": "`hf` engine: decode with a static KV cache and a compiled forward (torch.compile; CUDA "
+                          "graphs on a GPU). Prompts are left-padded to a multiple of 64 tokens and batches to a "
+                          "power of two, so a job compiles a few shapes, each once (about 30 s on a CPU)."},
+    )
     vllm_gpu_memory_utilization: float = field(
         default=0.5, metadata={"help": "Fraction of GPU memory vLLM may take (the trainer needs the rest)."}
     )

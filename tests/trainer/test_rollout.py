@@ -303,3 +303,24 @@ def test_sampling_merges_the_adapter_and_gives_the_base_back_bit_for_bit_in_ever
     # Adapters turned off: nothing to merge, the base runs as it is.
     with model.disable_adapter(), lora_merged(model) as merged:
         assert merged is False
+
+
+def test_a_compiled_engine_samples_the_policy_and_returns_only_the_rows_asked(tiny_model, workplace_tasks):
+    """`rollout_compile`: static cache, compiled forward, batch padded to a power of two and prompts to a
+    multiple of 64 tokens; what comes back is one generation per prompt asked, with the policy's logprobs."""
+    from trainer.rollout.hf import compiled_shape
+
+    assert compiled_shape(3, 70) == (4, 128) and compiled_shape(4, 64) == (4, 64) and compiled_shape(1, 1) == (1, 64)
+    model, tok = _policy(tiny_model)
+    engine = make_engine(GRPOConfig(r=4, alpha=8, rollout_compile=True), model, tok)
+    assert engine.compile is True
+    eps = start_episodes(workplace_tasks["holdout"][:3], 1, tok, make_env_for)  # 3 rows: run as 4
+    torch.manual_seed(0)
+    run_episodes(engine, tok, eps, max_new_tokens=24, temperature=0.7, max_turns=1, max_seq_len=1024)
+    assert all(ep.completion_tokens > 0 for ep in eps)
+    batch = collate(eps, tok.pad_token_id)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, batch, temperature=0.7)
+    mask = batch.loss_mask.bool()
+    assert mask.sum() > 10
+    assert (logp - batch.sampler_logprobs)[mask].abs().max() < 1e-3

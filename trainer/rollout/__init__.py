@@ -53,7 +53,7 @@ def make_engine(
     if config.rollout_engine == "hf":
         from trainer.rollout.hf import HFEngine
 
-        return HFEngine(model, tokenizer, top_k=config.top_k, top_p=config.top_p)
+        return HFEngine(model, tokenizer, top_k=config.top_k, top_p=config.top_p, compile=config.rollout_compile)
     from trainer.rollout.vllm import VLLMEngine  # lazy: vLLM exists only with the `gpu` extra
 
     if model_path is None or work_dir is None:

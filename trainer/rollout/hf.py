@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.generation.configuration_utils import CompileConfig
 
 from trainer.models import lora_merged
 from trainer.rollout import Generation
@@ -97,10 +98,26 @@ def _only_our_config(model: PreTrainedModel, config: GenerationConfig) -> Iterat
         inner.generation_config = saved
 
 
+# With `compile`: prompts are left-padded to a multiple of this many tokens and a batch to a power of two, so
+# that the static cache's shapes (rows, prompt + new tokens) repeat and each is compiled once.
+WIDTH_STEP = 64
+
+
+def compiled_shape(rows: int, width: int) -> tuple[int, int]:
+    """The (rows, prompt width) a compiled `generate` of `rows` prompts at most `width` tokens long runs at."""
+    return 1 << max(rows - 1, 0).bit_length(), -(-width // WIDTH_STEP) * WIDTH_STEP
+
+
 class HFEngine:
+    """`compile`: decode with transformers' static KV cache and its compiled forward (torch.compile, mode
+    reduce-overhead: CUDA graphs on a GPU), without the shared prefill (which builds a dynamic cache); the
+    sampler stays ours, a Python hook between two compiled steps. Rows added to reach a power of two repeat
+    the first prompt and are dropped from the result."""
+
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, merge_lora: bool = True,
-                 top_k: int = 0, top_p: float = 1.0):
+                 top_k: int = 0, top_p: float = 1.0, compile: bool = False):  # noqa: A002 (the config's word)
         self.model = model
+        self.compile = compile
         self.top_k = top_k
         self.top_p = top_p
         self.tokenizer = tokenizer
@@ -136,7 +153,11 @@ class HFEngine:
         if not prompts:
             return []
         device = next(self.model.parameters()).device
+        asked = len(prompts)
         width = max(len(p) for p in prompts)
+        if self.compile:
+            rows, width = compiled_shape(asked, width)
+            prompts = prompts + [prompts[0]] * (rows - asked)
         # Left padding so that every row's next token is at the same position.
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -149,6 +170,10 @@ class HFEngine:
             do_sample=temperature > 0, max_new_tokens=max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
             pad_token_id=self.pad_id, eos_token_id=self.eos_ids, repetition_penalty=1.0,
         )
+        if self.compile:
+            gen_config.cache_implementation = "static"
+            gen_config.compile_config = CompileConfig(fullgraph=False, dynamic=False)
+            gen_config.compile_config._compile_all_devices = True  # transformers compiles on accelerators only
         was_training = self.model.training
         self.model.eval()
         try:
@@ -156,7 +181,8 @@ class HFEngine:
                 out = self.model.generate(
                     input_ids=input_ids.to(device), attention_mask=attention.to(device),
                     generation_config=gen_config, logits_processor=[recorder],
-                    past_key_values=self._shared_prefill(prompts, input_ids, attention, device),
+                    past_key_values=None if self.compile else self._shared_prefill(prompts, input_ids, attention,
+                                                                                   device),
                 )
         finally:
             if was_training:
@@ -165,7 +191,7 @@ class HFEngine:
         logprobs = recorder.finish(new[:, -1].to(recorder.prev.device) if new.shape[1] else new[:, 0]).cpu()
         eos = set(self.eos_ids)
         results = []
-        for i in range(len(prompts)):
+        for i in range(asked):
             ids = new[i].tolist()
             end = next((j for j, t in enumerate(ids) if t in eos), None)
             finished = end is not None

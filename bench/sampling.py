@@ -1,6 +1,9 @@
-"""Sampling a LoRA policy merged into its base (`trainer.models.lora_merged`, what `HFEngine` does now) against
-the adapter left unmerged (what it did in bfloat16 before), in float32 and bfloat16, side by side in one
-process on one device.
+"""Ways of sampling a LoRA policy with transformers `generate`, side by side in one process on one device, in
+float32 and bfloat16:
+- `unmerged`: the adapter's layers run beside the base (what `HFEngine` did in bfloat16 before);
+- `merged`: the adapter merged into the base for the call (`trainer.models.lora_merged`, what it does now);
+- `compiled`: merged, decoding with a static KV cache and a compiled forward (`rollout_compile`: CUDA graphs
+  on a GPU; its compilation is paid in the untimed first call and reported as `first_call_s`).
 
 Per dtype and way: seconds per `generate` of P prompts x G samples (the faster of `--repeats`, after one
 untimed call), decoding steps and completion tokens per second, the aten operators per decoding step
@@ -10,10 +13,11 @@ the sampled tokens, against `token_logprobs` of the unmerged policy in float32 a
 the loop's importance weight corrects for it). The adapter is the trainer's default LoRA (r16, every
 projection) with B drawn at `--lora-std`, so that it changes the model as a trained one does.
 
-    .venv/bin/python bench/lora_sampling.py [--device cpu|cuda] [--model DIR] [--prompts 16] [--samples 8]
-                                            [--max-new-tokens 48] [--threads 1]
+    .venv/bin/python bench/sampling.py [--device cpu|cuda] [--model DIR] [--prompts 16] [--samples 8]
+                                       [--max-new-tokens 48] [--ways unmerged,merged,compiled] [--threads 1]
 
-Last line: JSON {device, rows: [{dtype, merged, s_per_generate, tokens_per_s, ops_per_step, ...}], speedup_*}.
+Last line: JSON {device, rows: [{dtype, way, s_per_generate, tokens_per_s, ops_per_step, ...}],
+speedup_<dtype>_<way>: seconds of `unmerged` over the way's}.
 """
 
 from __future__ import annotations
@@ -60,9 +64,9 @@ def policy(args: argparse.Namespace, dtype: torch.dtype):
     return model, tok
 
 
-def measure(args: argparse.Namespace, dtype: torch.dtype, merged: bool, rows: list[dict]) -> dict:
+def measure(args: argparse.Namespace, dtype: torch.dtype, way: str, rows: list[dict]) -> dict:
     model, tok = policy(args, dtype)
-    engine = HFEngine(model, tok, merge_lora=merged)
+    engine = HFEngine(model, tok, merge_lora=way != "unmerged", compile=way == "compiled")
     prompts = [list(ep.token_ids) for ep in start_episodes(rows, 1, tok, make_env_for)]
     batch = [p for p in prompts for _ in range(args.samples)]
 
@@ -74,7 +78,7 @@ def measure(args: argparse.Namespace, dtype: torch.dtype, merged: bool, rows: li
         sync(args.device)
         return time.perf_counter() - t0, out
 
-    once()  # allocations, kernels' first launch
+    first = once()[0]  # allocations, kernels' first launch, compilation
     seconds, out = min((once() for _ in range(args.repeats)), key=lambda r: r[0])
     steps = max(len(g.token_ids) for g in out)
     tokens = sum(len(g.token_ids) for g in out)
@@ -92,7 +96,8 @@ def measure(args: argparse.Namespace, dtype: torch.dtype, merged: bool, rows: li
         logp, _ = token_logprobs(model, data, temperature=1.0)
     mask = data.loss_mask.bool()
     gap = (logp.float().cpu() - data.sampler_logprobs)[mask].abs()
-    return {"dtype": str(dtype).removeprefix("torch."), "merged": merged, "s_per_generate": round(seconds, 4),
+    return {"dtype": str(dtype).removeprefix("torch."), "way": way, "first_call_s": round(first, 2),
+            "s_per_generate": round(seconds, 4),
             "decode_steps": steps, "tokens_per_s": round(tokens / seconds, 1), "ops_per_step": round(ops / steps),
             "logprob_gap_mean": round(float(gap.mean()), 5), "logprob_gap_max": round(float(gap.max()), 4)}
 
@@ -108,22 +113,27 @@ def main() -> None:
     p.add_argument("--gap-prompts", type=int, default=8)
     p.add_argument("--lora-std", type=float, default=0.02)
     p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--ways", default="unmerged,merged,compiled")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     rows = generate_tasks(args.prompts, seed=1, split="holdout", difficulty="single")
     out = []
+    ways = args.ways.split(",")
     for name in args.dtypes.split(","):
-        for merged in (False, True):
-            row = measure(args, getattr(torch, name), merged, rows)
+        for way in ways:
+            row = measure(args, getattr(torch, name), way, rows)
             out.append(row)
-            print(f"{row['dtype']:8s} {'merged  ' if merged else 'unmerged'} {row['s_per_generate']:.3f} s/generate, "
+            print(f"{row['dtype']:8s} {way:8s} {row['s_per_generate']:.3f} s/generate (first {row['first_call_s']} s), "
                   f"{row['tokens_per_s']:.0f} tokens/s, {row['ops_per_step']} ops/step, sampler-trainer |dlogp| "
                   f"mean {row['logprob_gap_mean']} max {row['logprob_gap_max']}", file=sys.stderr)
     result: dict = {"device": args.device, "model": args.model.name, "batch": args.prompts * args.samples, "rows": out}
     for name in args.dtypes.split(","):
-        pair = {r["merged"]: r for r in out if r["dtype"] == name}
-        result[f"speedup_{name}"] = round(pair[False]["s_per_generate"] / pair[True]["s_per_generate"], 2)
+        by_way = {r["way"]: r for r in out if r["dtype"] == name}
+        for way in ways:
+            if way != "unmerged" and "unmerged" in by_way:
+                result[f"speedup_{name}_{way}"] = round(by_way["unmerged"]["s_per_generate"]
+                                                        / by_way[way]["s_per_generate"], 2)
     print(json.dumps(result))
 
 

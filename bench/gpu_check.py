@@ -4,7 +4,10 @@ per part and a summary last. `--tiny` runs the same path on the CPU with a tiny 
 Parts (`--parts`, in this order):
 - `warm_start`: the tiny model's recipe (`build-tiny`, seed 0, 1000 steps) built on this device, and the
   shipped demo model (built on a CPU), each evaluated here on the same holdout tasks and samples: a build on
-  the GPU should solve as much as one on the CPU, within the sampling noise (`se`).
+  the GPU should solve as much as one on the CPU, within the sampling noise (`se`). The shipped model is
+  evaluated in bfloat16 (as a job loads it) and in float32, each timed after an untimed warm-up call
+  (`eval_s`): bf16 evaluation once took 8.2 s against fp32's 1.9 s here, and on 2 CPU cores the same
+  evaluation takes the same decoding steps in both (76) and less time in bf16.
 - `learning`: a Qwen2-architecture model warm-started here (`SIZES`: 21M parameters on a GPU), then GRPO with
   the holdout evaluated before and after: holdout success before and after, seconds per step, rollout
   tokens/s, the reward spread, and `no_gradient` when every group's rewards were equal (steps that changed
@@ -12,9 +15,21 @@ Parts (`--parts`, in this order):
 - `rollout`: the same model's GRPO steps per rollout engine (HF `generate`; vLLM when `import vllm` works,
   else a line saying it was skipped: a figure here is never a vLLM figure unless its line says
   `"engine": "vllm"`), rollout tokens/s and GPU memory.
+- `sampling`: `bench/sampling.py` on the shipped demo model, the learning part's model and a 500M Qwen2 (a
+  warm start of a few steps: its tokens/s, not its answers): the LoRA policy sampled unmerged, merged
+  (`trainer.models.lora_merged`, the default) and compiled (`rollout_compile`: static KV cache, CUDA graphs),
+  seconds per generate, tokens/s, operators per decoding step and the sampler-trainer logprob gap.
 - `trl`: `bench/grpo_vs_trl.py --device D --size S` for each of `--sizes` (bf16 on both sides on a GPU, TRL
   with use_vllm=False): seconds per step, holdout gain and peak GPU memory, ours beside TRL.
 - `memory`: `bench/memory.py --device D` (one step at a 152k vocabulary; ours beside TRL).
+- `lora_8b`: `bench/memory.py --device D --shape qwen2-7b`: the size teams start at, LoRA on a 7.6B Qwen2
+  (Qwen2.5-7B's shape, random bf16 weights built on the GPU, nothing downloaded), gradient checkpointing on
+  both sides, 8 prompts x 8 completions of 256 + 256 tokens, rewards that differ within each group: seconds per
+  step, peak GPU memory, loss and grad norm (> 0: real gradients), ours beside TRL, and `largest_fit`, the
+  longest completions (doubling) that still step at 8 x 8 on this GPU, for ours (the search stops at the first
+  out of memory or after a minute, less when the budget is nearly spent; TRL's is not searched, to keep the
+  part to about two minutes). In `--tiny`, the same path at `qwen2-7b-tiny` (the shape scaled down), where
+  both sides search to a tiny bound.
 
 A part that fails prints its error and the suite goes on; a part that would start after `--budget-s` is
 skipped and says so.
@@ -46,7 +61,7 @@ from trainer.tracking import EventLog  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_DEMO_MODEL = REPO / "platform" / "flywheel" / "registry" / "demo_model"
-PARTS = ("warm_start", "learning", "rollout", "trl", "memory")
+PARTS = ("warm_start", "learning", "rollout", "sampling", "trl", "memory", "lora_8b")
 
 # What each part runs at, on a GPU and in the CPU dry run (--tiny). The GPU's learning model: 8 layers of
 # hidden 512 (21M parameters), warm-started for 2000 steps at its width's learning rate (on the CPU a tiny
@@ -56,11 +71,17 @@ PARTS = ("warm_start", "learning", "rollout", "trl", "memory")
 SETTINGS = {
     "gpu": dict(warm_steps=1000, warm_tasks=2000, eval_tasks=64, eval_samples=4, model="21m", model_steps=2000,
                 grpo_steps=30, prompts=8, generations=8, sizes="tiny,125m,500m", trl_steps=10, trl_holdout=100,
-                trl_eval_samples=4, memory=[]),
+                trl_eval_samples=4, memory=[], lora_8b=["--shape", "qwen2-7b", "--steps", "3"],
+                sampling=["--prompts", "16", "--samples", "8", "--max-new-tokens", "48"], sampling_large="500m"),
     "tiny": dict(warm_steps=40, warm_tasks=300, eval_tasks=8, eval_samples=2, model=None, model_steps=0,
                  grpo_steps=2, prompts=4, generations=4, sizes="tiny", trl_steps=2, trl_holdout=4, trl_eval_samples=1,
                  memory=["--vocab", "2048", "--hidden", "32", "--layers", "1", "--prompts", "1", "--generations", "2",
-                         "--prompt-len", "16", "--completion-len", "8", "--threads", "1", "--quick"]),
+                         "--prompt-len", "16", "--completion-len", "8", "--threads", "1", "--quick"],
+                 lora_8b=["--shape", "qwen2-7b-tiny", "--threads", "1", "--prompts", "2", "--generations", "2",
+                          "--prompt-len", "8", "--completion-len", "8", "--steps", "2", "--fit-max-tokens", "160",
+                          "--fit-sides", "ours,trl"],
+                 sampling=["--prompts", "2", "--samples", "2", "--max-new-tokens", "8", "--repeats", "1",
+                           "--threads", "1"], sampling_large=None),
 }
 
 
@@ -92,10 +113,21 @@ def part_warm_start(ctx: dict) -> dict:
     build_s = time.perf_counter() - t0
     n = s["eval_tasks"] * s["eval_samples"]
     built_success = holdout_success(built, device=device, tasks=s["eval_tasks"], samples=s["eval_samples"])
-    shipped = holdout_success(SHIPPED_DEMO_MODEL, device=device, tasks=s["eval_tasks"], samples=s["eval_samples"])
+    shipped, eval_s = {}, {}
+    for dtype in (torch.bfloat16, torch.float32):
+        name = str(dtype).removeprefix("torch.")
+        holdout_success(SHIPPED_DEMO_MODEL, device=device, tasks=2, samples=1, dtype=dtype)  # warm-up, untimed
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        shipped[name] = holdout_success(SHIPPED_DEMO_MODEL, device=device, tasks=s["eval_tasks"],
+                                        samples=s["eval_samples"], dtype=dtype)
+        eval_s[name] = round(time.perf_counter() - t0, 2)
+    # As a job loads it: bfloat16 on a GPU, float32 on a CPU.
+    as_loaded = shipped["bfloat16" if device == "cuda" else "float32"]
     return {"built_on": device, "warm_steps": s["warm_steps"], "build_s": round(build_s, 1),
-            "built_success": built_success, "shipped_success": shipped, "samples": n,
-            "se": success_se((built_success + shipped) / 2, n),
+            "built_success": built_success, "shipped_success": as_loaded, "shipped_success_by_dtype": shipped,
+            "eval_s": eval_s, "samples": n, "se": success_se((built_success + as_loaded) / 2, n),
             "note": "shipped: the demo model as built on a CPU (seed 0, 1000 steps), evaluated here"}
 
 
@@ -188,6 +220,34 @@ def part_rollout(ctx: dict) -> list[dict]:
     return lines
 
 
+def part_sampling(ctx: dict) -> list[dict]:
+    """bench/sampling.py per model, each in its own process: the demo model in both dtypes, the larger ones in
+    bfloat16 (what a job samples them in on a GPU)."""
+    s = ctx["s"]
+    models = [("demo", SHIPPED_DEMO_MODEL, "float32,bfloat16")]
+    if not ctx["tiny"]:
+        models.append(("learning", learning_model(ctx), "bfloat16"))
+        if s["sampling_large"]:
+            large = ctx["work"] / f"sampling-{s['sampling_large']}"
+            if not (large / "tiny.json").exists():  # throughput only: a few steps, so it speaks the tokenizer
+                build_tiny(large, arch="qwen2", device=ctx["device"], steps=20, n_tasks=300,
+                           **SIZES[s["sampling_large"]])
+            models.append((s["sampling_large"], large, "bfloat16"))
+    lines = []
+    for name, path, dtypes in models:
+        if ctx["left"]() <= 0:
+            lines.append({"model": name, "skipped": "time budget spent"})
+            continue
+        argv = ["bench/sampling.py", "--device", ctx["device"], "--model", str(path), "--dtypes", dtypes, *s["sampling"]]
+        try:
+            out = run_script(argv, timeout=max(ctx["left"](), 120))
+            out.pop("device", None)  # the line's device is the GPU's name
+            lines.append({**out, "model": name})
+        except Exception as exc:  # noqa: BLE001 (report and go on to the next model)
+            lines.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
+    return lines
+
+
 def run_script(argv: list[str], timeout: float) -> dict:
     """A bench script in its own process (its GPU memory is its own); its last stdout line is its JSON."""
     proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, cwd=REPO)
@@ -222,8 +282,21 @@ def part_memory(ctx: dict) -> dict:
                       timeout=max(ctx["left"](), 60))
 
 
-RUNNERS = {"warm_start": part_warm_start, "learning": part_learning, "rollout": part_rollout, "trl": part_trl,
-           "memory": part_memory}
+def part_lora_8b(ctx: dict) -> dict:
+    argv = ["bench/memory.py", "--device", ctx["device"], *ctx["s"]["lora_8b"]]
+    if not ctx["tiny"]:
+        # The largest-fit search gets a minute, less when the suite's budget is nearly spent (the two workers'
+        # start, build and measured steps take about as long again).
+        argv += ["--fit-time-s", str(round(min(60, max(ctx["left"]() - 90, 10))))]
+    # At least four minutes once started: a 7.6B step cut short would leave its worker holding the GPU.
+    out = run_script(argv, timeout=max(ctx["left"](), 240))
+    out.pop("device", None)  # the line's device is the GPU's name
+    return out
+
+
+RUNNERS = {"warm_start": part_warm_start, "learning": part_learning, "rollout": part_rollout,
+           "sampling": part_sampling, "trl": part_trl,
+           "memory": part_memory, "lora_8b": part_lora_8b}
 
 
 def main() -> None:

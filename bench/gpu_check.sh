@@ -2,8 +2,9 @@
 # The GPU suite in one call, for a GPU machine with torch and no network (a bare H200 image): the warm start
 # built on the GPU against the shipped one, the learning check (holdout success before and after GRPO, never
 # `no_gradient`), ours against TRL at three sizes (bf16 both sides, TRL without vLLM), memory at a 152k
-# vocabulary, and rollout throughput (HF; vLLM only when `import vllm` works). One JSON line per part, a
-# summary last; bench/gpu_check.py says what each part measures.
+# vocabulary, rollout throughput (HF; vLLM only when `import vllm` works), and LoRA on a 7.6B Qwen2 of random
+# weights built on the GPU (seconds a step, peak memory, ours beside TRL, the longest completions that fit).
+# One JSON line per part, a summary last; bench/gpu_check.py says what each part measures.
 #   bench/gpu_check.sh [--wheels DIR] [gpu_check.py args]   # on the GPU machine, under 8 minutes (--budget-s)
 #   bench/gpu_check.sh --tiny [--wheels DIR]                # the same path on the CPU with a tiny model
 # Nothing is fetched from the network: a dependency that is missing, or at another version than the one

@@ -230,14 +230,14 @@ def build_tiny(out: str | Path, *, n_tasks: int = 2000, steps: int = 1000, noise
 
 
 def holdout_success(model_dir: str | Path, *, device: str = "cpu", tasks: int = 64, samples: int = 4, seed: int = 0,
-                    max_new_tokens: int = 64) -> float:
+                    max_new_tokens: int = 64, dtype: torch.dtype | None = None) -> float:
     """Sampled (T=1) success of a model folder on `tasks` single-call workplace holdout tasks, `samples` each, loaded
-    as a job loads it on `device` (bfloat16 on a GPU): the figure a warm start is judged by."""
+    as a job loads it on `device` (bfloat16 on a GPU; `dtype` another): the figure a warm start is judged by."""
     from trainer.envs.workplace import generate_tasks
     from trainer.evaluation import evaluate_rows
     from trainer.rollout.hf import HFEngine
 
-    model, tokenizer = load_model(model_dir, device=device)
+    model, tokenizer = load_model(model_dir, device=device, dtype=dtype)
     model.eval()
     torch.manual_seed(seed)
     rows = generate_tasks(tasks, seed=seed, split="holdout", difficulty="single")

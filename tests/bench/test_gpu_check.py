@@ -5,6 +5,7 @@ have a real gradient."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -15,15 +16,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 # The keys each part's line carries (beside "part", "device" and "part_s").
 KEYS = {
-    "warm_start": {"built_on", "warm_steps", "build_s", "built_success", "shipped_success", "samples", "se"},
+    "warm_start": {"built_on", "warm_steps", "build_s", "built_success", "shipped_success", "samples", "se",
+                   "shipped_success_by_dtype", "eval_s"},
     "learning": {"model", "parameters", "holdout_before", "holdout_after", "gain", "se", "steps", "step_time_s",
                  "rollout_tokens_per_s", "reward_std", "frac_zero_variance_groups", "grad_norm", "peak_gib"},
     "rollout": {"engine"},
+    "sampling": {"model", "batch", "rows", "speedup_float32_merged", "speedup_bfloat16_merged",
+                 "speedup_bfloat16_compiled"},
     "trl": {"size", "ours_s_per_step", "trl_s_per_step", "speedup", "ours_gain", "trl_gain", "ours_peak_gib",
             "trl_peak_gib", "gain_se"},
     "memory": {"device", "vocab", "ours_peak_mb", "trl_peak_mb", "ours_s", "trl_s", "ours_peak_total_gib",
                "trl_peak_total_gib", "memory_ratio"},
+    "lora_8b": {"shape", "parameters", "weights_gib", "prompts", "completions", "prompt_len", "completion_len",
+                "batch_tokens", "steps", "ours_s_per_step", "trl_s_per_step", "ours_peak_mb", "trl_peak_mb",
+                "ours_peak_total_gib", "trl_peak_total_gib", "ours_loss", "trl_loss", "ours_grad_norm", "trl_grad_norm",
+                "same_weights", "largest_fit", "trl_largest_fit"},
 }
+FIT = {"prompts", "completions", "prompt_len", "completion_len", "batch_tokens", "step_s", "stopped_by"}
 
 
 def test_the_tiny_dry_run_prints_every_part_and_a_summary(tmp_path):
@@ -36,7 +45,7 @@ def test_the_tiny_dry_run_prints_every_part_and_a_summary(tmp_path):
     by_part: dict[str, list[dict]] = {}
     for line in lines:
         by_part.setdefault(line["part"], []).append(line)
-    assert list(by_part) == ["warm_start", "learning", "rollout", "trl", "memory", "summary"]
+    assert list(by_part) == ["warm_start", "learning", "rollout", "sampling", "trl", "memory", "lora_8b", "summary"]
     assert lines[-1]["part"] == "summary"
     for part, keys in KEYS.items():
         for line in by_part[part]:
@@ -53,8 +62,69 @@ def test_the_tiny_dry_run_prints_every_part_and_a_summary(tmp_path):
     if importlib.util.find_spec("vllm") is None:
         # No vLLM here: its line says it was skipped, never a figure that could pass for a vLLM one.
         assert "skipped" in engines["vllm"] and "rollout_tokens_per_s" not in engines["vllm"]
+    assert set(by_part["warm_start"][0]["eval_s"]) == {"float32", "bfloat16"}
+    # Sampling: every way ran in both dtypes; a merged adapter runs fewer operators a decoding step than an
+    # unmerged one, a compiled forward fewer still (counted, not timed), and each sampled the policy.
+    rows = {(r["dtype"], r["way"]): r for r in by_part["sampling"][0]["rows"]}
+    assert set(rows) == {(d, w) for d in ("float32", "bfloat16") for w in ("unmerged", "merged", "compiled")}
+    for dtype in ("float32", "bfloat16"):
+        ops = [rows[dtype, way]["ops_per_step"] for way in ("unmerged", "merged", "compiled")]
+        assert ops[0] > ops[1] > ops[2], (dtype, ops)
+        assert all(rows[dtype, way]["logprob_gap_max"] < 0.5 for way in ("unmerged", "merged", "compiled"))
     assert by_part["trl"][0]["ours_s_per_step"] > 0 and by_part["trl"][0]["trl_s_per_step"] > 0
     assert by_part["memory"][0]["ours_peak_mb"] > 0 and by_part["memory"][0]["trl_peak_mb"] > 0
+    # The 7B path at its scaled-down shape: both sides step with real gradients, from the same weights (same
+    # LoRA initialisation too, so the same gradient), and the largest-fit search runs to its tiny bound.
+    lora = by_part["lora_8b"][0]
+    assert lora["shape"] == "qwen2-7b-tiny" and lora["steps"] == 2 and lora["parameters"] > 0
+    assert lora["ours_grad_norm"] > 0 and lora["trl_grad_norm"] > 0
+    assert lora["same_weights"] is True and abs(lora["ours_grad_norm"] - lora["trl_grad_norm"]) < 1e-3
+    assert lora["ours_s_per_step"] > 0 and lora["trl_s_per_step"] > 0
+    assert lora["ours_peak_mb"] > 0 and lora["trl_peak_mb"] > 0 and lora["ours_peak_total_gib"] is None
+    for fit in (lora["largest_fit"], lora["trl_largest_fit"]):
+        assert FIT <= fit.keys() and fit["stopped_by"] == "max_tokens"
+        assert fit["completion_len"] > lora["completion_len"] and fit["batch_tokens"] > lora["batch_tokens"]
     summary = lines[-1]
     assert summary["ok"] is True and summary["tiny"] is True and summary["no_gradient"] is False
     assert summary["parts"] == dict.fromkeys(KEYS, "ok")
+
+
+def _memory_bench():
+    spec = importlib.util.spec_from_file_location("bench_memory", REPO / "bench" / "memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_largest_fit_search_stops_at_the_first_out_of_memory_or_at_its_bounds():
+    # A CPU never runs out of GPU memory, so the dry run cannot reach this branch: a step that raises the error
+    # torch raises on a GPU stands in for it.
+    import torch
+
+    memory = _memory_bench()
+    args = argparse.Namespace(prompts=8, generations=8, prompt_len=256, completion_len=256, device="cpu",
+                              fit_max_tokens=2**20, fit_time_s=60, steps=2)
+    tried, zeroed = [], []
+
+    def prepare(length):
+        def step():
+            tried.append(length)
+            if length >= 4096:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return step
+
+    fit = memory.largest_fit(args, prepare, lambda: zeroed.append(True), 0.01, 1.0)
+    assert tried == [512, 1024, 2048, 4096] and zeroed == [True]
+    assert fit["stopped_by"] == "oom" and fit["stopped_at_completion_len"] == 4096
+    assert fit["completion_len"] == 2048 and fit["batch_tokens"] == 64 * (256 + 2048)
+    tried.clear()
+    args.fit_max_tokens = 64 * (256 + 1024)
+    fit = memory.largest_fit(args, prepare, lambda: None, 0.01, 1.0)
+    assert tried == [512, 1024] and fit["stopped_by"] == "max_tokens" and fit["completion_len"] == 1024
+    tried.clear()
+    args.fit_time_s = 1.0  # the next step is estimated at 7.5 s: it is not started
+    fit = memory.largest_fit(args, prepare, lambda: None, 5.0, 1.0)
+    assert tried == [] and fit["stopped_by"] == "time" and fit["completion_len"] == 256
+    # Out of memory in the measured steps is the side's result, not a crash of the part.
+    out = memory.run_steps(args, lambda length: prepare(8192), {}, lambda: zeroed.append(True))
+    assert out == {"oom": "CUDA out of memory. Tried to allocate 20.00 GiB"}

@@ -10,6 +10,11 @@ measured the same way; the gain is the candidate's success minus production's on
 
     .venv/bin/python bench/efficacy.py [--seeds 0 1 2] [--model DIR] [--workdir DIR]
         [--algorithm sft_grpo] [--config max_steps=50 sft_steps=10 ...]
+        [--size 21m --device cuda [--warm-steps 2000]]
+
+`--size` (one of `trainer.tiny.SIZES`) warm-starts the demo's recipe as a Qwen2 of that size on `--device` (a
+GPU: the demo's ceiling with a model that can afford to learn to copy names from requests) instead of using
+the shipped tiny model; the jobs' trainers then run where torch finds a GPU, bf16 there.
 
 `--algorithm` and `--config` (GRPOConfig fields, JSON values, over the project's recipe) try another recipe on
 the same seeded project; run the default beside it for the named baseline (the button's recipe).
@@ -38,6 +43,9 @@ def main() -> int:
     parser.add_argument("--model", help="a demo model folder (else the shipped one, copied to --workdir/tiny-demo)")
     parser.add_argument("--rebuild", action="store_true",
                         help="build the demo model on this machine instead of copying the shipped one")
+    parser.add_argument("--size", help="warm-start a Qwen2 of this size (trainer.tiny.SIZES) as the demo model")
+    parser.add_argument("--device", default="cpu", help="where --size's warm start runs (cuda on a GPU)")
+    parser.add_argument("--warm-steps", type=int, default=2000, help="--size's warm-start steps")
     parser.add_argument("--workdir", default=None, help="scratch folder (default: a new temporary one)")
     parser.add_argument("--algorithm", default="grpo", help="grpo (the button's), sft, dpo or sft_grpo")
     parser.add_argument("--config", nargs="*", default=[], metavar="FIELD=VALUE",
@@ -78,7 +86,16 @@ def main() -> int:
     from flywheel.training.models import TrainingJob
 
     t0 = time.perf_counter()
-    model_dir = Path(args.model) if args.model else build_demo_model(work / "tiny-demo", rebuild=args.rebuild)
+    if args.model:
+        model_dir = Path(args.model)
+    elif args.size:
+        from trainer.tiny import SIZES, build_tiny
+
+        model_dir = work / f"demo-{args.size}"
+        if not (model_dir / "tiny.json").exists():
+            build_tiny(model_dir, arch="qwen2", device=args.device, steps=args.warm_steps, **SIZES[args.size])
+    else:
+        model_dir = build_demo_model(work / "tiny-demo", rebuild=args.rebuild)
     built_s = time.perf_counter() - t0
     user = get_user_model().objects.filter(username="bench").first() or \
         get_user_model().objects.create_user("bench", password="bench-password-1")
@@ -134,7 +151,7 @@ def main() -> int:
     def mean(key: str) -> float | None:
         return round(statistics.mean(r[key] for r in judged), 4) if judged else None
 
-    print(json.dumps({"algorithm": args.algorithm, "config": overrides, "promoted": args.promote,
+    print(json.dumps({"algorithm": args.algorithm, "config": overrides, "size": args.size or "shipped", "promoted": args.promote,
                       "task_set_version": suites["task_set"].versions.count(), "seeds": len(args.seeds), "holdout_before": mean("holdout_before"),
                       "holdout_after": mean("holdout_after"), "gain": mean("gain"),
                       "gain_min": min((r["gain"] for r in judged), default=None),

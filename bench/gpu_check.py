@@ -12,7 +12,8 @@ Parts (`--parts`, in this order):
   the holdout evaluated before and after: holdout success before and after, seconds per step, rollout
   tokens/s, the reward spread, and `no_gradient` when every group's rewards were equal (steps that changed
   nothing: a check that measured nothing).
-- `rollout`: the same model's GRPO steps per rollout engine (HF `generate`; vLLM when `import vllm` works,
+- `rollout`: the same model's GRPO steps per rollout engine (HF `generate`, HF with `rollout_compile`
+  (`hf-compiled`: every shape a job meets compiles once, within these steps); vLLM when `import vllm` works,
   else a line saying it was skipped: a figure here is never a vLLM figure unless its line says
   `"engine": "vllm"`), rollout tokens/s and GPU memory.
 - `sampling`: `bench/sampling.py` on the shipped demo model, the learning part's model and a 500M Qwen2 (a
@@ -70,11 +71,11 @@ PARTS = ("warm_start", "learning", "rollout", "sampling", "trl", "memory", "lora
 # all score alike would never reach the loss's gradient.
 SETTINGS = {
     "gpu": dict(warm_steps=1000, warm_tasks=2000, eval_tasks=64, eval_samples=4, model="21m", model_steps=2000,
-                grpo_steps=30, prompts=8, generations=8, sizes="tiny,125m,500m", trl_steps=10, trl_holdout=100,
+                grpo_steps=30, rollout_steps=6, prompts=8, generations=8, sizes="tiny,125m,500m", trl_steps=10, trl_holdout=100,
                 trl_eval_samples=4, memory=[], lora_8b=["--shape", "qwen2-7b", "--steps", "3"],
                 sampling=["--prompts", "16", "--samples", "8", "--max-new-tokens", "48"], sampling_large="500m"),
     "tiny": dict(warm_steps=40, warm_tasks=300, eval_tasks=8, eval_samples=2, model=None, model_steps=0,
-                 grpo_steps=2, prompts=4, generations=4, sizes="tiny", trl_steps=2, trl_holdout=4, trl_eval_samples=1,
+                 grpo_steps=2, rollout_steps=2, prompts=4, generations=4, sizes="tiny", trl_steps=2, trl_holdout=4, trl_eval_samples=1,
                  memory=["--vocab", "2048", "--hidden", "32", "--layers", "1", "--prompts", "1", "--generations", "2",
                          "--prompt-len", "16", "--completion-len", "8", "--threads", "1", "--quick"],
                  lora_8b=["--shape", "qwen2-7b-tiny", "--threads", "1", "--prompts", "2", "--generations", "2",
@@ -144,7 +145,7 @@ def learning_model(ctx: dict) -> Path:
     return ctx["model"]
 
 
-def grpo_job(ctx: dict, name: str, engine: str, holdout: bool) -> tuple[dict, list[dict]]:
+def grpo_job(ctx: dict, name: str, engine: str, holdout: bool, steps: int | None = None) -> tuple[dict, list[dict]]:
     s = ctx["s"]
     job = ctx["work"] / name
     job.mkdir()
@@ -152,11 +153,13 @@ def grpo_job(ctx: dict, name: str, engine: str, holdout: bool) -> tuple[dict, li
     if holdout:
         write_jsonl(job / "holdout.jsonl", generate_tasks(s["eval_tasks"], seed=1, split="holdout", difficulty="single"))
     # The demo's recipe (lr 1e-3, the one the learning test measures on the CPU), at this part's batch and steps.
-    cfg = demo_config(s["grpo_steps"], seed=0)
+    cfg = demo_config(steps or s["grpo_steps"], seed=0)
     cfg.num_prompts_per_step, cfg.num_generations_per_prompt = s["prompts"], s["generations"]
     cfg.train_batch_size = s["prompts"] * s["generations"]
     cfg.eval_on_start, cfg.eval_samples_per_prompt = holdout, s["eval_samples"]
-    cfg.rollout_engine, cfg.vllm_gpu_memory_utilization = engine, ctx["args"].vllm_memory
+    # `hf-compiled`: the hf engine with rollout_compile (static KV cache, compiled forward).
+    cfg.rollout_engine, cfg.vllm_gpu_memory_utilization = engine.removesuffix("-compiled"), ctx["args"].vllm_memory
+    cfg.rollout_compile = engine == "hf-compiled"
     spec = JobSpec(model=str(learning_model(ctx)), job_dir=job, train=job / "train.jsonl",
                    holdout=(job / "holdout.jsonl") if holdout else None, config=cfg, mlflow=False)
     if torch.cuda.is_available():
@@ -210,7 +213,8 @@ def part_rollout(ctx: dict) -> list[dict]:
                               "verified against its stand-in only"})
                 continue
         try:
-            _, steps = grpo_job(ctx, f"rollout-{engine}", engine, holdout=False)
+            # Throughput, not learning: a few steps (the first, warm-up, is left out of the means).
+            _, steps = grpo_job(ctx, f"rollout-{engine}", engine, holdout=False, steps=ctx["s"]["rollout_steps"])
             lines.append({"engine": engine, **step_figures(steps), "trainer_peak_gib": peak_gib(),
                           "device_used_gib": gpu_used_gib()})
         except Exception as exc:  # noqa: BLE001 (report and go on to the next engine)
@@ -304,7 +308,8 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="a tiny model on the CPU: a dry run of the same path")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     p.add_argument("--sizes", help="the trl part's model sizes (trainer.tiny.SIZES); default tiny,125m,500m")
-    p.add_argument("--engines", default="hf,vllm", help="the rollout part's engines")
+    p.add_argument("--engines", default="hf,hf-compiled,vllm",
+                   help="the rollout part's engines (hf-compiled: hf with rollout_compile)")
     p.add_argument("--model", help="the learning and rollout parts' model folder instead of building one")
     p.add_argument("--vllm-memory", type=float, default=0.35)
     p.add_argument("--budget-s", type=float, default=450, help="start no part after this many seconds")

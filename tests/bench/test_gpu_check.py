@@ -58,7 +58,7 @@ def test_the_tiny_dry_run_prints_every_part_and_a_summary(tmp_path):
     assert 0 <= learning["holdout_before"] <= 1 and 0 <= learning["holdout_after"] <= 1
     assert learning["peak_gib"] is None  # GPU memory only on a GPU
     engines = {line["engine"]: line for line in by_part["rollout"]}
-    assert engines["hf"]["rollout_tokens_per_s"] > 0
+    assert engines["hf"]["rollout_tokens_per_s"] > 0 and engines["hf-compiled"]["rollout_tokens_per_s"] > 0
     if importlib.util.find_spec("vllm") is None:
         # No vLLM here: its line says it was skipped, never a figure that could pass for a vLLM one.
         assert "skipped" in engines["vllm"] and "rollout_tokens_per_s" not in engines["vllm"]

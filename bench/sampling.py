@@ -85,8 +85,9 @@ def measure(args: argparse.Namespace, dtype: torch.dtype, way: str, rows: list[d
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         once()
     ops = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
-    # Sampler against trainer on the same episodes (one turn each, as the rollout sampled it).
-    episodes = start_episodes(rows[: args.gap_prompts], 2, tok, make_env_for)
+    # Sampler against trainer: the same prompts and samples (the same shape, so nothing compiles again), one
+    # turn each, as the rollout sampled it.
+    episodes = start_episodes(rows, args.samples, tok, make_env_for)
     torch.manual_seed(2)
     run_episodes(engine, tok, episodes, max_new_tokens=args.max_new_tokens, temperature=1.0, max_turns=1,
                  max_seq_len=2048)
@@ -110,7 +111,6 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--gap-prompts", type=int, default=8)
     p.add_argument("--lora-std", type=float, default=0.02)
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--ways", default="unmerged,merged,compiled")

@@ -151,7 +151,7 @@ def main() -> int:
     def mean(key: str) -> float | None:
         return round(statistics.mean(r[key] for r in judged), 4) if judged else None
 
-    print(json.dumps({"algorithm": args.algorithm, "config": overrides, "size": args.size or "shipped", "promoted": args.promote,
+    print(json.dumps({"algorithm": args.algorithm, "config": overrides, "size": args.size or ("--model" if args.model else "shipped"), "promoted": args.promote,
                       "task_set_version": suites["task_set"].versions.count(), "seeds": len(args.seeds), "holdout_before": mean("holdout_before"),
                       "holdout_after": mean("holdout_after"), "gain": mean("gain"),
                       "gain_min": min((r["gain"] for r in judged), default=None),

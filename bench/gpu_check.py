@@ -20,8 +20,6 @@ Parts (`--parts`, in this order):
   warm start of a few steps: its tokens/s, not its answers): the LoRA policy sampled unmerged, merged
   (`trainer.models.lora_merged`, the default) and compiled (`rollout_compile`: static KV cache, CUDA graphs),
   seconds per generate, tokens/s, operators per decoding step and the sampler-trainer logprob gap.
-- `trl`: `bench/grpo_vs_trl.py --device D --size S` for each of `--sizes` (bf16 on both sides on a GPU, TRL
-  with use_vllm=False): seconds per step, holdout gain and peak GPU memory, ours beside TRL.
 - `memory`: `bench/memory.py --device D` (one step at a 152k vocabulary; ours beside TRL).
 - `lora_8b`: `bench/memory.py --device D --shape qwen2-7b`: the size teams start at, LoRA on a 7.6B Qwen2
   (Qwen2.5-7B's shape, random bf16 weights built on the GPU, nothing downloaded), gradient checkpointing on
@@ -31,9 +29,12 @@ Parts (`--parts`, in this order):
   out of memory or after a minute, less when the budget is nearly spent; TRL's is not searched, to keep the
   part to about two minutes). In `--tiny`, the same path at `qwen2-7b-tiny` (the shape scaled down), where
   both sides search to a tiny bound.
+- `trl`: `bench/grpo_vs_trl.py --device D --size S` for each of `--sizes` (bf16 on both sides on a GPU, TRL
+  with use_vllm=False): seconds per step, holdout gain and peak GPU memory, ours beside TRL.
 
 A part that fails prints its error and the suite goes on; a part that would start after `--budget-s` is
-skipped and says so.
+skipped and says so (as is each size of `trl` and each model of `sampling`), and the summary's `rerun` is the
+call that runs what was left out.
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ from trainer.tracking import EventLog  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_DEMO_MODEL = REPO / "platform" / "flywheel" / "registry" / "demo_model"
-PARTS = ("warm_start", "learning", "rollout", "sampling", "trl", "memory", "lora_8b")
+# The size teams train (lora_8b) before the three-size comparison with TRL, the longest part, which checks the
+# budget before each size.
+PARTS = ("warm_start", "learning", "rollout", "sampling", "memory", "lora_8b", "trl")
+BUDGET_SPENT = "time budget spent"
 
 # What each part runs at, on a GPU and in the CPU dry run (--tiny). The GPU's learning model: 8 layers of
 # hidden 512 (21M parameters), warm-started for 2000 steps at its width's learning rate (on the CPU a tiny
@@ -240,7 +244,7 @@ def part_sampling(ctx: dict) -> list[dict]:
     lines = []
     for name, path, dtypes in models:
         if ctx["left"]() <= 0:
-            lines.append({"model": name, "skipped": "time budget spent"})
+            lines.append({"model": name, "skipped": BUDGET_SPENT})
             continue
         argv = ["bench/sampling.py", "--device", ctx["device"], "--model", str(path), "--dtypes", dtypes, *s["sampling"]]
         try:
@@ -265,7 +269,7 @@ def part_trl(ctx: dict) -> list[dict]:
     lines = []
     for size in (args.sizes or s["sizes"]).split(","):
         if ctx["left"]() <= 0:
-            lines.append({"size": size, "skipped": "time budget spent"})
+            lines.append({"size": size, "skipped": BUDGET_SPENT})
             continue
         argv = ["bench/grpo_vs_trl.py", "--device", ctx["device"], "--steps", str(s["trl_steps"]),
                 "--holdout", str(s["trl_holdout"]), "--eval-samples", str(s["trl_eval_samples"])]
@@ -329,7 +333,7 @@ def main() -> None:
         if part not in RUNNERS:
             raise SystemExit(f"gpu_check: unknown part {part!r}; parts are {', '.join(PARTS)}")
         if ctx["left"]() <= 0:
-            emit({"part": part, "skipped": f"time budget of {args.budget_s:.0f} s spent"})
+            emit({"part": part, "skipped": f"{BUDGET_SPENT} ({args.budget_s:.0f} s)"})
             status[part] = "skipped"
             continue
         started = time.perf_counter()
@@ -340,12 +344,16 @@ def main() -> None:
         rows = out if isinstance(out, list) else [out]
         lines[part] = [emit({"part": part, "device": name, **row, "part_s": round(time.perf_counter() - started, 1)})
                        for row in rows]
-        status[part] = "error" if any("error" in r for r in rows) else "ok"
+        status[part] = ("error" if any("error" in r for r in rows)
+                        else "partial" if any(r.get("skipped") == BUDGET_SPENT for r in rows) else "ok")
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     learning = (lines.get("learning") or [{}])[0]
+    # What the budget left out, as the next call to make (a machine lent for minutes may not run all in one).
+    left_out = [part for part, state in status.items() if state in ("skipped", "partial")]
     emit({"part": "summary", "device": name, "tiny": tiny, "parts": status,
           "ok": all(v == "ok" for v in status.values()),
+          "rerun": f"bench/gpu_check.sh --wheels DIR --parts {','.join(left_out)}" if left_out else None,
           "no_gradient": "no_gradient" in learning if learning else None,
           "learning_gain": learning.get("gain"), "learning_se": learning.get("se"),
           "wall_s": round(time.perf_counter() - t0, 1)})

@@ -45,7 +45,7 @@ def test_the_tiny_dry_run_prints_every_part_and_a_summary(tmp_path):
     by_part: dict[str, list[dict]] = {}
     for line in lines:
         by_part.setdefault(line["part"], []).append(line)
-    assert list(by_part) == ["warm_start", "learning", "rollout", "sampling", "trl", "memory", "lora_8b", "summary"]
+    assert list(by_part) == ["warm_start", "learning", "rollout", "sampling", "memory", "lora_8b", "trl", "summary"]
     assert lines[-1]["part"] == "summary"
     for part, keys in KEYS.items():
         for line in by_part[part]:
@@ -86,7 +86,21 @@ def test_the_tiny_dry_run_prints_every_part_and_a_summary(tmp_path):
         assert fit["completion_len"] > lora["completion_len"] and fit["batch_tokens"] > lora["batch_tokens"]
     summary = lines[-1]
     assert summary["ok"] is True and summary["tiny"] is True and summary["no_gradient"] is False
-    assert summary["parts"] == dict.fromkeys(KEYS, "ok")
+    assert summary["parts"] == dict.fromkeys(KEYS, "ok") and summary["rerun"] is None
+
+
+def test_what_the_time_budget_leaves_out_is_named_with_the_call_that_runs_it(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(
+        [str(REPO / "platform"), str(REPO), str(REPO / "client"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), "--tiny", "--parts", "memory,trl",
+                           "--budget-s", "0"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [line["part"] for line in lines] == ["memory", "trl", "summary"]
+    assert all(line["skipped"].startswith("time budget spent") for line in lines[:2])
+    summary = lines[-1]
+    assert summary["ok"] is False and summary["parts"] == {"memory": "skipped", "trl": "skipped"}
+    assert summary["rerun"] == "bench/gpu_check.sh --wheels DIR --parts memory,trl"
 
 
 def _memory_bench():

@@ -124,34 +124,11 @@ def _logits_fn(lm: PreTrainedModel, temperature: float) -> LogitsFn:
 
 
 def _full_hidden(lm: PreTrainedModel, batch: Batch, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """Final hidden states (N, H) at the (rows, cols) positions, each row run in full; rows of very different
-    lengths in two forwards, each as wide as its longest row (`continuation_chunks`)."""
+    """Final hidden states (N, H) at the (rows, cols) positions, each row run in full."""
     device = lm.device
-    chunks = continuation_chunks(batch.attention_mask.sum(dim=1))
-    if len(chunks) == 1:
-        out = lm.get_decoder()(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                               use_cache=False)
-        return out.last_hidden_state[rows.to(device), cols.to(device)]
-    found = None
-    for chunk in chunks:
-        width = int(batch.attention_mask[chunk].sum(dim=1).max())
-        out = lm.get_decoder()(input_ids=batch.input_ids[chunk, :width].to(device),
-                               attention_mask=batch.attention_mask[chunk, :width].to(device), use_cache=False)
-        hidden = out.last_hidden_state
-        found = _place(found, hidden, chunk, len(batch), rows, cols, device)
-    return found
-
-
-def _place(found: torch.Tensor | None, hidden: torch.Tensor, chunk: torch.Tensor, n_rows: int, rows: torch.Tensor,
-           cols: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`found` (N, H) with the (rows, cols) positions of `chunk`'s rows read from `hidden` (its forward's states
-    at column cols, row the row's place in the chunk)."""
-    if found is None:
-        found = torch.zeros(len(rows), hidden.shape[-1], device=device, dtype=hidden.dtype)
-    where = torch.full((n_rows,), -1, dtype=torch.long)
-    where[chunk] = torch.arange(len(chunk))
-    mine = (where[rows] >= 0).nonzero(as_tuple=True)[0]
-    return found.index_put((mine.to(device),), hidden[where[rows[mine]].to(device), cols[mine].to(device)])
+    out = lm.get_decoder()(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
+                           use_cache=False)
+    return out.last_hidden_state[rows.to(device), cols.to(device)]
 
 
 def _shared_prefix_hidden(lm: PreTrainedModel, batch: Batch, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -181,7 +158,7 @@ def _shared_prefix_hidden(lm: PreTrainedModel, batch: Batch, rows: torch.Tensor,
         raise ValueError("a loss_mask position lies inside its row's prompt; prompts never train")
     slen = batch.attention_mask.sum(dim=1) - plen
     chunks = continuation_chunks(slen)
-    found = None
+    found = torch.empty(len(rows), out.last_hidden_state.shape[-1], device=device, dtype=out.last_hidden_state.dtype)
     for chunk in chunks:
         cache = out.past_key_values if len(chunks) == 1 else _cache_copy(out.past_key_values)
         cache.batch_select_indices(row_prompt[chunk].to(device))
@@ -198,7 +175,11 @@ def _shared_prefix_hidden(lm: PreTrainedModel, batch: Batch, rows: torch.Tensor,
                        use_cache=True)
         hidden = torch.cat([out.last_hidden_state[:, -1:][row_prompt[chunk].to(device)],
                             out2.last_hidden_state[:, :-1]], dim=1)
-        found = _place(found, hidden, chunk, len(batch), rows, k, device)
+        # This chunk's share of the (rows, cols) positions, at its rows' places in the chunk.
+        where = torch.full((len(batch),), -1, dtype=torch.long)
+        where[chunk] = torch.arange(len(chunk))
+        mine = (where[rows] >= 0).nonzero(as_tuple=True)[0]
+        found = found.index_put((mine.to(device),), hidden[where[rows[mine]].to(device), k[mine].to(device)])
     return found
 
 
@@ -207,11 +188,10 @@ CHUNK_SAVING = 0.25
 
 
 def continuation_chunks(slen: torch.Tensor) -> list[torch.Tensor]:
-    """The rows (their indices) of a batch's forwards, by their lengths `slen` (of the continuations with prefix
-    sharing, of the whole rows without): all in one, or, where it leaves out at least CHUNK_SAVING of the
-    padded positions, the shorter rows and the longer ones in two forwards, each padded to its own longest. A
-    group's continuations end anywhere between a few tokens and max_new_tokens per turn, so one forward padded
-    to the longest row computed about half padding on the demo's steps."""
+    """The rows (their indices) of the continuation forwards: all in one, or, where it leaves out at least
+    CHUNK_SAVING of the padded positions, the shorter rows and the longer ones in two forwards, each padded
+    to its own longest. A group's continuations end anywhere between a few tokens and max_new_tokens per turn,
+    so one forward padded to the longest row computed about half padding on the demo's steps."""
     order = torch.argsort(slen, stable=True)
     lengths = slen[order].clamp(min=1).tolist()
     n, longest = len(lengths), lengths[-1]

@@ -10,7 +10,6 @@ to the LM head only at the positions that train, a chunk at a time (`trainer.log
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -151,64 +150,24 @@ def _shared_prefix_hidden(lm: PreTrainedModel, batch: Batch, rows: torch.Tensor,
         pre_mask[u, lp - p:] = 1
     out = decoder(input_ids=pre_ids.to(device), attention_mask=pre_mask.to(device),
                   position_ids=(pre_mask.cumsum(-1) - 1).clamp(min=0).to(device), use_cache=True)
+    cache = out.past_key_values
+    cache.batch_select_indices(row_prompt.to(device))
+
+    lens = batch.attention_mask.sum(dim=1)
+    slen = lens - plen
+    ls = max(int(slen.max()), 1)
+    suf_ids = torch.full((len(batch), ls), pad, dtype=torch.long)
+    suf_mask = torch.zeros((len(batch), ls), dtype=torch.long)
+    for i in range(len(batch)):
+        p, s = int(plen[i]), int(slen[i])
+        suf_ids[i, :s] = batch.input_ids[i, p:p + s]
+        suf_mask[i, :s] = 1
+    out2 = decoder(input_ids=suf_ids.to(device), attention_mask=torch.cat([pre_mask[row_prompt], suf_mask], 1).to(device),
+                   position_ids=(plen[:, None] + torch.arange(ls)).to(device), past_key_values=cache, use_cache=True)
     # The prompt's last position predicts the first continuation token; continuation position j predicts j+1.
     # So row i's target column c reads the prompt's last hidden state at c = plen - 1, else continuation c - plen.
     k = cols - (plen[rows] - 1)
     if bool((k < 0).any()):
         raise ValueError("a loss_mask position lies inside its row's prompt; prompts never train")
-    slen = batch.attention_mask.sum(dim=1) - plen
-    chunks = continuation_chunks(slen)
-    found = torch.empty(len(rows), out.last_hidden_state.shape[-1], device=device, dtype=out.last_hidden_state.dtype)
-    for chunk in chunks:
-        cache = out.past_key_values if len(chunks) == 1 else _cache_copy(out.past_key_values)
-        cache.batch_select_indices(row_prompt[chunk].to(device))
-        ls = max(int(slen[chunk].max()), 1)
-        suf_ids = torch.full((len(chunk), ls), pad, dtype=torch.long)
-        suf_mask = torch.zeros((len(chunk), ls), dtype=torch.long)
-        for j, i in enumerate(chunk.tolist()):
-            p, s = int(plen[i]), int(slen[i])
-            suf_ids[j, :s] = batch.input_ids[i, p:p + s]
-            suf_mask[j, :s] = 1
-        out2 = decoder(input_ids=suf_ids.to(device),
-                       attention_mask=torch.cat([pre_mask[row_prompt[chunk]], suf_mask], 1).to(device),
-                       position_ids=(plen[chunk, None] + torch.arange(ls)).to(device), past_key_values=cache,
-                       use_cache=True)
-        hidden = torch.cat([out.last_hidden_state[:, -1:][row_prompt[chunk].to(device)],
-                            out2.last_hidden_state[:, :-1]], dim=1)
-        # This chunk's share of the (rows, cols) positions, at its rows' places in the chunk.
-        where = torch.full((len(batch),), -1, dtype=torch.long)
-        where[chunk] = torch.arange(len(chunk))
-        mine = (where[rows] >= 0).nonzero(as_tuple=True)[0]
-        found = found.index_put((mine.to(device),), hidden[where[rows[mine]].to(device), k[mine].to(device)])
-    return found
-
-
-# A continuation forward is cut in two where that leaves out at least this share of its padded positions.
-CHUNK_SAVING = 0.25
-
-
-def continuation_chunks(slen: torch.Tensor) -> list[torch.Tensor]:
-    """The rows (their indices) of the continuation forwards: all in one, or, where it leaves out at least
-    CHUNK_SAVING of the padded positions, the shorter rows and the longer ones in two forwards, each padded
-    to its own longest. A group's continuations end anywhere between a few tokens and max_new_tokens per turn,
-    so one forward padded to the longest row computed about half padding on the demo's steps."""
-    order = torch.argsort(slen, stable=True)
-    lengths = slen[order].clamp(min=1).tolist()
-    n, longest = len(lengths), lengths[-1]
-    whole = n * longest
-    best, cut = whole, 0
-    for m in range(1, n):
-        cost = m * lengths[m - 1] + (n - m) * longest
-        if cost < best:
-            best, cut = cost, m
-    if cut == 0 or whole - best < CHUNK_SAVING * whole:
-        return [torch.arange(n)]
-    return [order[:cut], order[cut:]]
-
-
-def _cache_copy(cache):
-    """A cache whose layers can be narrowed to some rows and extended without touching `cache`'s: each layer
-    object is copied, its tensors shared (narrowing and extending replace them; autograd flows through both)."""
-    twin = copy.copy(cache)
-    twin.layers = [copy.copy(layer) for layer in cache.layers]
-    return twin
+    hidden = torch.cat([out.last_hidden_state[:, -1:][row_prompt.to(device)], out2.last_hidden_state[:, :-1]], dim=1)
+    return hidden[rows.to(device), k.to(device)]

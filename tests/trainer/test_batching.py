@@ -56,27 +56,3 @@ def test_rounds_that_reuse_group_numbers_are_not_merged(make_lora_policy, workpl
         ep.group = 0
     batch = collate(eps, tok.pad_token_id)
     assert batch.prompts.tolist() == [0, 0, 0, 1, 1, 1]
-
-
-def test_continuations_of_very_different_lengths_run_in_two_forwards_with_the_same_result(make_lora_policy,
-                                                                                           workplace_tasks):
-    from trainer.batching import continuation_chunks
-
-    # Two forwards where that leaves out at least a quarter of the padded positions, else one.
-    assert [c.tolist() for c in continuation_chunks(torch.tensor([30, 2, 3, 31, 2]))] == [[1, 4, 2], [0, 3]]
-    assert len(continuation_chunks(torch.tensor([10, 11, 12, 12]))) == 1
-    model, tok, eps = _episodes(make_lora_policy, workplace_tasks["holdout"][:4])
-    for ep in eps[::2]:  # every other episode ends two tokens after its prompt: short and long rows in each group
-        keep = ep.prompt_len + 2
-        ep.token_ids, ep.mask, ep.sampler_logprobs = ep.token_ids[:keep], ep.mask[:keep], ep.sampler_logprobs[:keep]
-    batch = collate(eps, tok.pad_token_id)
-    slen = batch.attention_mask.sum(dim=1) - batch.prompt_lens
-    assert len(continuation_chunks(slen)) == 2, slen.tolist()
-    full_logp, full_ent, full_grads = _grads(model, batch, share=False)
-    shared_logp, shared_ent, shared_grads = _grads(model, batch, share=True)
-    mask = batch.loss_mask.bool()
-    assert mask.sum() > 20
-    assert (full_logp - shared_logp)[mask].abs().max() < 1e-4
-    assert (full_ent - shared_ent)[mask].abs().max() < 1e-4
-    for name, g in full_grads.items():
-        assert torch.allclose(g, shared_grads[name], atol=1e-5, rtol=1e-3), name

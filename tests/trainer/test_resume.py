@@ -4,9 +4,8 @@ A run killed after step 2 and retried, and a run resumed with `resume_from` from
 evaluated nor the newest, must go on exactly as the uninterrupted run did: same prompts (the prompt
 stream's state), same samples (seeded per step), same optimizer moments and learning rate (the scheduler's
 state), hence the same losses and the same adapter. Tolerances: 1e-6 on step metrics; 1e-5 on adapter
-weights, because the HF engine merges the adapter into the base weights to sample and takes it out again,
-which leaves float noise (about 1e-6) in the base weights of a process that has run for a while and none in
-one that has just loaded them. A step taken from a wrong state moves the weights by about the lr, 1e-3 to 1e-2.
+weights (the HF engine restores the base weights bit for bit after merging the adapter to sample, so this is
+room for float noise only). A step taken from a wrong state moves the weights by about the lr, 1e-3 to 1e-2.
 """
 
 from __future__ import annotations

@@ -429,7 +429,8 @@ def main_shape(args: argparse.Namespace) -> None:
     n = args.prompts * args.generations
     tokens = n * (args.prompt_len + args.completion_len)
     sides = set(args.fit_sides.split(",")) if args.fit_max_tokens > 0 else set()
-    print(f"{args.shape}: {parameters:,} parameters ({parameters * (2 if cuda else 4) / 2**30:.1f} GiB of "
+    weights_gib = round(parameters * (2 if cuda else 4) / 2**30, 2)
+    print(f"{args.shape}: {parameters:,} parameters ({weights_gib:.1f} GiB of "
           f"weights), {args.prompts} prompts x {args.generations} completions, {args.prompt_len} + "
           f"{args.completion_len} tokens each: {tokens} tokens a step, {args.steps} steps", file=sys.stderr)
     ours, trl = spawn("ours", True, args, fit="ours" in sides), spawn("trl", True, args, fit="trl" in sides)
@@ -438,7 +439,7 @@ def main_shape(args: argparse.Namespace) -> None:
         return round(side[key], digits) if side.get(key) is not None else None
 
     result = {"device": args.device, "shape": args.shape, "parameters": parameters,
-              "weights_gib": round(parameters * (2 if cuda else 4) / 2**30, 2), "dtype": "bfloat16" if cuda else "float32",
+              "weights_gib": weights_gib, "dtype": "bfloat16" if cuda else "float32",
               "vocab": args.vocab, "lora_r": 16, "gradient_checkpointing": True, "prompts": args.prompts,
               "completions": args.generations, "prompt_len": args.prompt_len, "completion_len": args.completion_len,
               "batch_tokens": tokens, "steps": args.steps,

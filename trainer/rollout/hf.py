@@ -118,6 +118,10 @@ class HFEngine:
                  top_k: int = 0, top_p: float = 1.0, compile: bool = False):  # noqa: A002 (the config's word)
         self.model = model
         self.compile = compile
+        self.compile_config = None
+        if compile:
+            self.compile_config = CompileConfig(fullgraph=False, dynamic=False)
+            self.compile_config._compile_all_devices = True  # transformers compiles on accelerators only
         self.top_k = top_k
         self.top_p = top_p
         self.tokenizer = tokenizer
@@ -172,8 +176,7 @@ class HFEngine:
         )
         if self.compile:
             gen_config.cache_implementation = "static"
-            gen_config.compile_config = CompileConfig(fullgraph=False, dynamic=False)
-            gen_config.compile_config._compile_all_devices = True  # transformers compiles on accelerators only
+            gen_config.compile_config = self.compile_config
         was_training = self.model.training
         self.model.eval()
         try:

@@ -20,6 +20,9 @@ Parts (`--parts`, in this order):
   warm start of a few steps: its tokens/s, not its answers): the LoRA policy sampled unmerged, merged
   (`trainer.models.lora_merged`, the default) and compiled (`rollout_compile`: static KV cache, CUDA graphs),
   seconds per generate, tokens/s, operators per decoding step and the sampler-trainer logprob gap.
+- `packing`: `bench/packing.py` on the learning part's model (the demo model in `--tiny`), without and with
+  gradient checkpointing: one step's training forward and backward padded, with prefix sharing (the default),
+  packed (`pack_sequences`) and packed with sharing; token positions run, seconds, and the logprob differences.
 - `memory`: `bench/memory.py --device D` (one step at a 152k vocabulary; ours beside TRL).
 - `lora_8b`: `bench/memory.py --device D --shape qwen2-7b`: the size teams start at, LoRA on a 7.6B Qwen2
   (Qwen2.5-7B's shape, random bf16 weights built on the GPU, nothing downloaded), gradient checkpointing on
@@ -65,7 +68,7 @@ REPO = Path(__file__).resolve().parent.parent
 SHIPPED_DEMO_MODEL = REPO / "platform" / "flywheel" / "registry" / "demo_model"
 # The size teams train (lora_8b) before the three-size comparison with TRL, the longest part, which checks the
 # budget before each size.
-PARTS = ("warm_start", "learning", "rollout", "sampling", "memory", "lora_8b", "trl")
+PARTS = ("warm_start", "learning", "rollout", "sampling", "packing", "memory", "lora_8b", "trl")
 BUDGET_SPENT = "time budget spent"
 
 # What each part runs at, on a GPU and in the CPU dry run (--tiny). The GPU's learning model: 8 layers of
@@ -77,7 +80,8 @@ SETTINGS = {
     "gpu": dict(warm_steps=1000, warm_tasks=2000, eval_tasks=64, eval_samples=4, model="21m", model_steps=2000,
                 grpo_steps=30, rollout_steps=6, prompts=8, generations=8, sizes="tiny,125m,500m", trl_steps=10, trl_holdout=100,
                 trl_eval_samples=4, memory=[], lora_8b=["--shape", "qwen2-7b", "--steps", "3"],
-                sampling=["--prompts", "16", "--samples", "8", "--max-new-tokens", "48"], sampling_large="500m"),
+                sampling=["--prompts", "16", "--samples", "8", "--max-new-tokens", "48"], sampling_large="500m",
+                packing=["--prompts", "16", "--samples", "8", "--max-new-tokens", "48"]),
     "tiny": dict(warm_steps=40, warm_tasks=300, eval_tasks=8, eval_samples=2, model=None, model_steps=0,
                  grpo_steps=2, rollout_steps=2, prompts=4, generations=4, sizes="tiny", trl_steps=2, trl_holdout=4, trl_eval_samples=1,
                  memory=["--vocab", "2048", "--hidden", "32", "--layers", "1", "--prompts", "1", "--generations", "2",
@@ -86,7 +90,9 @@ SETTINGS = {
                           "--prompt-len", "8", "--completion-len", "8", "--steps", "2", "--fit-max-tokens", "160",
                           "--fit-sides", "ours,trl"],
                  sampling=["--prompts", "2", "--samples", "2", "--max-new-tokens", "8", "--repeats", "1",
-                           "--threads", "1"], sampling_large=None),
+                           "--threads", "1"], sampling_large=None,
+                 packing=["--prompts", "2", "--samples", "3", "--max-new-tokens", "8", "--train-batch-size", "4",
+                          "--repeats", "1", "--threads", "1"]),
 }
 
 
@@ -256,6 +262,21 @@ def part_sampling(ctx: dict) -> list[dict]:
     return lines
 
 
+def part_packing(ctx: dict) -> list[dict]:
+    """bench/packing.py on the learning part's model, without and with gradient checkpointing."""
+    path = learning_model(ctx)
+    lines = []
+    for gc in ([], ["--gc"]):
+        if ctx["left"]() <= 0:
+            lines.append({"gc": bool(gc), "skipped": BUDGET_SPENT})
+            continue
+        out = run_script(["bench/packing.py", "--device", ctx["device"], "--model", str(path), *ctx["s"]["packing"],
+                          *gc], timeout=max(ctx["left"](), 120))
+        out.pop("device", None)
+        lines.append(out)
+    return lines
+
+
 def run_script(argv: list[str], timeout: float) -> dict:
     """A bench script in its own process (its GPU memory is its own); its last stdout line is its JSON."""
     proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, cwd=REPO)
@@ -303,7 +324,7 @@ def part_lora_8b(ctx: dict) -> dict:
 
 
 RUNNERS = {"warm_start": part_warm_start, "learning": part_learning, "rollout": part_rollout,
-           "sampling": part_sampling, "trl": part_trl,
+           "sampling": part_sampling, "packing": part_packing, "trl": part_trl,
            "memory": part_memory, "lora_8b": part_lora_8b}
 
 

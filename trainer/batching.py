@@ -3,9 +3,16 @@
 The G episodes of a group start with the same prompt. `token_logprobs` can run each distinct prompt
 through the model once and let its G continuations attend to that one copy (prefix sharing): the prompt
 is usually most of an episode's tokens, so the training forward and backward shrink by about that share,
-with the same logprobs and gradients as the full forward. Either way the decoder's final hidden states go
-to the LM head only at the positions that train, a chunk at a time (`trainer.logprobs`): full
-(batch, length, vocabulary) logits never exist.
+with the same logprobs and gradients as the full forward.
+
+Rows of a micro-batch differ in length, and padding each to the longest runs the decoder on positions that
+hold nothing. `pack` lays them end to end instead, in rows as wide as the longest (`pack_layout`), with a 4D
+attention mask that lets each row see only itself and positions counted from its own start: the same
+attention, the same logprobs and gradients, no padding but each packed row's tail. With `share_prefix` a
+packed unit is one copy of a prompt followed by as many of its continuations as fit, each attending to that
+copy and to itself, which needs no KV cache and so shares prompts under gradient checkpointing too (where the
+cache path cannot run). Either way the decoder's final hidden states go to the LM head only at the positions
+that train, a chunk at a time (`trainer.logprobs`): full (batch, length, vocabulary) logits never exist.
 """
 
 from __future__ import annotations
@@ -60,16 +67,18 @@ def collate(episodes: list[Episode], pad_id: int) -> Batch:
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0, *, entropy: bool = False,
-                   share_prefix: bool = False, chunk_size: int | None = None
+                   share_prefix: bool = False, pack: bool = False, chunk_size: int | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs (B, L-1) of the tokens the model trains on (`loss_mask`) under `model` at the sampling
     temperature and, if asked, the entropy (B, L-1) of those distributions (no gradient); zeros elsewhere:
     prompts, observations and padding never reach the head. The head runs `chunk_size` tokens at a time
     (`trainer.logprobs`; default: about 128 MB of float32 logits a chunk). `share_prefix` computes each
-    distinct prompt once (see the module docstring)."""
+    distinct prompt once; `pack` lays rows end to end instead of padding them (see the module docstring)."""
     lm = _causal_lm(model)
     rows, cols = batch.loss_mask.nonzero(as_tuple=True)
-    if share_prefix and len(batch.prompts.unique()) < len(batch) and _keeps_cache(lm):
+    if pack and packable(lm, int(batch.attention_mask.sum(dim=1).max())):
+        hidden = _packed_hidden(lm, batch, rows, cols, share_prefix)
+    elif share_prefix and len(batch.prompts.unique()) < len(batch) and _keeps_cache(lm):
         hidden = _shared_prefix_hidden(lm, batch, rows, cols)
     else:
         hidden = _full_hidden(lm, batch, rows, cols)
@@ -171,3 +180,136 @@ def _shared_prefix_hidden(lm: PreTrainedModel, batch: Batch, rows: torch.Tensor,
         raise ValueError("a loss_mask position lies inside its row's prompt; prompts never train")
     hidden = torch.cat([out.last_hidden_state[:, -1:][row_prompt.to(device)], out2.last_hidden_state[:, :-1]], dim=1)
     return hidden[rows.to(device), k.to(device)]
+
+
+def packable(lm: PreTrainedModel, width: int) -> bool:
+    """Whether `lm` takes the packed layout's own 4D attention mask as it is: sdpa or eager attention (flash
+    attention reads no 4D mask), and no sliding window shorter than the packed rows (a given 4D mask replaces
+    the model's own, sliding layers' included)."""
+    config = lm.config.get_text_config()
+    if config._attn_implementation not in ("sdpa", "eager"):
+        return False
+    window = getattr(config, "sliding_window", None)
+    sliding = any(t != "full_attention" for t in (getattr(config, "layer_types", None) or []))
+    return not ((sliding or window) and window is not None and width > window)
+
+
+def pack_layout(batch: Batch, share_prefix: bool, width: int | None = None
+                ) -> tuple[list[list[tuple[int, list[int]]]], int]:
+    """Units laid end to end in packed rows (bins) `width` tokens wide (default: the longest row): a unit is one
+    prompt and the continuations that follow it. With `share_prefix` a unit holds as many rows of one prompt as
+    fit in the width, else one row. First fit, by decreasing length. Returns the bins, each a list of (the row
+    whose prompt the unit starts with, the unit's rows), and the width."""
+    lens = batch.attention_mask.sum(dim=1).tolist()
+    plen = batch.prompt_lens.tolist()
+    width = max(width or 0, *lens)
+    units: list[list] = []  # [prompt row, rows, tokens]
+    if share_prefix:
+        open_unit: dict[int, list] = {}  # prompt -> its unit being filled
+        for i, prompt in enumerate(batch.prompts.tolist()):
+            u = open_unit.get(prompt)
+            if u is not None and u[2] + lens[i] - plen[i] <= width:
+                u[1].append(i)
+                u[2] += lens[i] - plen[i]
+            else:
+                open_unit[prompt] = [i, [i], lens[i]]
+                units.append(open_unit[prompt])
+    else:
+        units = [[i, [i], lens[i]] for i in range(len(batch))]
+    bins: list[list[tuple[int, list[int]]]] = []
+    room: list[int] = []
+    for first, members, size in sorted(units, key=lambda u: -u[2]):
+        b = next((k for k, r in enumerate(room) if r >= size), None)
+        if b is None:
+            bins.append([])
+            room.append(width)
+            b = len(bins) - 1
+        bins[b].append((first, members))
+        room[b] -= size
+    return bins, width
+
+
+def pack_costs(lm: PreTrainedModel) -> tuple[int, int]:
+    """Multiply-adds of the decoder a position (2 x its parameters, embeddings left out) and a query-key pair
+    of attention (4 x the attention width x the layers): what `pack_width` weighs."""
+    config = lm.config.get_text_config()
+    heads = config.num_attention_heads
+    attention_width = (getattr(config, "head_dim", None) or config.hidden_size // heads) * heads
+    per_position = 2 * sum(p.numel() for n, p in lm.get_decoder().named_parameters() if "embed" not in n)
+    return per_position, 4 * attention_width * config.num_hidden_layers
+
+
+def pack_width(batch: Batch, share_prefix: bool, costs: tuple[int, int]) -> int:
+    """The packed rows' width. Without sharing, the longest row: wider rows would hold no fewer positions. With
+    sharing, wider rows let a prompt serve more of its continuations (fewer positions through every layer) at the
+    price of attention over the wider rows (sdpa runs every query against the whole packed row, masked or not).
+    Each width from the longest row, doubling, up to the longest group's whole unit is costed (`pack_costs`:
+    per position, per query-key pair) and the cheapest wins."""
+    lens = batch.attention_mask.sum(dim=1)
+    longest = int(lens.max())
+    if not share_prefix:
+        return longest
+    cont = lens - batch.prompt_lens
+    whole = max(int(batch.prompt_lens[batch.prompts == p][0]) + int(cont[batch.prompts == p].sum())
+                for p in batch.prompts.unique().tolist())
+    per_position, per_pair = costs
+    best, best_cost, width = longest, None, longest
+    while True:
+        bins, w = pack_layout(batch, True, width)
+        cost = len(bins) * w * (per_position + w * per_pair)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = w, cost
+        if width >= whole:
+            return best
+        width = min(2 * width, whole)
+
+
+def _packed_hidden(lm: PreTrainedModel, batch: Batch, rows: torch.Tensor, cols: torch.Tensor,
+                   share_prefix: bool) -> torch.Tensor:
+    """Rows laid end to end (`pack_layout` at `pack_width`), each continuation attending causally to itself and to its unit's
+    prompt only, positions counted from its own prompt's start: the same attention as the padded forward, with
+    no padding but the bins' tails. Final hidden states (N, H) at the (rows, cols) positions."""
+    device = lm.device
+    bins, width = pack_layout(batch, share_prefix, pack_width(batch, share_prefix, pack_costs(lm)))
+    lens = batch.attention_mask.sum(dim=1).tolist()
+    plen = batch.prompt_lens.tolist()
+    ids = torch.zeros((len(bins), width), dtype=torch.long)
+    pos = torch.zeros((len(bins), width), dtype=torch.long)
+    # Which unit and which part of it (0: the prompt, k: the unit's k-th row) each position holds; the bins'
+    # tails are units of one token each, attending to themselves only (a query that sees nothing is NaN in sdpa).
+    unit = -torch.arange(1, len(bins) * width + 1).view(len(bins), width)
+    part = torch.zeros((len(bins), width), dtype=torch.long)
+    # Where row i's position c lies: its prompt's copy for c < prompt length, else its continuation.
+    prompt_at = torch.zeros(len(batch), dtype=torch.long)  # flat index of the row's unit's prompt start
+    cont_at = torch.zeros(len(batch), dtype=torch.long)  # flat index of the row's continuation start
+    n_units = 0
+    for b, units in enumerate(bins):
+        at = 0
+        for first, members in units:
+            p = plen[first]
+            ids[b, at:at + p] = batch.input_ids[first, :p]
+            pos[b, at:at + p] = torch.arange(p)
+            unit[b, at:at + p + sum(lens[i] - plen[i] for i in members)] = n_units
+            start = at
+            at += p
+            for k, i in enumerate(members, 1):
+                s = lens[i] - plen[i]
+                ids[b, at:at + s] = batch.input_ids[i, p:p + s]
+                pos[b, at:at + s] = torch.arange(p, p + s)
+                part[b, at:at + s] = k
+                prompt_at[i], cont_at[i] = b * width + start, b * width + at
+                at += s
+            n_units += 1
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    allowed = ((unit[:, :, None] == unit[:, None, :]) & causal
+               & ((part[:, None, :] == 0) | (part[:, :, None] == part[:, None, :])))[:, None]
+    if lm.config.get_text_config()._attn_implementation == "eager":  # an additive mask
+        dtype = next(lm.parameters()).dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min).to(device)
+    else:
+        mask = allowed.to(device)
+    out = lm.get_decoder()(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
+                           use_cache=False)
+    p_rows = batch.prompt_lens[rows]
+    flat = torch.where(cols < p_rows, prompt_at[rows] + cols, cont_at[rows] + cols - p_rows)
+    return out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[flat.to(device)]

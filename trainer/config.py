@@ -147,11 +147,19 @@ class GRPOConfig:
         metadata={"help": "Run each group's prompt through the training forward once, its G completions "
                           "attending to it (same logprobs and gradients, fewer tokens)."},
     )
+    pack_sequences: bool = field(
+        default=False,
+        metadata={"help": "Lay a micro-batch's rows end to end in rows as wide as its longest, each attending to "
+                          "itself only, instead of padding each; with share_prompt_prefix, one copy of a prompt "
+                          "is followed by as many of its completions as fit. Same logprobs and gradients, fewer "
+                          "positions; prefix sharing then works under gradient checkpointing too. Needs sdpa or "
+                          "eager attention (others run unpacked)."},
+    )
     gradient_checkpointing: bool = field(
         default=False,
         metadata={"help": "Recompute each layer's activations in the backward instead of keeping them (far less "
-                          "memory, about a third more compute); the gradient forward then runs without prefix "
-                          "sharing (layers drop the KV cache under checkpointing)."},
+                          "memory, about a third more compute); without pack_sequences the gradient forward "
+                          "then runs without prefix sharing (layers drop the KV cache under checkpointing)."},
     )
     bf16: bool = field(
         default=True,

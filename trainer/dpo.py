@@ -170,10 +170,10 @@ def collate_pairs(pairs: Sequence[Pair], pad_id: int) -> Batch:
                  prompt_lens=prompt_lens, prompts=torch.arange(len(pairs)).repeat(2))
 
 
-def answer_logprobs(model: torch.nn.Module, batch: Batch, *, share_prefix: bool = True
+def answer_logprobs(model: torch.nn.Module, batch: Batch, *, share_prefix: bool = True, pack: bool = False
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed logprobs (P,) of the chosen and of the rejected answers of a `collate_pairs` batch."""
-    logp, _ = token_logprobs(model, batch, share_prefix=share_prefix)  # zeros off the answers' tokens
+    logp, _ = token_logprobs(model, batch, share_prefix=share_prefix, pack=pack)  # zeros off the answers' tokens
     chosen, rejected = logp.sum(dim=1).chunk(2)
     return chosen, rejected
 
@@ -217,16 +217,16 @@ def dpo_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, params:
     device = next(model.parameters()).device
     mine = list(pairs[dist.rank::dist.world_size])
     micro = [collate_pairs(mb, pad_id) for mb in _micro_batches(mine, cfg)]
-    share = cfg.share_prompt_prefix
+    share, pack = cfg.share_prompt_prefix, cfg.pack_sequences
     with torch.no_grad(), _precision(cfg, device), model.disable_adapter():
         # The reference is the base model: the same weights with the adapter switched off.
-        refs = [answer_logprobs(model, mb, share_prefix=share) for mb in micro]
+        refs = [answer_logprobs(model, mb, share_prefix=share, pack=pack) for mb in micro]
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums = [0.0] * 4
     for mb, (ref_c, ref_r) in zip(micro, refs, strict=True):
         with _precision(cfg, device):
-            pol_c, pol_r = answer_logprobs(model, mb, share_prefix=share)
+            pol_c, pol_r = answer_logprobs(model, mb, share_prefix=share, pack=pack)
         losses, chosen, rejected = dpo_loss(pol_c, pol_r, ref_c, ref_r, beta=cfg.beta, loss_type=cfg.loss_type)
         (losses.sum() / len(pairs)).backward()  # the whole batch's mean, whichever process holds the pair
         sums = [a + b for a, b in zip(sums, _sums(losses, chosen, rejected), strict=True)]
@@ -249,9 +249,11 @@ def preference_metrics(model: torch.nn.Module, pairs: Sequence[Pair], cfg: GRPOC
         for pairs_mb in _micro_batches(pairs, cfg):
             mb = collate_pairs(pairs_mb, pad_id)
             with _precision(cfg, device):
-                pol_c, pol_r = answer_logprobs(model, mb, share_prefix=cfg.share_prompt_prefix)
+                pol_c, pol_r = answer_logprobs(model, mb, share_prefix=cfg.share_prompt_prefix,
+                                               pack=cfg.pack_sequences)
                 with model.disable_adapter():
-                    ref_c, ref_r = answer_logprobs(model, mb, share_prefix=cfg.share_prompt_prefix)
+                    ref_c, ref_r = answer_logprobs(model, mb, share_prefix=cfg.share_prompt_prefix,
+                                                   pack=cfg.pack_sequences)
             losses, chosen, rejected = dpo_loss(pol_c, pol_r, ref_c, ref_r, beta=cfg.beta, loss_type=cfg.loss_type)
             sums = [a + b for a, b in zip(sums, _sums(losses, chosen, rejected), strict=True)]
             margins += (chosen - rejected).tolist()

@@ -136,17 +136,17 @@ def optimize(run: JobRunner, episodes: list[Episode], rewards: torch.Tensor) -> 
                                           sum(not ep.has_sampler_logprobs for ep in episodes)])
     n_seq, n_tokens = int(n_seq), max(n_tokens, 1.0)
     use_is = cfg.importance_sampling_correction and n_without == 0
-    share = cfg.share_prompt_prefix
+    share, pack = cfg.share_prompt_prefix, cfg.pack_sequences
 
     old, ref = [], []
     with torch.no_grad(), _precision(cfg, device):
         for mb in mbs:
             # With one pass the "old" policy is the current one: its logprobs are the detached ones below.
-            old.append(token_logprobs(model, mb, cfg.temperature, share_prefix=share)[0]
+            old.append(token_logprobs(model, mb, cfg.temperature, share_prefix=share, pack=pack)[0]
                        if cfg.num_iterations > 1 else None)
             if cfg.beta != 0.0:
                 with model.disable_adapter():  # the reference is the base model: no second copy in memory
-                    ref.append(token_logprobs(model, mb, cfg.temperature, share_prefix=share)[0])
+                    ref.append(token_logprobs(model, mb, cfg.temperature, share_prefix=share, pack=pack)[0])
             else:
                 ref.append(None)
 
@@ -158,7 +158,7 @@ def optimize(run: JobRunner, episodes: list[Episode], rewards: torch.Tensor) -> 
         for k, (idx, mb) in enumerate(zip(micro, mbs, strict=True)):
             mask = mb.loss_mask.to(device)
             with _precision(cfg, device):
-                logp, ent = token_logprobs(model, mb, cfg.temperature, entropy=it == 0, share_prefix=share)
+                logp, ent = token_logprobs(model, mb, cfg.temperature, entropy=it == 0, share_prefix=share, pack=pack)
             old_logp = old[k] if old[k] is not None else logp.detach()
             is_w = None
             if use_is:  # truncated IS: the sampler is not exactly the trainer (vLLM kernels, merged LoRA)

@@ -23,6 +23,7 @@ KEYS = {
     "rollout": {"engine"},
     "sampling": {"model", "batch", "rows", "speedup_float32_merged", "speedup_bfloat16_merged",
                  "speedup_bfloat16_compiled"},
+    "packing": {"model", "rows_per_step", "tokens", "gc", "micro_batches", "rows"},
     "trl": {"size", "ours_s_per_step", "trl_s_per_step", "speedup", "ours_gain", "trl_gain", "ours_peak_gib",
             "trl_peak_gib", "gain_se"},
     "memory": {"device", "vocab", "ours_peak_mb", "trl_peak_mb", "ours_s", "trl_s", "ours_peak_total_gib",
@@ -45,7 +46,8 @@ def test_the_tiny_dry_run_prints_every_part_and_a_summary(tmp_path):
     by_part: dict[str, list[dict]] = {}
     for line in lines:
         by_part.setdefault(line["part"], []).append(line)
-    assert list(by_part) == ["warm_start", "learning", "rollout", "sampling", "memory", "lora_8b", "trl", "summary"]
+    assert list(by_part) == ["warm_start", "learning", "rollout", "sampling", "packing", "memory", "lora_8b", "trl",
+                            "summary"]
     assert lines[-1]["part"] == "summary"
     for part, keys in KEYS.items():
         for line in by_part[part]:
@@ -71,6 +73,14 @@ def test_the_tiny_dry_run_prints_every_part_and_a_summary(tmp_path):
         ops = [rows[dtype, way]["ops_per_step"] for way in ("unmerged", "merged", "compiled")]
         assert ops[0] > ops[1] > ops[2], (dtype, ops)
         assert all(rows[dtype, way]["logprob_gap_max"] < 0.5 for way in ("unmerged", "merged", "compiled"))
+    # Packing: every layout ran, without and with gradient checkpointing (where prefix sharing needs packing),
+    # ran fewer positions than padding, and gave the padded forward's logprobs.
+    assert [line["gc"] for line in by_part["packing"]] == [False, True]
+    for line in by_part["packing"]:
+        layouts = {r["layout"]: r for r in line["rows"]}
+        assert set(layouts) == ({"padded", "packed", "packed_shared"} | (set() if line["gc"] else {"shared"}))
+        assert layouts["packed_shared"]["positions"] < layouts["padded"]["positions"]
+        assert all(r["max_logprob_diff"] < 1e-4 and r["s_fwd_bwd"] > 0 for r in line["rows"])
     assert by_part["trl"][0]["ours_s_per_step"] > 0 and by_part["trl"][0]["trl_s_per_step"] > 0
     assert by_part["memory"][0]["ours_peak_mb"] > 0 and by_part["memory"][0]["trl_peak_mb"] > 0
     # The 7B path at its scaled-down shape: both sides step with real gradients, from the same weights (same

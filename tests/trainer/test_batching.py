@@ -1,12 +1,13 @@
-"""Prefix sharing in the training forward: the same logprobs, entropies and gradients as the full forward."""
+"""Prefix sharing and packing in the training forward: the same logprobs, entropies and gradients as the full
+forward."""
 
 from __future__ import annotations
 
 import torch
 
-from trainer.batching import collate, token_logprobs
+from trainer.batching import collate, pack_layout, pack_width, token_logprobs
 from trainer.evaluation import make_env_for
-from trainer.rollout.episodes import run_episodes, start_episodes
+from trainer.rollout.episodes import Episode, run_episodes, start_episodes
 from trainer.rollout.hf import HFEngine
 
 
@@ -18,9 +19,9 @@ def _episodes(make_lora_policy, tasks):
     return model, tok, eps
 
 
-def _grads(model, batch, share: bool):
+def _grads(model, batch, share: bool, pack: bool = False):
     model.zero_grad(set_to_none=True)
-    logp, ent = token_logprobs(model, batch, 0.8, entropy=True, share_prefix=share)
+    logp, ent = token_logprobs(model, batch, 0.8, entropy=True, share_prefix=share, pack=pack)
     mask = batch.loss_mask
     (logp * mask).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -56,3 +57,77 @@ def test_rounds_that_reuse_group_numbers_are_not_merged(make_lora_policy, workpl
         ep.group = 0
     batch = collate(eps, tok.pad_token_id)
     assert batch.prompts.tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def _synthetic_episodes(vocab: int) -> list[Episode]:
+    """Three prompts (12, 30 and 20 tokens), each with continuations from 3 to 70 tokens, some with an
+    observation (tokens the model did not produce) in the middle: rows from a quarter to all of the longest."""
+    g = torch.Generator().manual_seed(0)
+    eps = []
+    for group, (plen, conts) in enumerate([(12, [3, 70, 8, 5]), (30, [40, 4, 6]), (20, [10, 52, 3, 9, 7])]):
+        prompt = torch.randint(4, vocab, (plen,), generator=g).tolist()
+        for n in conts:
+            mask = [1] * n
+            if n > 20:
+                mask[8:14] = [0] * 6
+            eps.append(Episode(row={}, group=group, env=None, prompt_len=plen,
+                               token_ids=prompt + torch.randint(4, vocab, (n,), generator=g).tolist(),
+                               mask=[0] * plen + mask, sampler_logprobs=[0.0] * (plen + n)))
+    return eps
+
+
+def test_packed_rows_match_the_padded_forward(make_lora_policy, monkeypatch):
+    """Rows laid end to end, with and without one copy of a shared prompt, at the longest row's width and at a
+    group's whole width, under gradient checkpointing too, with sdpa's and eager attention's masks."""
+    import trainer.batching
+    from trainer.models import enable_gradient_checkpointing
+
+    model, tok = make_lora_policy()
+    batch = collate(_synthetic_episodes(model.config.vocab_size), tok.pad_token_id)
+    lens = batch.attention_mask.sum(dim=1)
+    full_logp, full_ent, full_grads = _grads(model, batch, share=False)
+    mask = batch.loss_mask.bool()
+    for share in (False, True):
+        bins, width = pack_layout(batch, share)
+        assert width == int(lens.max())
+        assert sorted(i for b in bins for _, rows in b for i in rows) == list(range(len(batch)))
+        assert len(bins) <= len(batch) / 2  # a packed row holds two rows or more on average
+        assert any(len(rows) > 1 for b in bins for _, rows in b) == share  # units of one prompt and 2+ rows
+        logp, ent, grads = _grads(model, batch, share=share, pack=True)
+        assert (full_logp - logp)[mask].abs().max() < 1e-4, share
+        assert (full_ent - ent)[mask].abs().max() < 1e-4, share
+        assert (logp[~mask] == 0).all()
+        for name, g in full_grads.items():
+            assert torch.allclose(g, grads[name], atol=1e-5, rtol=1e-3), (share, name)
+    # Wide enough that every group is one unit: each prompt once, all its continuations after it.
+    wide = int(lens.max()) * 3
+    bins, _ = pack_layout(batch, True, wide)
+    assert sorted(len(rows) for b in bins for _, rows in b) == [3, 4, 5]
+    monkeypatch.setattr(trainer.batching, "pack_width", lambda *_: wide)
+    logp, _, grads = _grads(model, batch, share=True, pack=True)
+    assert (full_logp - logp)[mask].abs().max() < 1e-4
+    for name, g in full_grads.items():
+        assert torch.allclose(g, grads[name], atol=1e-5, rtol=1e-3), name
+    monkeypatch.undo()
+    enable_gradient_checkpointing(model)
+    model.train()
+    logp, _, grads = _grads(model, batch, share=True, pack=True)
+    assert (full_logp - logp)[mask].abs().max() < 1e-4
+    for name, g in full_grads.items():
+        assert torch.allclose(g, grads[name], atol=1e-5, rtol=1e-3), name
+    # Eager attention takes the packed mask as an additive one.
+    model.get_base_model().set_attn_implementation("eager")
+    logp, _, _ = _grads(model, batch, share=True, pack=True)
+    assert (full_logp - logp)[mask].abs().max() < 1e-4
+
+
+def test_the_packed_width_weighs_positions_against_attention(make_lora_policy):
+    """A large model (positions dear) packs each prompt's whole group in one unit; a model whose attention
+    dominates keeps rows at the longest; without sharing, wider rows save nothing."""
+    _, tok = make_lora_policy()
+    batch = collate(_synthetic_episodes(500), tok.pad_token_id)
+    longest = int(batch.attention_mask.sum(dim=1).max())
+    whole = 20 + 10 + 52 + 3 + 9 + 7  # the longest group: its prompt and its five continuations
+    assert pack_width(batch, True, (2 * 7_000_000_000, 4 * 3584 * 28)) == whole
+    assert pack_width(batch, True, (1000, 1_000_000)) == longest
+    assert pack_width(batch, False, (2 * 7_000_000_000, 1)) == longest

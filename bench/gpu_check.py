@@ -18,8 +18,9 @@ Parts (`--parts`, in this order):
   `"engine": "vllm"`), rollout tokens/s and GPU memory.
 - `sampling`: `bench/sampling.py` on the shipped demo model, the learning part's model and a 500M Qwen2 (a
   warm start of a few steps: its tokens/s, not its answers): the LoRA policy sampled unmerged, merged
-  (`trainer.models.lora_merged`, the default) and compiled (`rollout_compile`: static KV cache, CUDA graphs),
-  seconds per generate, tokens/s, operators per decoding step and the sampler-trainer logprob gap.
+  (`trainer.models.lora_merged`, the default), compiled (`rollout_compile`: static KV cache, CUDA graphs) and
+  through transformers' continuous batching (`continuous`: `generate_batch`'s paged cache, finished rows
+  leaving the batch; bench-only so far, 2.5x slower than `merged` on 2 CPU cores), seconds per generate, tokens/s, operators per decoding step and the sampler-trainer logprob gap.
 - `packing`: `bench/packing.py` on the learning part's model (the demo model in `--tiny`), without and with
   gradient checkpointing: one step's training forward and backward padded, with prefix sharing (the default),
   packed (`pack_sequences`) and packed with sharing; token positions run, seconds, and the logprob differences.
@@ -30,7 +31,8 @@ Parts (`--parts`, in this order):
   step, peak GPU memory, loss and grad norm (> 0: real gradients), ours beside TRL, and `largest_fit`, the
   longest completions (doubling) that still step at 8 x 8 on this GPU, for ours (the search stops at the first
   out of memory or after a minute, less when the budget is nearly spent; TRL's is not searched, to keep the
-  part to about two minutes). In `--tiny`, the same path at `qwen2-7b-tiny` (the shape scaled down), where
+  part to about two minutes), and ours again with `pack_sequences` (`ours_packed_*`: each prompt once per packed
+  unit under checkpointing; the same loss and gradient). In `--tiny`, the same path at `qwen2-7b-tiny` (the shape scaled down), where
   both sides search to a tiny bound.
 - `trl`: `bench/grpo_vs_trl.py --device D --size S` for each of `--sizes` (bf16 on both sides on a GPU, TRL
   with use_vllm=False): seconds per step, holdout gain and peak GPU memory, ours beside TRL.
@@ -71,6 +73,9 @@ SHIPPED_DEMO_MODEL = REPO / "platform" / "flywheel" / "registry" / "demo_model"
 PARTS = ("warm_start", "learning", "rollout", "sampling", "packing", "memory", "lora_8b", "trl")
 BUDGET_SPENT = "time budget spent"
 
+# Every way of sampling, continuous batching with one manager kept across calls, as an engine would keep it.
+SAMPLING_WAYS = ["--ways", "unmerged,merged,compiled,continuous", "--cb-persistent"]
+
 # What each part runs at, on a GPU and in the CPU dry run (--tiny). The GPU's learning model: 8 layers of
 # hidden 512 (21M parameters), warm-started for 2000 steps at its width's learning rate (on the CPU a tiny
 # Qwen2 of seed 0 solved 0.11 of the holdout after 1000 steps and 0.46 after 2000). The dry run's learning
@@ -79,18 +84,20 @@ BUDGET_SPENT = "time budget spent"
 SETTINGS = {
     "gpu": dict(warm_steps=1000, warm_tasks=2000, eval_tasks=64, eval_samples=4, model="21m", model_steps=2000,
                 grpo_steps=30, rollout_steps=6, prompts=8, generations=8, sizes="tiny,125m,500m", trl_steps=10, trl_holdout=100,
-                trl_eval_samples=4, memory=[], lora_8b=["--shape", "qwen2-7b", "--steps", "3"],
-                sampling=["--prompts", "16", "--samples", "8", "--max-new-tokens", "48"], sampling_large="500m",
+                trl_eval_samples=4, memory=[], lora_8b=["--shape", "qwen2-7b", "--steps", "3", "--pack"],
+                sampling=["--prompts", "16", "--samples", "8", "--max-new-tokens", "48", *SAMPLING_WAYS],
+                sampling_large="500m",
                 packing=["--prompts", "16", "--samples", "8", "--max-new-tokens", "48"]),
     "tiny": dict(warm_steps=40, warm_tasks=300, eval_tasks=8, eval_samples=2, model=None, model_steps=0,
                  grpo_steps=2, rollout_steps=2, prompts=4, generations=4, sizes="tiny", trl_steps=2, trl_holdout=4, trl_eval_samples=1,
                  memory=["--vocab", "2048", "--hidden", "32", "--layers", "1", "--prompts", "1", "--generations", "2",
                          "--prompt-len", "16", "--completion-len", "8", "--threads", "1", "--quick"],
-                 lora_8b=["--shape", "qwen2-7b-tiny", "--threads", "1", "--prompts", "2", "--generations", "2",
+                 lora_8b=["--shape", "qwen2-7b-tiny", "--pack", "--threads", "1", "--prompts", "2",
+                          "--generations", "2",
                           "--prompt-len", "8", "--completion-len", "8", "--steps", "2", "--fit-max-tokens", "160",
                           "--fit-sides", "ours,trl"],
                  sampling=["--prompts", "2", "--samples", "2", "--max-new-tokens", "8", "--repeats", "1",
-                           "--threads", "1"], sampling_large=None,
+                           "--threads", "1", *SAMPLING_WAYS], sampling_large=None,
                  packing=["--prompts", "2", "--samples", "3", "--max-new-tokens", "8", "--train-batch-size", "4",
                           "--repeats", "1", "--threads", "1"]),
 }

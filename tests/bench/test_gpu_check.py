@@ -31,7 +31,8 @@ KEYS = {
     "lora_8b": {"shape", "parameters", "weights_gib", "prompts", "completions", "prompt_len", "completion_len",
                 "batch_tokens", "steps", "ours_s_per_step", "trl_s_per_step", "ours_peak_mb", "trl_peak_mb",
                 "ours_peak_total_gib", "trl_peak_total_gib", "ours_loss", "trl_loss", "ours_grad_norm", "trl_grad_norm",
-                "same_weights", "largest_fit", "trl_largest_fit"},
+                "same_weights", "largest_fit", "trl_largest_fit", "ours_packed_s_per_step", "ours_packed_peak_mb",
+                "ours_packed_grad_norm"},
 }
 FIT = {"prompts", "completions", "prompt_len", "completion_len", "batch_tokens", "step_s", "stopped_by"}
 
@@ -68,7 +69,12 @@ def test_the_tiny_dry_run_prints_every_part_and_a_summary(tmp_path):
     # Sampling: every way ran in both dtypes; a merged adapter runs fewer operators a decoding step than an
     # unmerged one, a compiled forward fewer still (counted, not timed), and each sampled the policy.
     rows = {(r["dtype"], r["way"]): r for r in by_part["sampling"][0]["rows"]}
-    assert set(rows) == {(d, w) for d in ("float32", "bfloat16") for w in ("unmerged", "merged", "compiled")}
+    assert set(rows) == {(d, w) for d in ("float32", "bfloat16")
+                         for w in ("unmerged", "merged", "compiled", "continuous")}
+    # Continuous batching samples too, with the sampler logprobs the loss needs (exact in float32).
+    for dtype in ("float32", "bfloat16"):
+        assert "unavailable" not in rows[dtype, "continuous"] and rows[dtype, "continuous"]["logprobs_match"]
+    assert rows["float32", "continuous"]["logprob_gap_max"] < 1e-3
     for dtype in ("float32", "bfloat16"):
         ops = [rows[dtype, way]["ops_per_step"] for way in ("unmerged", "merged", "compiled")]
         assert ops[0] > ops[1] > ops[2], (dtype, ops)
@@ -90,6 +96,7 @@ def test_the_tiny_dry_run_prints_every_part_and_a_summary(tmp_path):
     assert lora["ours_grad_norm"] > 0 and lora["trl_grad_norm"] > 0
     assert lora["same_weights"] is True and abs(lora["ours_grad_norm"] - lora["trl_grad_norm"]) < 1e-3
     assert lora["ours_s_per_step"] > 0 and lora["trl_s_per_step"] > 0
+    assert lora["ours_packed_s_per_step"] > 0 and abs(lora["ours_packed_grad_norm"] - lora["ours_grad_norm"]) < 1e-3
     assert lora["ours_peak_mb"] > 0 and lora["trl_peak_mb"] > 0 and lora["ours_peak_total_gib"] is None
     for fit in (lora["largest_fit"], lora["trl_largest_fit"]):
         assert FIT <= fit.keys() and fit["stopped_by"] == "max_tokens"

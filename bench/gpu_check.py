@@ -22,8 +22,9 @@ Parts (`--parts`, in this order):
   through transformers' continuous batching (`continuous`: `generate_batch`'s paged cache, finished rows
   leaving the batch; bench-only so far, 2.5x slower than `merged` on 2 CPU cores), seconds per generate, tokens/s, operators per decoding step and the sampler-trainer logprob gap.
 - `packing`: `bench/packing.py` on the learning part's model (the demo model in `--tiny`), without and with
-  gradient checkpointing: one step's training forward and backward padded, with prefix sharing (the default),
-  packed (`pack_sequences`) and packed with sharing; token positions run, seconds, and the logprob differences.
+  gradient checkpointing: one step's training forward and backward padded, with prefix sharing through the KV
+  cache, packed, and packed with sharing (`pack_sequences`, the default); token positions run, seconds, and the
+  logprob differences.
 - `memory`: `bench/memory.py --device D` (one step at a 152k vocabulary; ours beside TRL).
 - `lora_8b`: `bench/memory.py --device D --shape qwen2-7b`: the size teams start at, LoRA on a 7.6B Qwen2
   (Qwen2.5-7B's shape, random bf16 weights built on the GPU, nothing downloaded), gradient checkpointing on
@@ -31,8 +32,8 @@ Parts (`--parts`, in this order):
   step, peak GPU memory, loss and grad norm (> 0: real gradients), ours beside TRL, and `largest_fit`, the
   longest completions (doubling) that still step at 8 x 8 on this GPU, for ours (the search stops at the first
   out of memory or after a minute, less when the budget is nearly spent; TRL's is not searched, to keep the
-  part to about two minutes), and ours again with `pack_sequences` (`ours_packed_*`: each prompt once per packed
-  unit under checkpointing; the same loss and gradient). In `--tiny`, the same path at `qwen2-7b-tiny` (the shape scaled down), where
+  part to about two minutes), and ours again without `pack_sequences` (`ours_unpacked_*`: every prompt G times
+  under checkpointing, as before packing; the same loss and gradient). In `--tiny`, the same path at `qwen2-7b-tiny` (the shape scaled down), where
   both sides search to a tiny bound.
 - `trl`: `bench/grpo_vs_trl.py --device D --size S` for each of `--sizes` (bf16 on both sides on a GPU, TRL
   with use_vllm=False): seconds per step, holdout gain and peak GPU memory, ours beside TRL.
@@ -84,7 +85,7 @@ SAMPLING_WAYS = ["--ways", "unmerged,merged,compiled,continuous", "--cb-persiste
 SETTINGS = {
     "gpu": dict(warm_steps=1000, warm_tasks=2000, eval_tasks=64, eval_samples=4, model="21m", model_steps=2000,
                 grpo_steps=30, rollout_steps=6, prompts=8, generations=8, sizes="tiny,125m,500m", trl_steps=10, trl_holdout=100,
-                trl_eval_samples=4, memory=[], lora_8b=["--shape", "qwen2-7b", "--steps", "3", "--pack"],
+                trl_eval_samples=4, memory=[], lora_8b=["--shape", "qwen2-7b", "--steps", "3", "--also-unpacked"],
                 sampling=["--prompts", "16", "--samples", "8", "--max-new-tokens", "48", *SAMPLING_WAYS],
                 sampling_large="500m",
                 packing=["--prompts", "16", "--samples", "8", "--max-new-tokens", "48"]),
@@ -92,7 +93,7 @@ SETTINGS = {
                  grpo_steps=2, rollout_steps=2, prompts=4, generations=4, sizes="tiny", trl_steps=2, trl_holdout=4, trl_eval_samples=1,
                  memory=["--vocab", "2048", "--hidden", "32", "--layers", "1", "--prompts", "1", "--generations", "2",
                          "--prompt-len", "16", "--completion-len", "8", "--threads", "1", "--quick"],
-                 lora_8b=["--shape", "qwen2-7b-tiny", "--pack", "--threads", "1", "--prompts", "2",
+                 lora_8b=["--shape", "qwen2-7b-tiny", "--also-unpacked", "--threads", "1", "--prompts", "2",
                           "--generations", "2",
                           "--prompt-len", "8", "--completion-len", "8", "--steps", "2", "--fit-max-tokens", "160",
                           "--fit-sides", "ours,trl"],

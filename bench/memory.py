@@ -30,10 +30,11 @@ the mean of the steps after the first, `*_peak_total_gib` (GPU) and `*_peak_mb` 
 allocator or CPU RSS) the peak over all of them. Then, for the sides in `--fit-sides`, `largest_fit`: the
 completion length doubles, one step each, until a step runs out of GPU memory (`stopped_by: "oom"`), the batch
 would pass `--fit-max-tokens`, or the next step would end after `--fit-time-s` of searching; it names the
-largest prompts x completions x tokens that stepped. `--pack` adds ours with `pack_sequences` (`ours_packed_*`:
-each prompt once per packed unit, which prefix sharing cannot do under checkpointing otherwise; the same loss and
-gradient). `--shape qwen2-7b-tiny` is the same structure scaled down
-(2 layers of hidden 112, 7 query heads to 1 key-value head, vocabulary 2048): the CPU dry run of that path.
+largest prompts x completions x tokens that stepped. Ours packs its rows (`pack_sequences`, the default: each
+prompt once per packed unit, which prefix sharing cannot do under checkpointing otherwise); `--also-unpacked`
+adds ours without packing (`ours_unpacked_*`, every prompt G times; the same loss and gradient).
+`--shape qwen2-7b-tiny` is the same structure scaled down (2 layers of hidden 112, 7 query heads to 1 key-value
+head, vocabulary 2048): the CPU dry run of that path.
 
     .venv/bin/python bench/memory.py --shape qwen2-7b --device cuda [--steps 3] [--fit-time-s 60]
 """
@@ -306,8 +307,8 @@ def worker_ours(args: argparse.Namespace) -> dict:
 
     n = args.prompts * args.generations
     fields = {"gradient_checkpointing": True} if args.gc else {}  # absent before the field existed
-    if args.pack:
-        fields["pack_sequences"] = True
+    if args.unpacked:
+        fields["pack_sequences"] = False
     cfg = GRPOConfig(num_prompts_per_step=args.prompts, num_generations_per_prompt=args.generations,
                      max_new_tokens=args.completion_len, max_turns=1, train_batch_size=n, loss_type="grpo",
                      beta=0.0, r=16, alpha=32, **fields)
@@ -400,25 +401,25 @@ def worker_trl(args: argparse.Namespace) -> dict:
     return {**run_steps(args, prepare, out, lambda: optimizer.zero_grad(set_to_none=True)), "weights": weights}
 
 
-def spawn(which: str, gc_on: bool, args: argparse.Namespace, fit: bool = False, pack: bool = False) -> dict:
+def spawn(which: str, gc_on: bool, args: argparse.Namespace, fit: bool = False, unpacked: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--worker", which, "--model", str(args.model), "--prompts", str(args.prompts),
            "--generations", str(args.generations), "--prompt-len", str(args.prompt_len),
            "--completion-len", str(args.completion_len), "--threads", str(args.threads), "--device", args.device,
            "--vocab", str(args.vocab), "--shape", args.shape, "--steps", str(args.steps),
            "--fit-max-tokens", str(args.fit_max_tokens if fit else 0), "--fit-time-s", str(args.fit_time_s)]
-    cmd += (["--gc"] if gc_on else []) + (["--pack"] if pack else [])
+    cmd += (["--gc"] if gc_on else []) + (["--unpacked"] if unpacked else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"{which} worker failed")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    label = f"{which}{' + gradient checkpointing' if gc_on else ''}{' + packing' if pack else ''}"
+    label = f"{which}{' + gradient checkpointing' if gc_on else ''}{' without packing' if unpacked else ''}"
     if "oom" in result:
-        print(f"{label:44s} out of GPU memory: {result['oom']}", file=sys.stderr)
+        print(f"{label:46s} out of GPU memory: {result['oom']}", file=sys.stderr)
         if args.shape == "custom":  # its figures are all of one step: nothing to report without it
             raise SystemExit(f"{which} worker ran out of GPU memory")
         return result
-    print(f"{label:44s} peak {result['peak_mb']:8.0f} MB above the loaded model, {result['seconds']:.1f} s"
+    print(f"{label:46s} peak {result['peak_mb']:8.0f} MB above the loaded model, {result['seconds']:.1f} s"
           f"{' a step' if args.steps > 1 else ''}, loss {result['loss']:+.4f}, grad norm {result['grad_norm']:.4f}"
           + (f"; largest fit {result['largest_fit']}" if "largest_fit" in result else ""), file=sys.stderr)
     return result
@@ -438,7 +439,7 @@ def main_shape(args: argparse.Namespace) -> None:
           f"weights), {args.prompts} prompts x {args.generations} completions, {args.prompt_len} + "
           f"{args.completion_len} tokens each: {tokens} tokens a step, {args.steps} steps", file=sys.stderr)
     ours, trl = spawn("ours", True, args, fit="ours" in sides), spawn("trl", True, args, fit="trl" in sides)
-    packed = spawn("ours", True, args, pack=True) if args.pack else None
+    unpacked = spawn("ours", True, args, unpacked=True) if args.also_unpacked else None
 
     def fig(side: dict, key: str, digits: int):
         return round(side[key], digits) if side.get(key) is not None else None
@@ -459,13 +460,13 @@ def main_shape(args: argparse.Namespace) -> None:
               "fit_sides": sorted(sides)}
     if result["ours_s_per_step"] and result["trl_s_per_step"]:
         result["speedup"] = round(result["trl_s_per_step"] / result["ours_s_per_step"], 2)
-    if packed is not None:  # the same step with pack_sequences: the same loss and gradient, fewer positions
-        result |= {"ours_packed_s_per_step": fig(packed, "seconds", 3), "ours_packed_peak_mb": fig(packed, "peak_mb", 0),
-                   "ours_packed_peak_total_gib": packed.get("peak_total_gib"),
-                   "ours_packed_loss": fig(packed, "loss", 5), "ours_packed_grad_norm": fig(packed, "grad_norm", 5)}
-        if result["ours_packed_s_per_step"] and result["trl_s_per_step"]:
-            result["packed_speedup"] = round(result["trl_s_per_step"] / result["ours_packed_s_per_step"], 2)
-    for name, side in (("ours", ours), ("trl", trl), ("ours_packed", packed or {})):
+    if unpacked is not None:  # without pack_sequences: the same loss and gradient, every prompt G times
+        result |= {"ours_unpacked_s_per_step": fig(unpacked, "seconds", 3),
+                   "ours_unpacked_peak_mb": fig(unpacked, "peak_mb", 0),
+                   "ours_unpacked_peak_total_gib": unpacked.get("peak_total_gib"),
+                   "ours_unpacked_loss": fig(unpacked, "loss", 5),
+                   "ours_unpacked_grad_norm": fig(unpacked, "grad_norm", 5)}
+    for name, side in (("ours", ours), ("trl", trl), ("ours_unpacked", unpacked or {})):
         if "oom" in side:
             result[f"{name}_oom"] = side["oom"]
     print(json.dumps(result))
@@ -494,8 +495,9 @@ def main() -> None:
     p.add_argument("--model", type=Path, help="a model dir built by this script; default: build one in a temp dir")
     p.add_argument("--worker", choices=["ours", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--gc", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--pack", action="store_true", help="a named shape: also ours with pack_sequences (prefix "
-                   "sharing under gradient checkpointing), its seconds, peak, loss and grad norm as ours_packed_*")
+    p.add_argument("--also-unpacked", action="store_true", help="a named shape: also ours without pack_sequences "
+                   "(no prefix sharing under gradient checkpointing), as ours_unpacked_*")
+    p.add_argument("--unpacked", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     for key, value in zip(("prompts", "generations", "prompt_len", "completion_len", "steps", "fit_max_tokens"),
                           DEFAULTS[args.shape], strict=True):

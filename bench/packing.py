@@ -3,11 +3,12 @@ device:
 - `padded`: every row in full, right-padded to its micro-batch's longest (`share_prompt_prefix` off, or
   gradient checkpointing on, before packing);
 - `shared`: each distinct prompt once, its continuations attending to its KV cache, padded to their longest
-  (`share_prompt_prefix`, the default without checkpointing);
+  (`share_prompt_prefix` without `pack_sequences`: the default before packing, and the baseline here);
 - `packed`: rows laid end to end in rows as wide as the longest, each attending to itself only
   (`pack_sequences` without sharing);
-- `packed_shared`: units of one prompt and the continuations that fit after it, laid end to end (`pack_sequences`
-  with `share_prompt_prefix`; also under gradient checkpointing, where `shared` cannot run).
+- `packed_shared`: units of one prompt and the continuations that fit after it in the costed width, laid end to
+  end (`pack_sequences` with `share_prompt_prefix`, the default; also under gradient checkpointing, where
+  `shared` cannot run).
 
 The episodes are one step of the demo's recipe by default (16 prompts x 8 samples of the workplace tasks,
 48 new tokens a turn, the task's turns, micro-batches of 64 ordered as the loop orders them) sampled from the
@@ -19,7 +20,7 @@ pass), and the largest |logprob difference| from `padded`.
                                       [--max-new-tokens 48] [--train-batch-size 64] [--gc] [--threads 1]
 
 Last line: JSON {device, rows: [{layout, positions, widths, s_fwd_bwd, max_logprob_diff}], speedup_<layout>: seconds
-of the default layout (`shared`, or `padded` with --gc) over the layout's}.
+of the baseline (`shared`, or `padded` with --gc) over the layout's}.
 """
 
 from __future__ import annotations
@@ -130,8 +131,8 @@ def main() -> None:
         print(f"{layout:14s} {row['positions']:7d} positions (rows {row['widths']} wide)  {seconds:.3f} s  "
               f"|dlogp| max {diff:.1e}",
               file=sys.stderr)
-    default = "padded" if args.gc else "shared"
-    base = next(r for r in out if r["layout"] == default)
+    baseline = "padded" if args.gc else "shared"
+    base = next(r for r in out if r["layout"] == baseline)
     result = {"device": args.device, "model": args.model.name, "rows_per_step": len(episodes),
               "tokens": sum(lens), "row_length": {"min": min(lens), "max": max(lens)}, "gc": args.gc,
               "micro_batches": len(mbs), "rows": out}

@@ -148,12 +148,12 @@ class GRPOConfig:
                           "attending to it (same logprobs and gradients, fewer tokens)."},
     )
     pack_sequences: bool = field(
-        default=False,
-        metadata={"help": "Lay a micro-batch's rows end to end in rows as wide as its longest, each attending to "
-                          "itself only, instead of padding each; with share_prompt_prefix, one copy of a prompt "
-                          "is followed by as many of its completions as fit. Same logprobs and gradients, fewer "
-                          "positions; prefix sharing then works under gradient checkpointing too. Needs sdpa or "
-                          "eager attention (others run unpacked)."},
+        default=True,
+        metadata={"help": "Lay a micro-batch's rows end to end instead of padding each, every row attending to "
+                          "itself only; with share_prompt_prefix, one copy of a prompt is followed by as many of "
+                          "its completions as a costed width holds. Same logprobs and gradients, fewer positions; "
+                          "prefix sharing then works under gradient checkpointing too. Needs sdpa or eager "
+                          "attention (others run unpacked)."},
     )
     gradient_checkpointing: bool = field(
         default=False,

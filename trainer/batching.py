@@ -187,11 +187,8 @@ def packable(lm: PreTrainedModel, width: int) -> bool:
     attention reads no 4D mask), and no sliding window shorter than the packed rows (a given 4D mask replaces
     the model's own, sliding layers' included)."""
     config = lm.config.get_text_config()
-    if config._attn_implementation not in ("sdpa", "eager"):
-        return False
     window = getattr(config, "sliding_window", None)
-    sliding = any(t != "full_attention" for t in (getattr(config, "layer_types", None) or []))
-    return not ((sliding or window) and window is not None and width > window)
+    return config._attn_implementation in ("sdpa", "eager") and (window is None or width <= window)
 
 
 def pack_layout(batch: Batch, share_prefix: bool, width: int | None = None
@@ -239,12 +236,17 @@ def pack_costs(lm: PreTrainedModel) -> tuple[int, int]:
     return per_position, 4 * attention_width * config.num_hidden_layers
 
 
+# Packed rows grow no wider than this for sharing's sake (a row longer than it is packed at its own length): the
+# mask is (rows, width, width), 16 MB a packed row here as booleans and 32 MB as sdpa's bf16 bias on a GPU.
+PACK_MAX_WIDTH = 4096
+
+
 def pack_width(batch: Batch, share_prefix: bool, costs: tuple[int, int]) -> int:
     """The packed rows' width. Without sharing, the longest row: wider rows would hold no fewer positions. With
     sharing, wider rows let a prompt serve more of its continuations (fewer positions through every layer) at the
     price of attention over the wider rows (sdpa runs every query against the whole packed row, masked or not).
-    Each width from the longest row, doubling, up to the longest group's whole unit is costed (`pack_costs`:
-    per position, per query-key pair) and the cheapest wins."""
+    Each width from the longest row, doubling, up to the longest group's whole unit (at most `PACK_MAX_WIDTH`)
+    is costed (`pack_costs`: per position, per query-key pair) and the cheapest wins."""
     lens = batch.attention_mask.sum(dim=1)
     longest = int(lens.max())
     if not share_prefix:
@@ -259,16 +261,16 @@ def pack_width(batch: Batch, share_prefix: bool, costs: tuple[int, int]) -> int:
         cost = len(bins) * w * (per_position + w * per_pair)
         if best_cost is None or cost < best_cost:
             best, best_cost = w, cost
-        if width >= whole:
+        if width >= min(whole, PACK_MAX_WIDTH):
             return best
-        width = min(2 * width, whole)
+        width = min(2 * width, whole, max(PACK_MAX_WIDTH, longest))
 
 
 def _packed_hidden(lm: PreTrainedModel, batch: Batch, rows: torch.Tensor, cols: torch.Tensor,
                    share_prefix: bool) -> torch.Tensor:
-    """Rows laid end to end (`pack_layout` at `pack_width`), each continuation attending causally to itself and to its unit's
-    prompt only, positions counted from its own prompt's start: the same attention as the padded forward, with
-    no padding but the bins' tails. Final hidden states (N, H) at the (rows, cols) positions."""
+    """Rows laid end to end (`pack_layout` at `pack_width`), each continuation attending causally to itself and
+    to its unit's prompt only, positions counted from its own prompt's start: the same attention as the padded
+    forward, with no padding but the bins' tails. Final hidden states (N, H) at the (rows, cols) positions."""
     device = lm.device
     bins, width = pack_layout(batch, share_prefix, pack_width(batch, share_prefix, pack_costs(lm)))
     lens = batch.attention_mask.sum(dim=1).tolist()

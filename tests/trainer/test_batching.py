@@ -131,3 +131,14 @@ def test_the_packed_width_weighs_positions_against_attention(make_lora_policy):
     assert pack_width(batch, True, (2 * 7_000_000_000, 4 * 3584 * 28)) == whole
     assert pack_width(batch, True, (1000, 1_000_000)) == longest
     assert pack_width(batch, False, (2 * 7_000_000_000, 1)) == longest
+    # However dear positions are, a packed row grows no wider than the cap for sharing's sake (its mask is
+    # width x width), and a row longer than the cap is packed at its own length.
+    from trainer.batching import PACK_MAX_WIDTH, Batch
+
+    def one_group(rows: int, length: int, prompt: int) -> Batch:
+        return Batch(torch.zeros(rows, length, dtype=torch.long), torch.ones(rows, length, dtype=torch.long),
+                     torch.zeros(rows, length - 1), torch.zeros(rows, length - 1), torch.full((rows,), prompt),
+                     torch.zeros(rows, dtype=torch.long))
+
+    assert pack_width(one_group(64, 2048, 1024), True, (10**12, 1)) == PACK_MAX_WIDTH
+    assert pack_width(one_group(2, PACK_MAX_WIDTH + 100, 100), True, (10**12, 1)) == PACK_MAX_WIDTH + 100

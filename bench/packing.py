@@ -40,7 +40,7 @@ import torch  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.sampling import SHIPPED_DEMO_MODEL, policy, sync  # noqa: E402
+from bench.sampling import policy, policy_arguments, sync  # noqa: E402
 from trainer.batching import Batch, _causal_lm, collate, pack_costs, pack_layout, pack_width, token_logprobs  # noqa: E402
 from trainer.envs.workplace import generate_tasks  # noqa: E402
 from trainer.evaluation import make_env_for  # noqa: E402
@@ -88,14 +88,8 @@ def fwd_bwd(model, mbs: list[Batch], layout: str, device: str) -> tuple[float, l
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--model", type=Path, default=SHIPPED_DEMO_MODEL)
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--samples", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    policy_arguments(p)
     p.add_argument("--train-batch-size", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--lora-std", type=float, default=0.02)
     p.add_argument("--gc", action="store_true", help="gradient checkpointing (no `shared` layout then)")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()

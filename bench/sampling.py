@@ -262,8 +262,8 @@ def measure_or_reason(args: argparse.Namespace, dtype: torch.dtype, way: str, ro
     return {"dtype": str(dtype).removeprefix("torch."), "way": way, "unavailable": reason}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def policy_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of `policy` and of the demo-step batch it samples (shared with bench/packing.py)."""
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model", type=Path, default=SHIPPED_DEMO_MODEL)
     p.add_argument("--prompts", type=int, default=16)
@@ -271,6 +271,11 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--lora-std", type=float, default=0.02)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    policy_arguments(p)
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--ways", default="unmerged,merged,compiled")
     p.add_argument("--threads", type=int, default=1)

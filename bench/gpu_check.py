@@ -49,6 +49,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -286,11 +287,19 @@ def part_packing(ctx: dict) -> list[dict]:
 
 
 def run_script(argv: list[str], timeout: float) -> dict:
-    """A bench script in its own process (its GPU memory is its own); its last stdout line is its JSON."""
-    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    """A bench script in its own process (its GPU memory is its own); its last stdout line is its JSON. Past
+    `timeout` its whole process group is killed: memory.py's workers, which hold the GPU, with it."""
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
     if proc.returncode != 0:
-        raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {stderr.strip()[-800:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def part_trl(ctx: dict) -> list[dict]:
@@ -325,7 +334,7 @@ def part_lora_8b(ctx: dict) -> dict:
         # The largest-fit search gets a minute, less when the suite's budget is nearly spent (the two workers'
         # start, build and measured steps take about as long again).
         argv += ["--fit-time-s", str(round(min(60, max(ctx["left"]() - 90, 10))))]
-    # At least four minutes once started: a 7.6B step cut short would leave its worker holding the GPU.
+    # At least four minutes once started: the two workers' builds and steps of a 7.6B model need that much.
     out = run_script(argv, timeout=max(ctx["left"](), 240))
     out.pop("device", None)  # the line's device is the GPU's name
     return out

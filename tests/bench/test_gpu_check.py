@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,3 +161,34 @@ def test_the_largest_fit_search_stops_at_the_first_out_of_memory_or_at_its_bound
     # Out of memory in the measured steps is the side's result, not a crash of the part.
     out = memory.run_steps(args, lambda length: prepare(8192), {}, lambda: zeroed.append(True))
     assert out == {"oom": "CUDA out of memory. Tried to allocate 20.00 GiB"}
+
+
+def test_a_script_past_its_timeout_is_killed_with_the_processes_it_started(tmp_path):
+    """memory.py runs each trainer in a worker process that holds the GPU: a timeout must take it down too."""
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    pid_file = tmp_path / "child.pid"
+    script = tmp_path / "spawns.py"
+    script.write_text("import subprocess, sys, time\n"
+                      "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
+                      "                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+                      f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+                      "time.sleep(120)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        gpu_check.run_script([str(script)], timeout=3)
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent (gone too) would reap it

@@ -135,8 +135,10 @@ def test_reviewer_sets_outcome_comments_and_tags(open_page, make_user, make_memb
     expect(page.locator("#outcome")).to_contain_text("set by rita")
     expect(page.locator("#head-outcome")).to_have_text("success")
     # A person's next key comes after htmx has settled the new form; a key pressed within the swap would click
-    # a button htmx has not taken over yet, and the form would post the ordinary way.
-    page.wait_for_function("!document.querySelector('.htmx-request, .htmx-swapping, .htmx-settling')")
+    # a button htmx has not taken over yet, and the form would post the ordinary way. A function, not an
+    # expression: Playwright polls an expression with eval(), which the page's CSP (no unsafe-eval) refuses
+    # whenever the first look finds htmx still busy.
+    page.wait_for_function("() => !document.querySelector('.htmx-request, .htmx-swapping, .htmx-settling')")
     page.keyboard.press("f")  # the same through the keyboard
     expect(page.locator("#head-outcome")).to_have_text("failure")
 

@@ -20,7 +20,8 @@ Parts (`--parts`, in this order):
   warm start of a few steps: its tokens/s, not its answers): the LoRA policy sampled unmerged, merged
   (`trainer.models.lora_merged`, the default), compiled (`rollout_compile`: static KV cache, CUDA graphs) and
   through transformers' continuous batching (`continuous`: `generate_batch`'s paged cache, finished rows
-  leaving the batch; bench-only so far, 2.5x slower than `merged` on 2 CPU cores), seconds per generate, tokens/s, operators per decoding step and the sampler-trainer logprob gap.
+  leaving the batch; bench-only so far, 2.5x slower than `merged` on 2 CPU cores), seconds per generate,
+  tokens/s, operators per decoding step and the sampler-trainer logprob gap.
 - `packing`: `bench/packing.py` on the learning part's model (the demo model in `--tiny`), without and with
   gradient checkpointing: one step's training forward and backward padded, with prefix sharing through the KV
   cache, packed, and packed with sharing (`pack_sequences`, the default); token positions run, seconds, and the
@@ -33,8 +34,8 @@ Parts (`--parts`, in this order):
   longest completions (doubling) that still step at 8 x 8 on this GPU, for ours (the search stops at the first
   out of memory or after a minute, less when the budget is nearly spent; TRL's is not searched, to keep the
   part to about two minutes), and ours again without `pack_sequences` (`ours_unpacked_*`: every prompt G times
-  under checkpointing, as before packing; the same loss and gradient). In `--tiny`, the same path at `qwen2-7b-tiny` (the shape scaled down), where
-  both sides search to a tiny bound.
+  under checkpointing, as before packing; the same loss and gradient). In `--tiny`, the same path at
+  `qwen2-7b-tiny` (the shape scaled down), where both sides search to a tiny bound.
 - `trl`: `bench/grpo_vs_trl.py --device D --size S` for each of `--sizes` (bf16 on both sides on a GPU, TRL
   with use_vllm=False): seconds per step, holdout gain and peak GPU memory, ours beside TRL.
 
@@ -95,8 +96,7 @@ SETTINGS = {
                  memory=["--vocab", "2048", "--hidden", "32", "--layers", "1", "--prompts", "1", "--generations", "2",
                          "--prompt-len", "16", "--completion-len", "8", "--threads", "1", "--quick"],
                  lora_8b=["--shape", "qwen2-7b-tiny", "--also-unpacked", "--threads", "1", "--prompts", "2",
-                          "--generations", "2",
-                          "--prompt-len", "8", "--completion-len", "8", "--steps", "2", "--fit-max-tokens", "160",
+                          "--generations", "2", "--prompt-len", "8", "--completion-len", "8", "--steps", "2", "--fit-max-tokens", "160",
                           "--fit-sides", "ours,trl"],
                  sampling=["--prompts", "2", "--samples", "2", "--max-new-tokens", "8", "--repeats", "1",
                            "--threads", "1", *SAMPLING_WAYS], sampling_large=None,

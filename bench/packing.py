@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.sampling import policy, policy_arguments, sync  # noqa: E402
-from trainer.batching import Batch, _causal_lm, collate, pack_costs, pack_layout, pack_width, token_logprobs  # noqa: E402
+from trainer.batching import Batch, collate, pack_costs, pack_layout, pack_width, token_logprobs  # noqa: E402
 from trainer.envs.workplace import generate_tasks  # noqa: E402
 from trainer.evaluation import make_env_for  # noqa: E402
 from trainer.models import enable_gradient_checkpointing  # noqa: E402
@@ -56,7 +56,7 @@ def positions(model, batch: Batch, layout: str) -> tuple[int, int]:
     lens = batch.attention_mask.sum(dim=1)
     share, pack = LAYOUTS[layout]
     if pack:
-        bins, width = pack_layout(batch, share, pack_width(batch, share, pack_costs(_causal_lm(model))))
+        bins, width = pack_layout(batch, share, pack_width(batch, share, pack_costs(model.get_base_model())))
         return len(bins) * width, width
     if share:
         distinct = batch.prompts.unique()

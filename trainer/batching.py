@@ -184,8 +184,8 @@ def _shared_prefix_hidden(lm: PreTrainedModel, batch: Batch, rows: torch.Tensor,
 
 def packable(lm: PreTrainedModel, width: int) -> bool:
     """Whether `lm` takes the packed layout's own 4D attention mask as it is: sdpa or eager attention (flash
-    attention reads no 4D mask), and no sliding window shorter than the packed rows (a given 4D mask replaces
-    the model's own, sliding layers' included)."""
+    attention reads no 4D mask), and no sliding window shorter than the longest row `width` (a given 4D mask
+    replaces the model's own, sliding layers' included, and a row no longer than the window never meets it)."""
     config = lm.config.get_text_config()
     window = getattr(config, "sliding_window", None)
     return config._attn_implementation in ("sdpa", "eager") and (window is None or width <= window)
@@ -247,20 +247,26 @@ def pack_width(batch: Batch, share_prefix: bool, costs: tuple[int, int]) -> int:
     price of attention over the wider rows (sdpa runs every query against the whole packed row, masked or not).
     Each width from the longest row, doubling, up to the longest group's whole unit (at most `PACK_MAX_WIDTH`)
     is costed (`pack_costs`: per position, per query-key pair) and the cheapest wins."""
+    return _cheapest_layout(batch, share_prefix, costs)[1]
+
+
+def _cheapest_layout(batch: Batch, share_prefix: bool, costs: tuple[int, int]
+                     ) -> tuple[list[list[tuple[int, list[int]]]], int]:
+    """`pack_layout` at `pack_width`'s width: the bins and the width."""
+    if not share_prefix:
+        return pack_layout(batch, False)
     lens = batch.attention_mask.sum(dim=1)
     longest = int(lens.max())
-    if not share_prefix:
-        return longest
     cont = lens - batch.prompt_lens
     whole = max(int(batch.prompt_lens[batch.prompts == p][0]) + int(cont[batch.prompts == p].sum())
                 for p in batch.prompts.unique().tolist())
     per_position, per_pair = costs
-    best, best_cost, width = longest, None, longest
+    best, best_cost, width = None, None, longest
     while True:
         bins, w = pack_layout(batch, True, width)
         cost = len(bins) * w * (per_position + w * per_pair)
         if best_cost is None or cost < best_cost:
-            best, best_cost = w, cost
+            best, best_cost = (bins, w), cost
         if width >= min(whole, PACK_MAX_WIDTH):
             return best
         width = min(2 * width, whole, max(PACK_MAX_WIDTH, longest))
@@ -272,7 +278,7 @@ def _packed_hidden(lm: PreTrainedModel, batch: Batch, rows: torch.Tensor, cols: 
     to its unit's prompt only, positions counted from its own prompt's start: the same attention as the padded
     forward, with no padding but the bins' tails. Final hidden states (N, H) at the (rows, cols) positions."""
     device = lm.device
-    bins, width = pack_layout(batch, share_prefix, pack_width(batch, share_prefix, pack_costs(lm)))
+    bins, width = _cheapest_layout(batch, share_prefix, pack_costs(lm))
     lens = batch.attention_mask.sum(dim=1).tolist()
     plen = batch.prompt_lens.tolist()
     ids = torch.zeros((len(bins), width), dtype=torch.long)

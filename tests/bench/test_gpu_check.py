@@ -122,8 +122,9 @@ def test_what_the_time_budget_leaves_out_is_named_with_the_call_that_runs_it(tmp
     assert summary["rerun"] == "bench/gpu_check.sh --wheels DIR --parts memory,trl"
 
 
-def _memory_bench():
-    spec = importlib.util.spec_from_file_location("bench_memory", REPO / "bench" / "memory.py")
+def _bench(name: str):
+    """bench/<name>.py as a module (bench/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -134,7 +135,7 @@ def test_the_largest_fit_search_stops_at_the_first_out_of_memory_or_at_its_bound
     # torch raises on a GPU stands in for it.
     import torch
 
-    memory = _memory_bench()
+    memory = _bench("memory")
     args = argparse.Namespace(prompts=8, generations=8, prompt_len=256, completion_len=256, device="cpu",
                               fit_max_tokens=2**20, fit_time_s=60, steps=2)
     tried, zeroed = [], []
@@ -167,9 +168,7 @@ def test_a_script_past_its_timeout_is_killed_with_the_processes_it_started(tmp_p
     """memory.py runs each trainer in a worker process that holds the GPU: a timeout must take it down too."""
     import pytest
 
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = _bench("gpu_check")
     pid_file = tmp_path / "child.pid"
     script = tmp_path / "spawns.py"
     script.write_text("import subprocess, sys, time\n"
